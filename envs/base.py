@@ -1,0 +1,126 @@
+"""The environment contract: typed records and the ``Env`` protocol.
+
+An environment hosts one episode of one task. The agent loop (``jointrl.rl.agent_loop``)
+calls ``reset`` once, then ``step`` once per parsed tool call, then ``close``.
+Environments speak text; the agent loop owns all tokenization.
+
+Nothing here imports from ``jointrl.model`` or ``jointrl.rl`` (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+Tier = Literal["low", "high", "max"]
+TIERS: tuple[str, ...] = ("low", "high", "max")
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """One tool, described as an OpenAI function schema (``parameters`` is JSON Schema)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A tool call the model made: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+
+
+@dataclass(slots=True)
+class Message:
+    """One OpenAI-style chat message, for transcripts and the chat template."""
+
+    role: Role
+    content: str = ""
+    reasoning: str = ""  # the <think> text of an assistant turn
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    name: str = ""  # tool name, on tool messages
+
+    def to_openai(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning:
+            out["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        if self.name:
+            out["name"] = self.name
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What a tool call returns to the model. ``done`` ends the episode (e.g. ``submit``)."""
+
+    text: str
+    done: bool = False
+    is_error: bool = False  # the call itself was at fault (bad arguments, unknown tool)
+    image: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One task of one domain.
+
+    ``root`` is the task's folder (setup files, tests, oracle), when it has one; ``reward``
+    names the reward modules and weights that score it (``{"tests_pass": 1.0}``).
+    """
+
+    id: str
+    domain: str
+    prompt: str
+    tier: Tier = "low"
+    max_turns: int = 8
+    root: Path | None = None
+    reward: dict[str, float] = field(default_factory=lambda: {"tests_pass": 1.0})
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.tier not in TIERS:
+            raise ValueError(f"task {self.id!r}: tier must be one of {TIERS}, got {self.tier!r}")
+        if self.max_turns < 1:
+            raise ValueError(f"task {self.id!r}: max_turns must be >= 1, got {self.max_turns}")
+
+
+class EnvError(RuntimeError):
+    """An infrastructure failure (sandbox died, checker crashed): retried, then ``env_error``.
+
+    Never raised for the policy's own mistakes; those become error observations.
+    """
+
+
+@runtime_checkable
+class Env(Protocol):
+    """One episode of one task. Implementations live in ``envs/<domain>/``."""
+
+    tools: list[ToolSpec]
+
+    async def reset(self, task: Task) -> list[Message]:
+        """Prepare the episode (sandbox, files) and return the opening messages."""
+        ...
+
+    async def step(self, call: ToolCall) -> Observation:
+        """Run one tool call. Bad arguments return ``Observation(is_error=True)``."""
+        ...
+
+    async def close(self) -> None:
+        """Release the episode's resources. Safe to call twice."""
+        ...

@@ -1,0 +1,77 @@
+"""Reward API: ``score(task, episode) -> RewardResult`` and a registry by name.
+
+A reward module is a small, pure, documented function. Checks that run code (tests,
+verifiers) do so in a *fresh* verification sandbox over the episode's final files
+(``Episode.verify_sandbox()``), never in the sandbox the agent had its hands on.
+A checker that crashes raises ``jointrl.envs.base.EnvError``: that is an
+infrastructure failure, retried and then marked ``env_error`` -- never scored 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from jointrl.envs.base import Message, Task
+
+
+@dataclass(frozen=True, slots=True)
+class RewardResult:
+    score: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Episode:
+    """What a reward module may look at once an episode is over.
+
+    ``verify_sandbox`` opens a fresh sandbox over a copy of the episode's final files, with
+    the task's tests mounted read-only; the caller closes it.
+    """
+
+    messages: list[Message]
+    final_answer: str | None = None
+    verify_sandbox: Callable[[], Any] | None = None
+    num_turns: int = 0
+    num_tool_errors: int = 0
+    finished: bool = False  # the model ended its last turn with <|im_end|>
+
+
+RewardFn = Callable[[Task, Episode], RewardResult]
+_REGISTRY: dict[str, RewardFn] = {}
+
+
+def register(name: str) -> Callable[[RewardFn], RewardFn]:
+    def deco(fn: RewardFn) -> RewardFn:
+        if name in _REGISTRY:
+            raise ValueError(f"reward {name!r} is registered twice")
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def get(name: str) -> RewardFn:
+    import jointrl.rewards  # noqa: F401  (importing the package registers the built-in modules)
+
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown reward {name!r}; registered: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]
+
+
+def registered() -> list[str]:
+    import jointrl.rewards  # noqa: F401
+
+    return sorted(_REGISTRY)
+
+
+def combine(weights: dict[str, float], task: Task, episode: Episode) -> RewardResult:
+    """Weighted sum of the named reward modules; each one's score is kept in ``info``."""
+    total, info = 0.0, {}
+    for name, weight in weights.items():
+        result = get(name)(task, episode)
+        total += weight * result.score
+        info[name] = result.score
+        info.update({f"{name}/{k}": v for k, v in result.info.items()})
+    return RewardResult(score=total, info=info)
