@@ -1,0 +1,282 @@
+"""MXFP4 quantize / dequantize (OCP Microscaling Formats (MX) v1.0, MXFP4).
+
+Format. A tensor ``x[..., K]`` is cut into blocks of 32 consecutive elements along its LAST
+dim. Each block stores one shared E8M0 scale byte ``b`` (scale ``2^(b - 127)``, ``b = 0xFF``
+is NaN) and 32 E2M1 elements: a sign bit (bit 3) and a magnitude code 0..7 standing for
+``{0, 0.5, 1, 1.5, 2, 3, 4, 6}``. Two elements share a byte: element ``2j`` in the low nibble,
+``2j + 1`` in the high nibble. A block decodes to ``E2M1(code) * 2^(b - 127)``.
+
+Scale rules (which one produced a tensor travels with it; see ``rl/weight_sync.py``):
+
+* ``floor`` (OCP default): shared exponent ``e = floor(log2(amax)) - 2`` (2 = emax of E2M1),
+  so ``amax / 2^e`` lies in ``[4, 8)`` and the top of the block may saturate to 6 (clip).
+* ``ceil`` (``triton_kernels``' default): ``e`` is the smallest integer with
+  ``amax <= 6 * 2^e``, i.e. ``2^ceil(log2(amax / 6))`` computed exactly rather than through
+  the rounded float ``amax / 6``: with ``amax = m * 2^E``, ``m in [1, 2)``,
+  ``e = E - 2`` if ``m <= 1.5`` else ``E - 1``. Never clips. (For normal fp32 ``amax`` this
+  equals ``triton_kernels``' round-up of the fp32 quotient ``amax / 6``: that quotient is
+  never rounded across a power of two.)
+
+Both rules take exponents from the bits of the float representation (never through
+``float8_e8m0fnu`` casts, which round), then clamp ``e`` to the E8M0 range ``[-127, 127]``.
+Consequences of the clamp, by design of the format:
+
+* a block whose ``amax`` is 0 (or below ``2^-124``, e.g. fp32 subnormals) gets ``e = -127``
+  (scale byte 0); an all-zero block decodes to zeros;
+* only float64 inputs can exceed ``6 * 2^127``: they saturate to ``±6 * 2^127``.
+
+Elements: ``x / 2^e`` (exact: multiplying by a power of two) is rounded to the nearest E2M1
+value, ties to even (even = mantissa bit 0: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2,
+2.5 -> 2, 3.5 -> 4, 5 -> 4), saturating at ±6. The sign is kept, so ``-0.0`` and negative
+values that round to zero encode as ``0x8`` (E2M1 negative zero), which decodes to ``-0.0``.
+
+Non-finite inputs: a block containing NaN or ±inf gets scale byte ``0xFF`` and all its
+element nibbles 0; it decodes to 32 NaNs. MX has no infinity, and saturating an inf to
+``±6 * scale`` would hide a diverged weight behind a plausible number.
+
+Precision: float64 inputs are processed in float64; every other float dtype (bf16, fp16,
+fp32, fp8) is converted to float32 first, which is exact. Dequantizing to float32 or bf16
+is exact except that ``6 * 2^127`` overflows to inf (only reachable from float64 inputs
+or hand-made scales); dequantizing to fp16 overflows/underflows outside fp16's range.
+
+Layout of this file (kernels/ convention): constants and bit helpers, then the plain-torch
+reference (``_quantize_mxfp4_torch``, ``_dequantize_mxfp4_torch``), then the public
+functions, which validate their inputs and dispatch. Triton kernels and their launchers
+sit between the reference and the public functions once they exist; the reference stays
+as the ground truth their tests compare against.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "E2M1_VALUES",
+    "E8M0_BIAS",
+    "E8M0_NAN",
+    "MXFP4_BLOCK",
+    "ScaleRule",
+    "dequantize_mxfp4",
+    "mxfp4_roundtrip",
+    "quantize_mxfp4",
+]
+
+MXFP4_BLOCK = 32  # elements per shared scale
+E8M0_BIAS = 127
+E8M0_NAN = 0xFF
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude code -> value
+_E2M1_EMAX = 2  # floor(log2(6))
+_EXP_MIN, _EXP_MAX = -127, 127  # shared exponents E8M0 can hold (0xFF is NaN)
+
+
+class ScaleRule(enum.StrEnum):
+    """How the shared exponent is chosen from a block's ``amax`` (module docstring)."""
+
+    FLOOR = "floor"
+    CEIL = "ceil"
+
+
+# ---------------------------------------------------------------------------------------
+# bit helpers
+# ---------------------------------------------------------------------------------------
+
+class _Bits(NamedTuple):
+    int_dtype: torch.dtype  # same width as the float
+    mbits: int  # mantissa field width
+    bias: int  # exponent bias
+    emask: int  # exponent field mask (after shifting out the mantissa)
+
+
+_FLOAT_BITS = {
+    torch.float32: _Bits(torch.int32, 23, 127, 0xFF),
+    torch.float64: _Bits(torch.int64, 52, 1023, 0x7FF),
+}
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; every narrower float converts to float32 exactly."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _exp2_int(k: Tensor, dtype: torch.dtype) -> Tensor:
+    """Exact ``2^k`` in ``dtype`` (float32 or float64) for integer ``k`` in [-127, 127].
+
+    Built from bits so no ``pow``/``exp2`` rounding can creep in; ``2^-127`` is a float32
+    subnormal (``1 << 22``).
+    """
+    int_dtype, mbits, bias, _ = _FLOAT_BITS[dtype]
+    k = k.to(int_dtype)
+    bits = (k + bias) << mbits
+    if dtype == torch.float32:
+        bits = torch.where(k >= -126, bits, torch.ones_like(k) << (k + 149).clamp(0, 22))
+    return bits.view(dtype)
+
+
+def _shared_exponent(amax: Tensor, rule: ScaleRule) -> Tensor:
+    """Unclamped shared exponent per block from the bits of ``amax >= 0`` (finite entries).
+
+    amax: float32/float64 [...] -> int64 [...]. Zero and subnormal ``amax`` report
+    ``floor(log2) = -bias``, which the caller's clamp at -127 absorbs for either rule.
+    """
+    int_dtype, mbits, bias, emask = _FLOAT_BITS[amax.dtype]
+    bits = amax.view(int_dtype).to(torch.int64)
+    biased = (bits >> mbits) & emask
+    floor_log2 = biased - bias
+    if rule == ScaleRule.FLOOR:
+        return floor_log2 - _E2M1_EMAX
+    frac = bits & ((1 << mbits) - 1)
+    above_1p5 = (frac > (1 << (mbits - 1))).to(torch.int64)  # mantissa m > 1.5
+    return floor_log2 - _E2M1_EMAX + above_1p5
+
+
+def _e2m1_boundaries(dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The 7 midpoints between E2M1 values, for ``bucketize`` (counts boundaries < y).
+
+    A tie rounds up exactly when the upper neighbour has the even code (odd midpoint index:
+    0.75, 1.75, 3.5). Lowering those three midpoints by one ulp turns "y >= t" into the
+    strict "y > t'" that ``bucketize`` counts, so one pass gives round-half-to-even.
+    """
+    t = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=dtype, device=device)
+    odd = torch.tensor([1, 3, 5], device=device)
+    t[odd] = torch.nextafter(t[odd], torch.zeros_like(t[odd]))
+    return t
+
+
+def _e2m1_byte_lut(dtype: torch.dtype, device: torch.device) -> Tensor:
+    """float [256, 2]: the two decoded elements (low nibble, high nibble) of every byte."""
+    mag = torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
+    nibble = torch.cat([mag, -mag])  # code | sign << 3
+    byte = torch.arange(256, device=device)
+    return torch.stack([nibble[byte & 0xF], nibble[byte >> 4]], dim=-1)
+
+
+# ---------------------------------------------------------------------------------------
+# plain-torch reference
+# ---------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def _quantize_mxfp4_torch(x: Tensor, rule: ScaleRule) -> tuple[Tensor, Tensor]:
+    """x: float [..., K] (K % 32 == 0) -> (blocks uint8 [..., K/2], scales uint8 [..., K/32])."""
+    *lead, k = x.shape
+    work = _work_dtype(x.dtype)
+    x_bn = x.to(work).contiguous().reshape(*lead, k // MXFP4_BLOCK, MXFP4_BLOCK)  # b = blocks, n = 32
+    mag_bn = x_bn.abs()
+    amax_b = mag_bn.amax(dim=-1)  # NaN propagates, inf stays inf
+    bad_b = ~torch.isfinite(amax_b)
+
+    exp_b = _shared_exponent(amax_b, rule).clamp_(_EXP_MIN, _EXP_MAX)
+    exp_b = exp_b.masked_fill_(bad_b, 0)
+    scales = (exp_b + E8M0_BIAS).to(torch.uint8).masked_fill_(bad_b, E8M0_NAN)
+
+    y_bn = mag_bn.mul_(_exp2_int(-exp_b, work).unsqueeze(-1))  # exact: power-of-two scaling
+    code_bn = torch.bucketize(y_bn, _e2m1_boundaries(work, x.device), out_int32=True)
+    nib_bn = code_bn.to(torch.uint8) | (torch.signbit(x_bn).to(torch.uint8) << 3)
+    nib_bn.masked_fill_(bad_b.unsqueeze(-1), 0)
+
+    nib_pair = nib_bn.reshape(*lead, k // 2, 2)
+    blocks = nib_pair[..., 0] | (nib_pair[..., 1] << 4)
+    return blocks, scales
+
+
+@torch.no_grad()
+def _dequantize_mxfp4_torch(blocks: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
+    """(blocks uint8 [..., K/2], scales uint8 [..., K/32]) -> dtype [..., K]."""
+    *lead, half_k = blocks.shape
+    k = 2 * half_k
+    work = _work_dtype(dtype)
+    vals_bn = _e2m1_byte_lut(work, blocks.device)[blocks.to(torch.int32)]  # [..., K/2, 2]
+    vals_bn = vals_bn.reshape(*lead, k // MXFP4_BLOCK, MXFP4_BLOCK)
+    exp_b = scales.to(torch.int32) - E8M0_BIAS
+    nan_b = scales == E8M0_NAN
+    scale_b = _exp2_int(exp_b.masked_fill(nan_b, 0), work).masked_fill_(nan_b, float("nan"))
+    return (vals_bn * scale_b.unsqueeze(-1)).reshape(*lead, k).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# public API
+# ---------------------------------------------------------------------------------------
+
+
+def _check_scale_rule(scale_rule: str) -> ScaleRule:
+    try:
+        return ScaleRule(scale_rule)
+    except ValueError:
+        raise ValueError(
+            f"scale_rule must be one of {[r.value for r in ScaleRule]}, got {scale_rule!r}"
+        ) from None
+
+
+def quantize_mxfp4(x: Tensor, scale_rule: str = "floor") -> tuple[Tensor, Tensor]:
+    """Quantize ``x`` to MXFP4 along its last dim (module docstring gives the exact rules).
+
+    Args:
+        x: floating tensor ``[..., K]`` (any leading shape, any float dtype, any device),
+            ``K`` a multiple of 32.
+        scale_rule: ``"floor"`` (OCP default, may clip the block max to 6 * scale) or
+            ``"ceil"`` (never clips).
+
+    Returns:
+        ``(blocks, scales)``: ``blocks`` uint8 ``[..., K/2]`` (element ``2j`` in the low
+        nibble, ``2j+1`` in the high nibble), ``scales`` uint8 ``[..., K/32]`` (E8M0,
+        ``0xFF`` marks a block that held NaN or inf), both on ``x``'s device.
+
+    Raises:
+        TypeError: ``x`` is not a floating-point tensor.
+        ValueError: ``x`` is 0-d, its last dim is not a multiple of 32, or the rule is unknown.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"quantize_mxfp4 expects a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"quantize_mxfp4 expects a floating-point tensor, got dtype {x.dtype}")
+    if x.dim() == 0 or x.shape[-1] % MXFP4_BLOCK != 0:
+        raise ValueError(
+            f"quantize_mxfp4 needs the last dim to be a multiple of {MXFP4_BLOCK}, "
+            f"got shape {tuple(x.shape)}"
+        )
+    return _quantize_mxfp4_torch(x, _check_scale_rule(scale_rule))
+
+
+def dequantize_mxfp4(blocks: Tensor, scales: Tensor, dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """Decode MXFP4 ``(blocks, scales)`` back to floats.
+
+    Args:
+        blocks: uint8 ``[..., K/2]`` packed E2M1 pairs (low nibble first).
+        scales: uint8 ``[..., K/32]`` E8M0 scales; ``0xFF`` decodes its whole block to NaN.
+        dtype: floating output dtype.
+
+    Returns:
+        ``dtype [..., K]`` on ``blocks``' device.
+
+    Raises:
+        TypeError: ``blocks``/``scales`` are not uint8, or ``dtype`` is not floating.
+        ValueError: the shapes do not pair up (same leading dims, ``K/2 == 16 * (K/32)``).
+    """
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
+        raise TypeError(f"blocks and scales must be uint8, got {blocks.dtype} and {scales.dtype}")
+    if not dtype.is_floating_point:
+        raise TypeError(f"dequantize_mxfp4 needs a floating output dtype, got {dtype}")
+    if (
+        blocks.dim() == 0
+        or blocks.shape[:-1] != scales.shape[:-1]
+        or blocks.shape[-1] != (MXFP4_BLOCK // 2) * scales.shape[-1]
+    ):
+        raise ValueError(
+            f"blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not pair up: "
+            f"expected [..., K/2] and [..., K/32]"
+        )
+    return _dequantize_mxfp4_torch(blocks, scales, dtype)
+
+
+def mxfp4_roundtrip(x: Tensor, scale_rule: str = "floor") -> Tensor:
+    """``dequantize_mxfp4(*quantize_mxfp4(x, scale_rule), dtype=x.dtype)``: ``[..., K]`` -> same.
+
+    The values the rollout engine sees for a weight the learner holds as ``x``. No gradient
+    flows (see the learner's fake-quantization for a straight-through version).
+    """
+    blocks, scales = quantize_mxfp4(x, scale_rule)
+    return dequantize_mxfp4(blocks, scales, dtype=x.dtype)
