@@ -1,0 +1,160 @@
+"""`MoEConfig`: the shape of the MoE transformer, with transformers' Qwen3-MoE field names.
+
+Field names follow `transformers.Qwen3MoeConfig` so that `to_hf_dict()` / `from_hf_dict()` are a
+rename-free round trip and a `tiny_moe`-shaped checkpoint loads in plain transformers. Fields that
+only later layer kinds need (`layer_types`, KDA, gated DSA, shared experts) are added with those
+layers, not here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+# The byte tokenizer: 256 byte ids followed by the chat template's special tokens.
+BYTE_VOCAB_SIZE = 256 + 8
+
+# Keys of a Hugging Face config.json that carry no model math (bookkeeping, generation defaults,
+# fields of PreTrainedConfig that every model has). `from_hf_dict` ignores exactly these; any other
+# key it does not map is an error, so a checkpoint feature we do not implement never loads silently.
+_HF_IGNORED_KEYS = frozenset({
+    "architectures", "auto_map", "transformers_version", "_name_or_path", "name_or_path",
+    "dtype", "torch_dtype", "use_cache", "output_router_logits", "output_hidden_states",
+    "output_attentions", "return_dict", "bos_token_id", "eos_token_id", "pad_token_id",
+    "id2label", "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder",
+    "tokenizer_class", "max_window_layers", "sliding_window", "num_labels", "quantization_config",
+    "generation_config", "task_specific_params", "finetuning_task", "prefix", "sep_token_id",
+    "decoder_start_token_id", "tie_encoder_decoder", "add_cross_attention", "is_decoder",
+})
+
+
+@dataclass(slots=True)
+class MoEConfig:
+    """Decoder-only MoE transformer shaped like Qwen3-MoE.
+
+    Every layer: pre-norm RMSNorm → GQA attention (q_norm/k_norm over head_dim before RoPE) →
+    residual → RMSNorm → MoE FFN (softmax router over all experts, top-k, renormalised when
+    `norm_topk_prob`; SwiGLU experts; no shared expert) → residual. No biases anywhere.
+    """
+
+    vocab_size: int = BYTE_VOCAB_SIZE
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    moe_intermediate_size: int = 32
+    num_experts: int = 4
+    num_experts_per_tok: int = 2
+    norm_topk_prob: bool = True
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    router_aux_loss_coef: float = 0.001
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "head_dim", "moe_intermediate_size", "num_experts",
+                    "num_experts_per_tok", "max_position_embeddings")
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"MoEConfig.{name} must be a positive int, got {value!r}")
+        for name in ("rms_norm_eps", "rope_theta", "initializer_range"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"MoEConfig.{name} must be a positive float, got {value!r}")
+        if not isinstance(self.router_aux_loss_coef, (int, float)) or self.router_aux_loss_coef < 0:
+            raise ValueError(
+                f"MoEConfig.router_aux_loss_coef must be a float >= 0, got {self.router_aux_loss_coef!r}")
+        for name in ("norm_topk_prob", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"MoEConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                f"MoEConfig.num_experts_per_tok must be in 1..num_experts={self.num_experts}, "
+                f"got {self.num_experts_per_tok}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"MoEConfig.num_attention_heads={self.num_attention_heads} must be divisible by "
+                f"num_key_value_heads={self.num_key_value_heads} (GQA groups)")
+        if self.head_dim % 2:
+            raise ValueError(f"MoEConfig.head_dim must be even for RoPE, got {self.head_dim}")
+
+    # ---- presets -------------------------------------------------------------------------------
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> MoEConfig:
+        """A named shape, e.g. `MoEConfig.preset("tiny_moe")`; keyword overrides replace fields."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown MoEConfig preset {name!r}; known: {sorted(PRESETS)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+    # ---- Hugging Face config.json --------------------------------------------------------------
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """Keyword arguments for `transformers.Qwen3MoeConfig(**d)` (also a valid config.json body)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "rope_theta"}
+        d.update(
+            model_type="qwen3_moe",
+            architectures=["Qwen3MoeForCausalLM"],
+            rope_parameters={"rope_type": "default", "rope_theta": float(self.rope_theta)},
+            hidden_act="silu",
+            attention_bias=False,
+            attention_dropout=0.0,
+            use_sliding_window=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            # Width of a dense FFN, used by HF only for `mlp_only_layers` (none here): the active width.
+            intermediate_size=self.num_experts_per_tok * self.moe_intermediate_size,
+        )
+        return d
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> MoEConfig:
+        """Read a Qwen3-MoE config dict (config.json); a ValueError names anything we do not implement."""
+        d = dict(d)
+        model_type = d.pop("model_type", None)
+        if model_type != "qwen3_moe":
+            raise ValueError(f"unsupported model_type {model_type!r}: MoEConfig reads only 'qwen3_moe'")
+        if "num_local_experts" in d:  # Qwen3MoeConfig.to_dict() writes num_experts under this alias
+            d.setdefault("num_experts", d.pop("num_local_experts"))
+        # Fields whose only supported value is HF's default: reject anything else by name.
+        required = {"hidden_act": "silu", "attention_bias": False, "use_sliding_window": False,
+                    "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_dropout": 0.0,
+                    "rope_scaling": None}
+        for key, allowed in required.items():
+            if key in d:
+                value = d.pop(key)
+                if value != allowed and not (key == "mlp_only_layers" and value is None):
+                    raise ValueError(f"unsupported Qwen3-MoE config field {key}={value!r}; allowed: {allowed!r}")
+        rope = d.pop("rope_parameters", None)
+        if rope is not None:
+            if rope.get("rope_type", "default") != "default" or set(rope) - {"rope_type", "rope_theta"}:
+                raise ValueError(f"unsupported Qwen3-MoE config field rope_parameters={rope!r}; "
+                                 "allowed: {'rope_type': 'default', 'rope_theta': float}")
+            if "rope_theta" in rope:
+                d.setdefault("rope_theta", rope["rope_theta"])
+        d.pop("intermediate_size", None)  # dense-FFN width: unused while every layer is MoE
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(k for k in d if k not in names and k not in _HF_IGNORED_KEYS)
+        if unknown:
+            raise ValueError(f"unsupported Qwen3-MoE config field(s) {unknown}")
+        if d.get("head_dim") is None and "hidden_size" in d and "num_attention_heads" in d:
+            d["head_dim"] = d["hidden_size"] // d["num_attention_heads"]  # HF's fallback
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+PRESETS: dict[str, MoEConfig] = {
+    # Trains and samples on 2 CPU cores; H and I are multiples of 32 so experts quantize to MXFP4.
+    "tiny_moe": MoEConfig(),
+    # Qwen/Qwen3-30B-A3B's shape, for shape/memory arithmetic and HF import checks.
+    "qwen3_30b_a3b": MoEConfig(
+        vocab_size=151936, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, moe_intermediate_size=768, num_experts=128,
+        num_experts_per_tok=8, norm_topk_prob=True, rope_theta=1_000_000.0,
+        max_position_embeddings=40960),
+}
