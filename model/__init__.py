@@ -1,0 +1,7 @@
+"""The MoE transformer: config, layers, KV cache and Hugging Face import/export."""
+
+from jointrl.model.config import PRESETS, MoEConfig
+from jointrl.model.kv_cache import KVCache
+from jointrl.model.moe_transformer import ModelOutput, MoETransformer
+
+__all__ = ["PRESETS", "KVCache", "MoEConfig", "ModelOutput", "MoETransformer"]

@@ -1,0 +1,142 @@
+"""`MoETransformer`: the decoder-only MoE language model, state-dict-identical to transformers'
+`Qwen3MoeForCausalLM` (5.x fused-expert layout), single-device and plain PyTorch.
+
+Shapes: B batch, T new tokens, S = past + T key positions, H hidden, V vocab, E experts,
+k experts per token, L layers, N = B·T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from jointrl.model.attention import Attention, build_attention_mask
+from jointrl.model.config import MoEConfig
+from jointrl.model.kv_cache import KVCache
+from jointrl.model.moe import SparseMoeBlock, load_balancing_loss
+from jointrl.model.norm import RMSNorm
+from jointrl.model.rope import RotaryEmbedding
+
+
+@dataclass(slots=True)
+class ModelOutput:
+    logits: torch.Tensor               # [B, T, V] in the model dtype
+    router_logits: list[torch.Tensor]  # per layer [B·T, E], model dtype (pre-softmax)
+    aux_loss: torch.Tensor             # scalar load-balancing loss (unweighted; coef in config)
+    topk_ids: torch.Tensor             # [B, T, L, k] int64: experts each token was sent to
+
+
+class DecoderLayer(nn.Module):
+    """x += attn(norm(x)); x += moe(norm(x))."""
+
+    def __init__(self, config: MoEConfig, layer_idx: int) -> None:
+        super().__init__()
+        # Registration order = HF's, so state_dict() lists keys in the same order.
+        self.self_attn = Attention(config, layer_idx)
+        self.mlp = SparseMoeBlock(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x_BTH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask_B1TS: torch.Tensor,
+                cache: KVCache | None, replay_ids_Nk: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        x_BTH = x_BTH + self.self_attn(self.input_layernorm(x_BTH), rope, mask_B1TS, cache)
+        y_BTH, logits_NE, probs_NE, ids_Nk = self.mlp(self.post_attention_layernorm(x_BTH), replay_ids_Nk)
+        return x_BTH + y_BTH, logits_NE, probs_NE, ids_Nk
+
+
+class MoEBackbone(nn.Module):
+    """Embedding, decoder layers and final norm: HF's `Qwen3MoeModel` (the `model.` prefix)."""
+
+    def __init__(self, config: MoEConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
+
+
+class MoETransformer(nn.Module):
+    """Qwen3-MoE-shaped causal LM. `state_dict()` keys equal `Qwen3MoeForCausalLM`'s."""
+
+    def __init__(self, config: MoEConfig, seed: int = 0) -> None:
+        super().__init__()
+        self.config = config
+        self.model = MoEBackbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        if self.lm_head.weight.device.type != "meta":  # meta: shapes only, weights loaded later
+            self.reset_parameters(seed)
+
+    @classmethod
+    def from_config(cls, config: MoEConfig, dtype: torch.dtype = torch.float32, seed: int = 0,
+                    device: torch.device | str | None = None) -> MoETransformer:
+        """Deterministic init: the same seed gives the same weights (rounded) in any dtype."""
+        return cls(config, seed=seed).to(device=device, dtype=dtype)
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int = 0) -> None:
+        """Norm weights 1; every other weight N(0, initializer_range), drawn in float32 from one
+        generator in `named_parameters()` order."""
+        gen = torch.Generator().manual_seed(seed)
+        std = self.config.initializer_range
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, cache: KVCache | None = None,
+                routed_experts: torch.Tensor | None = None) -> ModelOutput:
+        """Logits for `input_ids` [B, T], continuing `cache` (appended in place) when given.
+
+        position_ids [B, T]: RoPE positions. Default: each token's index among the real tokens
+            of `attention_mask` (so left padding is transparent), else past + arange(T).
+        attention_mask [B, S] bool, S = cache.length + T: True = real token; masks keys (left or
+            right padding). Outputs at padding positions are finite but meaningless.
+        routed_experts [B, T, L, k] int64: routing replay; these experts replace the router's top-k,
+            weighted by the router's (renormalised) probabilities at those ids. Ids must be valid
+            experts at every position, padding included.
+        """
+        cfg = self.config
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
+        B, T = input_ids.shape
+        past = 0 if cache is None else cache.length
+        if cache is not None and cache.batch != B:
+            raise ValueError(f"cache holds batch {cache.batch}, input_ids has batch {B}")
+        device = input_ids.device
+        if position_ids is None:
+            if attention_mask is not None:
+                real_BS = attention_mask.to(device=device, dtype=torch.long)
+                position_ids = (real_BS.cumsum(-1) - 1).clamp_min(0)[:, past:]
+            else:
+                position_ids = torch.arange(past, past + T, device=device).expand(B, T)
+        elif position_ids.shape != (B, T):
+            raise ValueError(f"position_ids must be [B, T] = {(B, T)}, got {tuple(position_ids.shape)}")
+        L, k = cfg.num_hidden_layers, cfg.num_experts_per_tok
+        if routed_experts is not None and routed_experts.shape != (B, T, L, k):
+            raise ValueError(f"routed_experts must be [B, T, num_layers, k] = {(B, T, L, k)}, "
+                             f"got {tuple(routed_experts.shape)}")
+
+        x_BTH = self.model.embed_tokens(input_ids)
+        rope = self.model.rotary_emb(position_ids, x_BTH.dtype)
+        mask_B1TS = build_attention_mask(past, T, attention_mask, device)
+        router_logits, probs, ids = [], [], []
+        for i, layer in enumerate(self.model.layers):
+            replay_Nk = None if routed_experts is None else routed_experts[:, :, i].reshape(B * T, k)
+            x_BTH, logits_NE, probs_NE, ids_Nk = layer(x_BTH, rope, mask_B1TS, cache, replay_Nk)
+            router_logits.append(logits_NE)
+            probs.append(probs_NE)
+            ids.append(ids_Nk)
+        logits_BTV = self.lm_head(self.model.norm(x_BTH))
+
+        token_mask_N = None if attention_mask is None else attention_mask[:, past:].reshape(-1)
+        aux_loss = load_balancing_loss(probs, ids, cfg.num_experts, token_mask_N)
+        topk_ids_BTLk = torch.stack(ids, dim=1).view(B, T, L, k)
+        return ModelOutput(logits=logits_BTV, router_logits=router_logits, aux_loss=aux_loss,
+                           topk_ids=topk_ids_BTLk)
