@@ -1,7 +1,8 @@
 """The MoE transformer: config, layers, KV cache and Hugging Face import/export."""
 
 from jointrl.model.config import PRESETS, MoEConfig
+from jointrl.model.hf import load_hf, save_hf
 from jointrl.model.kv_cache import KVCache
 from jointrl.model.moe_transformer import ModelOutput, MoETransformer
 
-__all__ = ["PRESETS", "KVCache", "MoEConfig", "ModelOutput", "MoETransformer"]
+__all__ = ["PRESETS", "KVCache", "MoEConfig", "ModelOutput", "MoETransformer", "load_hf", "save_hf"]
