@@ -102,6 +102,7 @@ class Trajectory:
     num_tool_calls: int = 0
     num_tool_errors: int = 0
     env_retries: int = 0
+    reward_time_s: float = 0.0  # wall time spent in the reward modules
     routed_experts: list[list[list[int]]] | None = None
 
     def __post_init__(self) -> None:

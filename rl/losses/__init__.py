@@ -1,0 +1,3 @@
+from jointrl.rl.losses.grpo import GRPOLoss
+
+__all__ = ["GRPOLoss"]

@@ -1,0 +1,127 @@
+"""The multi-turn agent loop, in token space: one episode of one task -> one ``Trajectory``.
+
+    ids = template.render(env.reset(task), env.tools)        # loss_mask 0
+    repeat up to task.max_turns:
+        out = engine.generate(ids, params)                   # loss_mask = out.sampled
+        parse the turn's tool calls (strict), run each through env.step (or an error observation)
+        ids += template.continuation(tool turns)             # loss_mask 0
+    reward = weighted reward modules over the final state (fresh verification sandbox)
+
+The learner trains on exactly these ids: text the model produced is never re-tokenized.
+Infrastructure failures (``EnvError``, a crashed sandbox) are retried on a fresh env by
+``run_episode_with_retries``; the policy's own failures (bad calls, length, turn limit,
+timeout) are results, scored and kept (docs/architecture.md, "Failures").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from jointrl.envs.base import Env, EnvError, Message, Observation, Task
+from jointrl.model.chat_template import ChatTemplate
+from jointrl.rewards.base import Episode, combine
+from jointrl.rl.parser import CallError, parse_turn, validate_call
+from jointrl.rl.rollout.engine import RolloutEngine
+from jointrl.rl.types import FinishReason, SamplingParams, Trajectory
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    max_context: int = 4096  # tokens; the history may not grow past this
+    episode_timeout_s: float = 600.0  # wall clock for the whole episode (a policy result)
+    max_env_retries: int = 2
+
+
+async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: ChatTemplate,
+                      params: SamplingParams, cfg: AgentConfig, group_id: str) -> Trajectory:
+    """One episode. Raises ``EnvError`` on infrastructure failure (the caller retries)."""
+    tok = template.tok
+    deadline = time.monotonic() + cfg.episode_timeout_s
+    messages = await env.reset(task)
+    ids = template.render(messages, env.tools)
+    traj = Trajectory(token_ids=list(ids), loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids),
+                      policy_version=[-1] * len(ids), domain=task.domain, task_id=task.id,
+                      group_id=group_id, tier=task.tier, messages=list(messages))
+    finish, answer, ended = FinishReason.TOOL_LIMIT, None, False
+    for _ in range(task.max_turns):
+        room = cfg.max_context - len(traj.token_ids)
+        if room <= 0:
+            finish = FinishReason.CONTEXT_OVERFLOW
+            break
+        if time.monotonic() > deadline:
+            finish = FinishReason.TIMEOUT
+            break
+        out = await engine.generate(traj.token_ids, dataclasses.replace(params, max_tokens=min(params.max_tokens, room)))
+        traj.token_ids += out.token_ids
+        traj.loss_mask += out.sampled
+        traj.logprobs += out.logprobs
+        traj.policy_version += [out.policy_version if s else -1 for s in out.sampled]
+        traj.num_turns += 1
+        turn = parse_turn(out.token_ids, tok)
+        ended = turn.ended
+        calls = [c for c in turn.calls if not isinstance(c, CallError)]
+        traj.messages.append(Message(role="assistant", content=turn.content, reasoning=turn.reasoning, tool_calls=calls))
+        if out.finish_reason != "stop":
+            finish = FinishReason.CONTEXT_OVERFLOW if room <= params.max_tokens else FinishReason.LENGTH
+            break
+        if not turn.calls:
+            finish = FinishReason.STOP
+            break
+        results, done = await _run_calls(env, turn.calls, traj)
+        traj.messages += results
+        if done:
+            finish, answer = FinishReason.STOP, done.text
+            break
+        cont = template.continuation(results)
+        traj.token_ids += cont
+        traj.loss_mask += [0] * len(cont)
+        traj.logprobs += [0.0] * len(cont)
+        traj.policy_version += [-1] * len(cont)
+    traj.finish_reason = finish
+    episode = Episode(messages=traj.messages, final_answer=answer, verify_sandbox=env.verify_sandbox,
+                      num_turns=traj.num_turns, num_tool_errors=traj.num_tool_errors, finished=ended)
+    t0 = time.perf_counter()
+    result = combine(task.reward, task, episode)
+    traj.reward, traj.reward_info, traj.reward_time_s = result.score, result.info, time.perf_counter() - t0
+    return traj
+
+
+async def _run_calls(env: Env, calls, traj: Trajectory) -> tuple[list[Message], Observation | None]:
+    """Run the turn's calls in order; malformed ones become error observations."""
+    results: list[Message] = []
+    for call in calls:
+        traj.num_tool_calls += 1
+        if isinstance(call, CallError):
+            obs, name = Observation(text=f"Error: {call.message}", is_error=True), ""
+        elif (problem := validate_call(call, env.tools)) is not None:
+            obs, name = Observation(text=f"Error: {problem}", is_error=True), call.name
+        else:
+            obs, name = await env.step(call), call.name
+        traj.num_tool_errors += obs.is_error
+        results.append(Message(role="tool", content=obs.text, name=name))
+        if obs.done:
+            return results, obs
+    return results, None
+
+
+async def run_episode_with_retries(make_env: Callable[[], Env], engine: RolloutEngine, task: Task,
+                                   template: ChatTemplate, params: SamplingParams, cfg: AgentConfig,
+                                   group_id: str) -> Trajectory:
+    """``run_episode`` on a fresh env, retried on infrastructure failure; then ``env_error``."""
+    last: Exception | None = None
+    for attempt in range(cfg.max_env_retries + 1):
+        env = make_env()
+        try:
+            traj = await run_episode(env, engine, task, template, params, cfg, group_id)
+            traj.env_retries = attempt
+            return traj
+        except EnvError as e:
+            last = e
+        finally:
+            await env.close()
+    return Trajectory(token_ids=[], loss_mask=[], logprobs=[], policy_version=[], domain=task.domain,
+                      task_id=task.id, group_id=group_id, tier=task.tier, finish_reason=FinishReason.ENV_ERROR,
+                      reward_info={"error": repr(last)}, env_retries=cfg.max_env_retries)

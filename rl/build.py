@@ -1,0 +1,21 @@
+"""Constructing the model from ``Config``: one place, so learner and rollout build it alike."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch
+
+from jointrl.model import MoEConfig, MoETransformer
+from jointrl.rl.config import Config
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def model_config(cfg: Config) -> MoEConfig:
+    return MoEConfig(**{k: v for k, v in asdict(cfg.model).items() if k not in ("name", "dtype")})
+
+
+def build_model(cfg: Config) -> MoETransformer:
+    """The policy at initialisation: deterministic in ``cfg.seed``."""
+    return MoETransformer.from_config(model_config(cfg), dtype=DTYPES[cfg.model.dtype], seed=cfg.seed)

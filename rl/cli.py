@@ -1,0 +1,18 @@
+"""The ``jointrl`` console script: ``jointrl <command> [hydra overrides]``."""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = ("train",)
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        got = sys.argv[1] if len(sys.argv) > 1 else "nothing"
+        sys.exit(f"usage: jointrl {{{'|'.join(COMMANDS)}}} [key=value ...]; got {got!r}")
+    command = sys.argv.pop(1)
+    if command == "train":
+        from jointrl.rl.train import main as train_main
+
+        train_main()

@@ -1,0 +1,197 @@
+"""Typed configuration: the schema every Hydra config in ``conf/`` is validated against.
+
+``conf/config.yaml`` composes one file per group (model, algo, rollout, envs, learner,
+cluster, logger) on top of ``Config`` (registered in Hydra's ConfigStore as
+``config_schema``), so an unknown key or a wrongly typed value fails at composition with the
+key's name. ``load_config`` then builds the dataclasses, whose ``__post_init__`` checks
+values and names the allowed ones. Decide once, here; the hot loop never branches on strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def _check_choice(key: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"config key {key!r} = {value!r} is not allowed; allowed values: {list(allowed)}")
+
+
+def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"config key {key!r} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+@dataclass
+class ModelConfig:
+    """MoE transformer shape (field names as in Hugging Face's Qwen3-MoE config)."""
+
+    name: str = "tiny_moe"
+    dtype: str = "float32"
+    vocab_size: int = 264
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    moe_intermediate_size: int = 32
+    num_experts: int = 4
+    num_experts_per_tok: int = 2
+    norm_topk_prob: bool = True
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    router_aux_loss_coef: float = 0.001
+
+    def __post_init__(self) -> None:
+        _check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float64"))
+
+
+@dataclass
+class AlgoConfig:
+    name: str = "grpo"
+    total_steps: int = 4
+    prompts_per_step: int = 4  # GRPO groups per step
+    group_size: int = 4  # samples per prompt
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    scale_adv_by_std: bool = True
+    behaviour_logprobs: str = "rollout"  # old log-probs in the ratio: the engine's, or recomputed by the learner
+
+    def __post_init__(self) -> None:
+        _check_choice("algo.name", self.name, ("grpo",))
+        _check_choice("algo.behaviour_logprobs", self.behaviour_logprobs, ("rollout", "learner"))
+        for k in ("total_steps", "prompts_per_step"):
+            _check_positive(f"algo.{k}", getattr(self, k))
+        if self.group_size < 2:
+            raise ValueError(f"config key 'algo.group_size' must be >= 2 for group-relative advantages, got {self.group_size}")
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "simple"
+    num_workers: int = 1
+    max_batch: int = 64
+    max_tokens_per_turn: int = 96
+    max_context: int = 2048
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    quantize_experts: bool = True  # push routed experts as MXFP4 (the rollout runs the quantized weights)
+    thinking_budget: dict[str, Any] = field(default_factory=lambda: {"low": 32, "high": 64, "max": None})
+
+    def __post_init__(self) -> None:
+        _check_choice("rollout.backend", self.backend, ("simple",))
+        _check_positive("rollout.num_workers", self.num_workers)
+        _check_positive("rollout.max_tokens_per_turn", self.max_tokens_per_turn)
+        if set(self.thinking_budget) != {"low", "high", "max"}:
+            raise ValueError(f"config key 'rollout.thinking_budget' needs exactly the tiers ['low', 'high', 'max'], "
+                             f"got {sorted(self.thinking_budget)}")
+
+
+@dataclass
+class DomainConfig:
+    weight: float = 1.0  # share of the joint batch
+    task_dir: str | None = None  # None: the tasks shipped with the domain
+    tiers: dict[str, float] = field(default_factory=dict)  # override each task's tier by weight; {} keeps the task's own
+    reward: dict[str, float] = field(default_factory=dict)  # override each task's reward weights; {} keeps them
+
+
+@dataclass
+class EnvsConfig:
+    domains: dict[str, DomainConfig] = field(default_factory=lambda: {"terminal": DomainConfig()})
+    num_workers: int = 2
+    max_concurrent_episodes: int = 16  # per env worker
+    max_env_retries: int = 2
+    episode_timeout_s: float = 300.0
+    command_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        from jointrl.envs.registry import DOMAINS
+
+        if not self.domains:
+            raise ValueError("config key 'envs.domains' needs at least one domain; allowed: " + str(sorted(DOMAINS)))
+        for name, d in self.domains.items():
+            _check_choice("envs.domains", name, tuple(sorted(DOMAINS)))
+            _check_positive(f"envs.domains.{name}.weight", d.weight)
+            for tier in d.tiers:
+                _check_choice(f"envs.domains.{name}.tiers", tier, ("low", "high", "max"))
+        _check_positive("envs.num_workers", self.num_workers)
+
+
+@dataclass
+class LearnerConfig:
+    num_ranks: int = 1
+    zero_stage: int = 2
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8  # AdamW epsilon
+    grad_clip: float = 1.0
+    micro_batch_size: int = 4  # sequences per micro-batch
+    aux_loss_coef: float = 0.0  # weight of the router load-balancing loss in the RL step
+
+    def __post_init__(self) -> None:
+        _check_choice("learner.zero_stage", self.zero_stage, (0, 1, 2))
+        _check_positive("learner.num_ranks", self.num_ranks)
+        _check_positive("learner.micro_batch_size", self.micro_batch_size)
+        _check_positive("learner.lr", self.lr)
+
+
+@dataclass
+class ClusterConfig:
+    ray_address: str | None = None  # None: start a local Ray instance
+    num_cpus: int | None = None
+
+
+@dataclass
+class LoggerConfig:
+    wandb_mode: str = "offline"
+    project: str = "jointrl"
+    dump_trajectories: bool = True
+
+    def __post_init__(self) -> None:
+        _check_choice("logger.wandb_mode", self.wandb_mode, ("offline", "online", "disabled"))
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    envs: EnvsConfig = field(default_factory=EnvsConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    run_name: str = "default"
+    output_dir: str = "runs/default"
+    seed: int = 0
+    resume: bool = False
+    checkpoint_every: int = 2  # learner steps between checkpoints; 0 disables
+
+    def __post_init__(self) -> None:
+        _check_positive("checkpoint_every", self.checkpoint_every, allow_zero=True)
+
+
+def register_schemas() -> None:
+    ConfigStore.instance().store(name="config_schema", node=Config)
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """Hydra's composed DictConfig -> validated ``Config`` (raises ValueError naming the key)."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
+
+
+def load_config(overrides: list[str] = ()) -> Config:
+    """Compose ``conf/config.yaml`` with Hydra-style overrides, outside of ``@hydra.main``."""
+    from hydra import compose, initialize_config_dir
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return to_config(compose(config_name="config", overrides=list(overrides)))

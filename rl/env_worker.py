@@ -1,0 +1,53 @@
+"""``EnvWorker``: a Ray actor that runs many episodes concurrently, one asyncio task each.
+
+It owns no model: every turn goes to a rollout worker through ``RayEngineClient``. Episodes
+are scored here (reward modules run beside the sandbox they verify). Infrastructure
+failures are retried on a fresh env (``run_episode_with_retries``); the actor itself is
+restarted by Ray if it dies (``max_restarts``), and the driver marks what it still cannot
+finish ``env_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from jointrl.envs.base import Task
+from jointrl.envs.registry import make_env
+from jointrl.model.chat_template import ChatTemplate
+from jointrl.rl.agent_loop import AgentConfig, run_episode_with_retries
+from jointrl.rl.config import Config
+from jointrl.rl.rollout.engine import RayEngineClient
+from jointrl.rl.types import SamplingParams, Trajectory
+
+
+def sampling_params(cfg: Config, tier: str, seed: int | None) -> SamplingParams:
+    rc = cfg.rollout
+    return SamplingParams(max_tokens=rc.max_tokens_per_turn, temperature=rc.temperature, top_p=rc.top_p,
+                          top_k=rc.top_k, seed=seed, max_think_tokens=rc.thinking_budget[tier])
+
+
+class EnvWorker:
+    def __init__(self, cfg: Config, rollout_handles: list) -> None:
+        self.cfg = cfg
+        self.rollout_handles = rollout_handles
+        self.template = ChatTemplate()
+        self.agent_cfg = AgentConfig(max_context=cfg.rollout.max_context, episode_timeout_s=cfg.envs.episode_timeout_s,
+                                     max_env_retries=cfg.envs.max_env_retries)
+        self.limit = asyncio.Semaphore(cfg.envs.max_concurrent_episodes)
+
+    async def run_groups(self, groups: list[tuple[Task, str]], group_size: int, step: int) -> list[Trajectory]:
+        """``group_size`` episodes of each task; trajectories in group order."""
+        jobs = [self._one(task, gid, step * 1_000_003 + g * 1_009 + i)
+                for g, (task, gid) in enumerate(groups) for i in range(group_size)]
+        return list(await asyncio.gather(*jobs))
+
+    async def _one(self, task: Task, group_id: str, seed: int) -> Trajectory:
+        async with self.limit:
+            engine = RayEngineClient(self.rollout_handles, route_key=group_id)
+            params = sampling_params(self.cfg, task.tier, seed + self.cfg.seed)
+            make = lambda: make_env(task.domain, self.cfg.envs)  # noqa: E731
+            return await run_episode_with_retries(make, engine, task, self.template, params, self.agent_cfg, group_id)
+
+    def ready(self) -> bool:
+        return True

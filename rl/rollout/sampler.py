@@ -1,0 +1,166 @@
+"""``SimpleSampler``: the skeleton's batched sampler with a KV cache and per-token log-probs.
+
+Requests that arrive together (one asyncio queue) are left-padded into one batch, prefilled
+once, then decoded token by token with a growing KV cache. It has no continuous batching,
+sessions or paged memory (the fast engine, issue #5, adds those) but honours the whole
+``RolloutEngine`` contract: sampling (temperature, top-k, top-p, per-request seed, stop
+tokens, max_tokens), the thinking budget, per-token log-probs and policy versions.
+
+Log-prob convention (the learner uses the same): ``log_softmax(logits / T)`` of the sampled
+token, before top-k / top-p filtering; ``T = 1`` when sampling greedily (``temperature=0``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import torch
+
+from jointrl.model import KVCache, MoETransformer
+from jointrl.model.tokenizer import ByteTokenizer
+from jointrl.rl.learner.batch import position_ids
+from jointrl.rl.types import GenerationOutput, SamplingParams
+
+
+@dataclass(slots=True)
+class _Row:
+    params: SamplingParams
+    gen: torch.Generator | None
+    stops: frozenset[int]
+    in_think: bool
+    think_used: int = 0
+    done: bool = False
+    finish: str = "length"
+
+
+class SimpleSampler:
+    def __init__(self, model: MoETransformer, tokenizer: ByteTokenizer, max_batch: int = 64,
+                 batch_wait_s: float = 0.005) -> None:
+        self.model = model.eval()
+        self.tok = tokenizer
+        self.max_batch = max_batch
+        self.batch_wait_s = batch_wait_s
+        self._version = 0
+        self._queue: asyncio.Queue | None = None
+        self._loop_task: asyncio.Task | None = None
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def update_weights(self, version: int, bundle) -> None:
+        from jointrl.rl.weight_sync import apply_bundle
+
+        apply_bundle(self.model, bundle, expected_version=version)
+        self._version = version
+
+    # -- async front: requests that arrive together are batched --------------------------
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            self._loop_task = asyncio.get_running_loop().create_task(self._serve())
+        fut = asyncio.get_running_loop().create_future()
+        await self._queue.put((prompt_ids, params, fut))
+        return await fut
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            pending = [await self._queue.get()]
+            await asyncio.sleep(self.batch_wait_s)  # let concurrent requests join the batch
+            while not self._queue.empty() and len(pending) < self.max_batch:
+                pending.append(self._queue.get_nowait())
+            try:
+                outs = await loop.run_in_executor(
+                    None, self.generate_batch, [p for p, _, _ in pending], [s for _, s, _ in pending])
+            except Exception as e:  # hand the failure to every waiter; keep serving
+                for _, _, fut in pending:
+                    fut.set_exception(e)
+                continue
+            for (_, _, fut), out in zip(pending, outs):
+                fut.set_result(out)
+
+    # -- the batch itself ------------------------------------------------------------------
+    @torch.no_grad()
+    def generate_batch(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[GenerationOutput]:
+        if len(prompts) != len(params):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        B, S = len(prompts), max(len(p) for p in prompts)
+        pad = self.tok.pad_id
+        ids_BS = torch.full((B, S), pad, dtype=torch.long)
+        mask_BS = torch.zeros((B, S), dtype=torch.bool)
+        for b, p in enumerate(prompts):  # left padding: every row's last token is at S-1
+            ids_BS[b, S - len(p):] = torch.tensor(p)
+            mask_BS[b, S - len(p):] = True
+        pos_BS = position_ids(mask_BS)
+        rows = [_Row(params=sp, gen=_generator(sp.seed), stops=frozenset((self.tok.im_end_id, *sp.stop_token_ids)),
+                     in_think=p[-1] == self.tok.think_id) for p, sp in zip(prompts, params)]
+        outs = [GenerationOutput([], [], [], "length", self._version) for _ in prompts]
+
+        dtype = next(self.model.parameters()).dtype
+        cache = KVCache.empty(self.model.config, B, dtype)
+        logits_BV = self.model(ids_BS, position_ids=pos_BS, attention_mask=mask_BS, cache=cache).logits[:, -1]
+        next_pos_B = pos_BS[:, -1] + 1
+        for _ in range(max(sp.max_tokens for sp in params)):
+            step_ids = [self._pick(row, logits_BV[b], outs[b]) if not row.done else pad for b, row in enumerate(rows)]
+            if all(r.done for r in rows):
+                break
+            mask_BS = torch.cat([mask_BS, torch.ones((B, 1), dtype=torch.bool)], dim=1)
+            logits_BV = self.model(torch.tensor(step_ids)[:, None], position_ids=next_pos_B[:, None],
+                                   attention_mask=mask_BS, cache=cache).logits[:, -1]
+            next_pos_B = next_pos_B + 1
+        for row, out in zip(rows, outs):
+            out.finish_reason = row.finish
+        return outs
+
+    def _pick(self, row: _Row, logits_V: torch.Tensor, out: GenerationOutput) -> int:
+        """Choose this row's next token, record it, and update the row's state."""
+        sp = row.params
+        budget_hit = row.in_think and sp.max_think_tokens is not None and row.think_used >= sp.max_think_tokens
+        if budget_hit:  # forced </think>: loss-masked, no log-prob
+            token, logprob, sampled = self.tok.think_end_id, 0.0, 0
+        else:
+            token, logprob = _sample(logits_V.double(), sp, row.gen)
+            sampled = 1
+        out.token_ids.append(token)
+        out.logprobs.append(logprob)
+        out.sampled.append(sampled)
+        if token == self.tok.think_end_id:
+            row.in_think = False
+        elif row.in_think:
+            row.think_used += 1
+        if token in row.stops and sampled:
+            row.done, row.finish = True, "stop"
+        elif len(out.token_ids) >= sp.max_tokens:
+            row.done, row.finish = True, "length"
+        return token
+
+
+def _generator(seed: int | None) -> torch.Generator | None:
+    if seed is None:
+        return None
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def _sample(logits_V: torch.Tensor, sp: SamplingParams, gen: torch.Generator | None) -> tuple[int, float]:
+    """(token, log-prob under softmax(logits / T)). Greedy when temperature == 0."""
+    if sp.temperature == 0:
+        token = int(torch.argmax(logits_V))
+        return token, float(torch.log_softmax(logits_V, -1)[token])
+    logp_V = torch.log_softmax(logits_V / sp.temperature, -1)
+    filtered_V = logp_V.clone()
+    if sp.top_k > 0 and sp.top_k < filtered_V.numel():
+        kth = torch.topk(filtered_V, sp.top_k).values[-1]
+        filtered_V[filtered_V < kth] = -torch.inf
+    if sp.top_p < 1.0:
+        sorted_V, order = torch.sort(filtered_V, descending=True)
+        cum = sorted_V.exp().cumsum(-1)
+        drop = cum - sorted_V.exp() >= sp.top_p  # keep the smallest prefix reaching top_p
+        filtered_V[order[drop]] = -torch.inf
+    token = int(torch.multinomial(torch.softmax(filtered_V, -1).float(), 1, generator=gen))
+    return token, float(logp_V[token])

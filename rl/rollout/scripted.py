@@ -1,0 +1,51 @@
+"""``ScriptedEngine``: a ``RolloutEngine`` that plays a scripted policy instead of a model.
+
+Each call to ``generate`` emits the next scripted assistant turn, rendered by the chat
+template exactly as a model would have to write it (``<think>`` is already open in the
+prompt, so a turn is ``{reasoning}</think>{text}<tool_call>...</tool_call><|im_end|>``).
+Used to replay every task's oracle, no-op and plausible-but-wrong policies through the real
+template, parser, agent loop and sandbox; log-probs are 0 (a deterministic policy).
+"""
+
+from __future__ import annotations
+
+import json
+
+from jointrl.envs.base import ToolCall
+from jointrl.model.chat_template import ChatTemplate
+from jointrl.rl.types import GenerationOutput, SamplingParams
+
+Turn = list[ToolCall] | list[int]  # tool calls to render, or raw token ids (to script malformed output)
+
+
+class ScriptedEngine:
+    def __init__(self, turns: list[Turn], template: ChatTemplate | None = None, reasoning: str = "") -> None:
+        self.template = template or ChatTemplate()
+        self.turns, self.reasoning = list(turns), reasoning
+        self.prompts: list[list[int]] = []  # what the engine was shown, per turn
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def update_weights(self, version: int, bundle=None) -> None:
+        self._version = version
+
+    def render_turn(self, calls: list[ToolCall]) -> list[int]:
+        t = self.template.tok
+        ids = [*t.encode(self.reasoning), t.think_end_id]
+        for c in calls:
+            ids += [t.tool_call_id, *t.encode(json.dumps({"name": c.name, "arguments": c.arguments})), t.tool_call_end_id]
+        return ids + [t.im_end_id]
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+        self.prompts.append(list(prompt_ids))
+        if not self.turns:  # the script is over: end the turn without a call
+            ids = self.render_turn([])
+        else:
+            turn = self.turns.pop(0)
+            ids = list(turn) if turn and isinstance(turn[0], int) else self.render_turn(turn)
+        finish = "stop" if len(ids) <= params.max_tokens else "length"
+        ids = ids[: params.max_tokens]
+        return GenerationOutput(ids, [0.0] * len(ids), [1] * len(ids), finish, self._version)

@@ -1,0 +1,48 @@
+"""Run tracking: Weights & Biases (offline by default), one console line per step, and the
+step's trajectories as JSONL (``<output_dir>/trajectories/step_000001.jsonl``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+
+from jointrl.rl.config import Config
+from jointrl.rl.types import Trajectory
+
+
+class RunTracker:
+    def __init__(self, cfg: Config, out_dir: Path) -> None:
+        self.cfg, self.out_dir = cfg, out_dir
+        self.traj_dir = out_dir / "trajectories"
+        self.traj_dir.mkdir(parents=True, exist_ok=True)
+        self.run = None
+        if cfg.logger.wandb_mode != "disabled":
+            import wandb
+
+            id_file = out_dir / "wandb_run_id"  # a resumed run continues the same wandb run
+            run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+            id_file.write_text(run_id)
+            os.environ.setdefault("WANDB_SILENT", "true")
+            self.run = wandb.init(project=cfg.logger.project, name=cfg.run_name, id=run_id, resume="allow",
+                                  dir=str(out_dir), mode=cfg.logger.wandb_mode, config=asdict(cfg))
+
+    def log(self, step: int, metrics: dict[str, float], trajs: list[Trajectory]) -> None:
+        if self.run is not None:
+            self.run.log(metrics, step=step)
+        if self.cfg.logger.dump_trajectories:
+            with open(self.traj_dir / f"step_{step:06d}.jsonl", "w") as f:
+                for t in trajs:
+                    f.write(json.dumps(t.to_json()) + "\n")
+        m = metrics
+        print(f"step {step:4d} | reward {m['reward/mean']:.3f} | tool_err {m['tool_error_rate']:.2f} "
+              f"| env_err {int(m['env_error'])} | tok/s {m['perf/rollout_tokens_per_s']:.0f} "
+              f"| rollout {m['time/rollout_s']:.1f}s reward {m['time/reward_s']:.1f}s "
+              f"learner {m['time/learner_s']:.1f}s push {m['time/push_s']:.1f}s | loss {m.get('learner/loss', 0.0):+.4f}",
+              flush=True)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
