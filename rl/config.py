@@ -185,7 +185,10 @@ def register_schemas() -> None:
 
 def to_config(cfg: DictConfig) -> Config:
     """Hydra's composed DictConfig -> validated ``Config`` (raises ValueError naming the key)."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
+    # Through a plain container, so keys added with Hydra's `+` are checked against the schema too.
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain.pop("hydra", None)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), plain))
 
 
 def load_config(overrides: list[str] = ()) -> Config:

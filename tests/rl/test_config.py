@@ -1,0 +1,38 @@
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from jointrl.rl.config import Config, DomainConfig, EnvsConfig, load_config
+
+
+def test_default_config_composes():
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    assert cfg.model.name == "tiny_moe" and cfg.algo.name == "grpo" and "terminal" in cfg.envs.domains
+
+
+def test_unknown_key_names_the_key():
+    with pytest.raises((ConfigCompositionException, ConfigKeyError)) as e:
+        load_config(["algo.group_sise=4"])
+    assert "group_sise" in str(e.value)
+    with pytest.raises(Exception) as e:
+        load_config(["+learner.learning_rate=0.1"])
+    assert "learning_rate" in str(e.value)
+
+
+def test_bad_value_names_key_and_allowed_values():
+    with pytest.raises(ValueError) as e:
+        load_config(["learner.zero_stage=3"])
+    assert "learner.zero_stage" in str(e.value) and "[0, 1, 2]" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        load_config(["logger.wandb_mode=cloud"])
+    assert "logger.wandb_mode" in str(e.value) and "offline" in str(e.value)
+    with pytest.raises(ValueError) as e:  # a domain typo in an envs/*.yaml file
+        EnvsConfig(domains={"kitchen": DomainConfig()})
+    assert "kitchen" in str(e.value) and "terminal" in str(e.value)
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises((ConfigCompositionException, ValidationError)) as e:
+        load_config(["algo.group_size=many"])
+    assert "group_size" in str(e.value)
