@@ -1,0 +1,121 @@
+"""A pool of unprivileged host uids, one per live sandbox, shared by every process on the host.
+
+Why a pool: resource limits such as ``RLIMIT_NPROC`` count processes *per real uid* and are
+not enforced for root, and a sandbox escape lands with the host uid the sandbox ran as. So
+each live sandbox gets a uid no one else holds: its limits are its own, its files are
+unreadable to other episodes, and "kill every process of this uid" is a complete cleanup.
+
+Coordination is an exclusive ``fcntl.flock`` on one lock file per uid. ``flock`` locks belong
+to an open file description, so two leases in the same process exclude each other just as
+two processes do, and the kernel drops the lock when a crashed holder's fds close.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pwd
+import random
+import signal
+import time
+from pathlib import Path
+
+from jointrl.envs.base import EnvError
+
+
+class UidLease:
+    """Exclusive hold on one host uid until :meth:`release` (idempotent)."""
+
+    __slots__ = ("uid", "_fd")
+
+    def __init__(self, uid: int, fd: int) -> None:
+        self.uid = uid
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # closing the only fd of the description drops the flock
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+
+def acquire_uid(uid_range: tuple[int, int], lock_dir: Path) -> UidLease:
+    """Lease a free uid from ``uid_range`` (inclusive), after killing any stale processes of it.
+
+    Uids that have a passwd entry are skipped: the range must be reserved for sandboxes, and a
+    named account's processes must never be killed by the sweep. Raises ``EnvError`` when every
+    uid of the range is held.
+    """
+    lo, hi = uid_range
+    if lo <= 0:
+        raise ValueError(f"uid_range must not include root, got {uid_range}")
+    n = hi - lo + 1
+    start = random.randrange(n)  # spread concurrent acquirers over the range
+    for i in range(n):
+        uid = lo + (start + i) % n
+        if _has_passwd_entry(uid):
+            continue
+        fd = os.open(lock_dir / f"uid-{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        kill_uid(uid)  # a previous holder may have crashed with processes still running
+        return UidLease(uid, fd)
+    raise EnvError(f"no free sandbox uid in {uid_range}: every uid is leased")
+
+
+def _has_passwd_entry(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def pids_of_uid(uid: int) -> list[int]:
+    """Live host pids whose real or effective uid is ``uid`` (from ``/proc/<pid>/status``).
+
+    Zombies are left out: they hold no resources and only their parent can reap them.
+    """
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"State:") and line.split()[1] in (b"Z", b"X"):
+                        break
+                    if line.startswith(b"Uid:"):
+                        real, effective = (int(x) for x in line.split()[1:3])
+                        if uid in (real, effective):
+                            pids.append(int(entry.name))
+                        break
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue  # the process exited while we looked
+    return pids
+
+
+def kill_uid(uid: int, *, rounds: int = 50) -> None:
+    """SIGKILL every process of ``uid`` until none is left (a forking process is caught next round).
+
+    Raises ``EnvError`` if processes survive ``rounds`` sweeps (which RLIMIT_NPROC should prevent).
+    """
+    if uid == 0:
+        raise ValueError("refusing to kill every process of uid 0")
+    for _ in range(rounds):
+        pids = pids_of_uid(uid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.005)  # let the kernel reap before we look again
+    raise EnvError(f"processes of sandbox uid {uid} survive SIGKILL: {pids_of_uid(uid)}")
