@@ -189,8 +189,9 @@ def _dequantize_mxfp4_torch(blocks: Tensor, scales: Tensor, dtype: torch.dtype) 
     *lead, half_k = blocks.shape
     k = 2 * half_k
     work = _work_dtype(dtype)
-    vals_bn = _e2m1_byte_lut(work, blocks.device)[blocks.to(torch.int32)]  # [..., K/2, 2]
-    vals_bn = vals_bn.reshape(*lead, k // MXFP4_BLOCK, MXFP4_BLOCK)
+    byte_idx = blocks.reshape(-1).to(torch.int32)
+    vals_pair = _e2m1_byte_lut(work, blocks.device).index_select(0, byte_idx)  # [N*K/2, 2]
+    vals_bn = vals_pair.reshape(*lead, k // MXFP4_BLOCK, MXFP4_BLOCK)
     exp_b = scales.to(torch.int32) - E8M0_BIAS
     nan_b = scales == E8M0_NAN
     scale_b = _exp2_int(exp_b.masked_fill(nan_b, 0), work).masked_fill_(nan_b, float("nan"))
