@@ -1,0 +1,390 @@
+"""Learner -> rollout weight push: bucketed, versioned, checksummed; routed experts in MXFP4.
+
+Sender (a learner rank)::
+
+    for bucket in iter_buckets(model.state_dict(), version):   # bounded memory per bucket
+        ray.get([w.apply_bucket.remote(bucket) for w in rollout_workers])
+
+or ``build_bundle(...)`` for the whole push as one ``WeightBundle``. With expert parallelism
+each rank passes the state dict of the experts it owns: bundles may be partial, and the
+receiver only writes the tensors a bundle names.
+
+What travels. Tensors selected by ``is_quantized(name, tensor)`` (default
+``is_routed_expert``: stacked routed-expert weights such as
+``model.layers.0.mlp.experts.gate_up_proj [E, 2I, H]`` / ``...down_proj [E, H, I]``) are
+MXFP4-quantized along their last (reduction) dim with ``kernels.mxfp4``; the rule that made
+them is recorded per entry. Everything else (attention, router, norms, embeddings, head)
+travels dense, in ``dense_dtype`` (default: unchanged). All payload tensors are CPU copies,
+taken when the bucket is built, so a learner step afterwards cannot change a bucket in flight.
+
+Integrity. Each entry carries a CRC-32 (``zlib.crc32``) of its payload bytes; each bucket a
+CRC-32 of its version, index and every entry's metadata and payload CRC; the bundle its
+total payload bytes. The receiver checks all of it, plus name, shape and version, before it
+writes anything, and names the offending tensor in a ``ValueError``. CRC-32 catches
+transport corruption, not tampering.
+
+Receiver. ``apply_bundle`` / ``apply_bucket`` dequantize MXFP4 entries on the target's
+device to the target's dtype and ``copy_`` every entry in place under ``torch.no_grad()``.
+Dense entries whose transfer dtype equals the target's land bit for bit; MXFP4 entries land
+as ``mxfp4_roundtrip`` of the learner's tensor.
+"""
+
+from __future__ import annotations
+
+import enum
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from jointrl.kernels.mxfp4 import ScaleRule, dequantize_mxfp4, quantize_mxfp4
+
+__all__ = [
+    "EntryKind",
+    "WeightBucket",
+    "WeightBundle",
+    "WeightEntry",
+    "apply_bucket",
+    "apply_bundle",
+    "build_bundle",
+    "is_routed_expert",
+    "iter_buckets",
+]
+
+DEFAULT_BUCKET_BYTES = 32 << 20
+
+
+class EntryKind(enum.StrEnum):
+    DENSE = "dense"
+    MXFP4 = "mxfp4"
+
+
+@dataclass(frozen=True, slots=True)
+class WeightEntry:
+    """One named tensor in transit.
+
+    ``shape``/``dtype`` are the learner tensor's. DENSE: ``data`` is the tensor itself
+    (transfer dtype), ``scales`` is None, ``scale_rule`` is None. MXFP4: ``data`` is
+    ``blocks uint8 [..., K/2]``, ``scales`` is ``uint8 [..., K/32]`` for ``shape = [..., K]``.
+    ``checksum`` is the CRC-32 of ``data``'s bytes followed by ``scales``' bytes.
+    """
+
+    name: str
+    kind: EntryKind
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    scale_rule: ScaleRule | None
+    data: Tensor
+    scales: Tensor | None
+    checksum: int
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.data) + (0 if self.scales is None else _nbytes(self.scales))
+
+    def describe(self) -> str:
+        """Metadata line the bucket checksum covers (payload enters through ``checksum``)."""
+        scales = None if self.scales is None else (tuple(self.scales.shape), self.scales.dtype)
+        return (
+            f"{self.name}|{self.kind}|{self.shape}|{self.dtype}|{self.scale_rule}|"
+            f"{tuple(self.data.shape)}|{self.data.dtype}|{scales}|{self.checksum}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WeightBucket:
+    """A bounded group of entries: the unit a sender streams. ``index`` counts from 0 per push."""
+
+    version: int
+    index: int
+    entries: tuple[WeightEntry, ...]
+    checksum: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self.entries)
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self.entries]
+
+
+@dataclass(frozen=True, slots=True)
+class WeightBundle:
+    """One whole push: policy ``version``, its buckets in order, and their total payload bytes."""
+
+    version: int
+    buckets: tuple[WeightBucket, ...]
+    total_bytes: int
+
+
+def is_routed_expert(name: str, tensor: Tensor | None = None) -> bool:
+    """Default ``is_quantized``: routed-expert weight matrices (``.mlp.experts.`` in the name).
+
+    Shared experts (``.mlp.shared_experts.``), the router (``.mlp.gate.``) and any expert bias
+    or 1-D tensor stay dense.
+    """
+    if ".mlp.experts." not in name or name.endswith("bias"):
+        return False
+    return tensor is None or (tensor.is_floating_point() and tensor.dim() >= 2)
+
+
+# ---------------------------------------------------------------------------------------
+# sender
+# ---------------------------------------------------------------------------------------
+
+
+def iter_buckets(
+    state_dict: Mapping[str, Tensor],
+    version: int,
+    is_quantized: Callable[[str, Tensor], bool] = is_routed_expert,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    scale_rule: str = "floor",
+    *,
+    dense_dtype: torch.dtype | None = None,
+) -> Iterator[WeightBucket]:
+    """Yield the push as buckets, in ``state_dict`` order, each built only when asked for.
+
+    A bucket holds entries while their payload fits in ``bucket_bytes``; an entry larger
+    than the bound gets a bucket of its own. Peak extra memory is about one bucket plus one
+    entry.
+
+    Args:
+        state_dict: name -> tensor (any device). Quantized tensors have shape ``[..., K]``
+            with ``K % 32 == 0``.
+        version: policy version of these weights (>= 0).
+        is_quantized: which tensors travel as MXFP4 (default ``is_routed_expert``).
+        bucket_bytes: payload bound per bucket (> 0).
+        scale_rule: MXFP4 scale rule, ``"floor"`` or ``"ceil"``.
+        dense_dtype: transfer dtype for floating dense tensors (None: keep each dtype).
+
+    Raises:
+        ValueError: bad ``version``/``bucket_bytes``/``scale_rule``, or a quantized tensor
+            whose last dim is not a multiple of 32 (named).
+    """
+    if version < 0:
+        raise ValueError(f"version must be >= 0, got {version}")
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    if scale_rule not in tuple(ScaleRule):
+        raise ValueError(f"scale_rule must be one of {[r.value for r in ScaleRule]}, got {scale_rule!r}")
+    rule = ScaleRule(scale_rule)
+
+    pending: list[WeightEntry] = []
+    pending_bytes = 0
+    index = 0
+    for name, tensor in state_dict.items():
+        entry = _make_entry(name, tensor, is_quantized(name, tensor), rule, dense_dtype)
+        if pending and pending_bytes + entry.nbytes > bucket_bytes:
+            yield _make_bucket(version, index, pending)
+            index += 1
+            pending, pending_bytes = [], 0
+        pending.append(entry)
+        pending_bytes += entry.nbytes
+    if pending:
+        yield _make_bucket(version, index, pending)
+
+
+def build_bundle(
+    state_dict: Mapping[str, Tensor],
+    version: int,
+    is_quantized: Callable[[str, Tensor], bool] = is_routed_expert,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    scale_rule: str = "floor",
+    *,
+    dense_dtype: torch.dtype | None = None,
+) -> WeightBundle:
+    """The whole push as one picklable ``WeightBundle`` (arguments as ``iter_buckets``)."""
+    buckets = tuple(
+        iter_buckets(state_dict, version, is_quantized, bucket_bytes, scale_rule, dense_dtype=dense_dtype)
+    )
+    return WeightBundle(version=version, buckets=buckets, total_bytes=sum(b.nbytes for b in buckets))
+
+
+def _make_entry(
+    name: str, tensor: Tensor, quantize: bool, rule: ScaleRule, dense_dtype: torch.dtype | None
+) -> WeightEntry:
+    tensor = tensor.detach()
+    if quantize:
+        if tensor.dim() == 0 or tensor.shape[-1] % 32 != 0:
+            raise ValueError(
+                f"tensor {name!r} of shape {tuple(tensor.shape)} is selected for MXFP4 but its "
+                f"last dim is not a multiple of 32"
+            )
+        blocks, scales = quantize_mxfp4(tensor, rule)
+        blocks, scales = blocks.cpu(), scales.cpu()
+        return WeightEntry(
+            name=name, kind=EntryKind.MXFP4, shape=tuple(tensor.shape), dtype=tensor.dtype,
+            scale_rule=rule, data=blocks, scales=scales, checksum=_crc32(scales, _crc32(blocks)),
+        )
+    dtype = dense_dtype if dense_dtype is not None and tensor.is_floating_point() else tensor.dtype
+    data = tensor.to(device="cpu", dtype=dtype, copy=True, memory_format=torch.contiguous_format)
+    return WeightEntry(
+        name=name, kind=EntryKind.DENSE, shape=tuple(tensor.shape), dtype=tensor.dtype,
+        scale_rule=None, data=data, scales=None, checksum=_crc32(data),
+    )
+
+
+def _make_bucket(version: int, index: int, entries: list[WeightEntry]) -> WeightBucket:
+    entries_t = tuple(entries)
+    return WeightBucket(version, index, entries_t, _bucket_checksum(version, index, entries_t))
+
+
+# ---------------------------------------------------------------------------------------
+# receiver
+# ---------------------------------------------------------------------------------------
+
+
+def apply_bundle(
+    model_or_state: nn.Module | Mapping[str, Tensor],
+    bundle: WeightBundle,
+    expected_version: int | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    current_version: int | None = None,
+) -> None:
+    """Verify a whole bundle, then write it into ``model_or_state`` in place.
+
+    Nothing is written unless every check passes: bucket order and version, bucket and
+    entry checksums, total bytes, every name present in the receiver with the same shape.
+
+    Args:
+        model_or_state: the receiving ``nn.Module`` (its ``state_dict`` names: parameters and
+            persistent buffers) or a name -> tensor mapping whose tensors are written.
+        bundle: from ``build_bundle``.
+        expected_version: if given, ``bundle.version`` must equal it.
+        dtype: dequantize MXFP4 entries in this dtype (None: each target's own dtype).
+        current_version: the receiver's version; if given, ``bundle.version`` must exceed it.
+
+    Raises:
+        ValueError: any failed check, naming the tensor (or bucket) at fault.
+    """
+    _check_version(bundle.version, expected_version, current_version)
+    targets = _targets(model_or_state)
+    plan: list[tuple[Tensor, WeightEntry]] = []
+    for i, bucket in enumerate(bundle.buckets):
+        if bucket.index != i or bucket.version != bundle.version:
+            raise ValueError(
+                f"bucket {i} of bundle version {bundle.version} is out of place: it says "
+                f"index {bucket.index}, version {bucket.version} (tensors {bucket.names})"
+            )
+        plan += _verify_bucket(bucket, targets)
+    if (total := sum(b.nbytes for b in bundle.buckets)) != bundle.total_bytes:
+        raise ValueError(
+            f"bundle version {bundle.version} carries {total} payload bytes, it declares "
+            f"{bundle.total_bytes}: a bucket is missing or truncated"
+        )
+    _write(plan, dtype)
+
+
+def apply_bucket(
+    model_or_state: nn.Module | Mapping[str, Tensor],
+    bucket: WeightBucket,
+    expected_version: int | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    current_version: int | None = None,
+) -> None:
+    """Streaming counterpart of ``apply_bundle``: verify one bucket, then write it.
+
+    Arguments as ``apply_bundle``. A receiver streaming a push passes the push's version as
+    ``expected_version`` so buckets of another push are refused.
+    """
+    _check_version(bucket.version, expected_version, current_version)
+    _write(_verify_bucket(bucket, _targets(model_or_state)), dtype)
+
+
+def _check_version(version: int, expected: int | None, current: int | None) -> None:
+    if expected is not None and version != expected:
+        raise ValueError(f"weight push has version {version}, the receiver expects {expected}")
+    if current is not None and version <= current:
+        raise ValueError(
+            f"stale weight push: version {version} is not newer than the receiver's {current}"
+        )
+
+
+def _targets(model_or_state: nn.Module | Mapping[str, Tensor]) -> Mapping[str, Tensor]:
+    if isinstance(model_or_state, nn.Module):
+        return model_or_state.state_dict(keep_vars=True)  # the live Parameters, not copies
+    return model_or_state
+
+
+def _verify_bucket(bucket: WeightBucket, targets: Mapping[str, Tensor]) -> list[tuple[Tensor, WeightEntry]]:
+    plan = []
+    for entry in bucket.entries:
+        _verify_entry(entry)
+        target = targets.get(entry.name)
+        if target is None:
+            raise ValueError(f"tensor {entry.name!r} in the weight push is not in the receiver's model")
+        if tuple(target.shape) != entry.shape:
+            raise ValueError(
+                f"tensor {entry.name!r}: weight push shape {entry.shape} != receiver shape "
+                f"{tuple(target.shape)}"
+            )
+        plan.append((target, entry))
+    if _bucket_checksum(bucket.version, bucket.index, bucket.entries) != bucket.checksum:
+        raise ValueError(
+            f"bucket {bucket.index} (version {bucket.version}) failed its checksum; it holds "
+            f"tensors {bucket.names}"
+        )
+    return plan
+
+
+def _verify_entry(entry: WeightEntry) -> None:
+    if entry.kind == EntryKind.MXFP4:
+        lead, k = entry.shape[:-1], entry.shape[-1] if entry.shape else 0
+        scales = entry.scales
+        if not (
+            entry.shape
+            and k % 32 == 0
+            and scales is not None
+            and entry.data.dtype == scales.dtype == torch.uint8
+            and tuple(entry.data.shape) == (*lead, k // 2)
+            and tuple(scales.shape) == (*lead, k // 32)
+        ):
+            raise ValueError(
+                f"tensor {entry.name!r}: MXFP4 payload does not match shape {entry.shape}: want "
+                f"uint8 blocks {(*lead, k // 2)} and scales {(*lead, k // 32)}"
+            )
+        crc = _crc32(scales, _crc32(entry.data))
+    else:
+        if tuple(entry.data.shape) != entry.shape:
+            raise ValueError(f"tensor {entry.name!r}: payload shape {tuple(entry.data.shape)} != {entry.shape}")
+        crc = _crc32(entry.data)
+    if crc != entry.checksum:
+        raise ValueError(f"tensor {entry.name!r}: checksum mismatch, its payload was corrupted in transit")
+
+
+@torch.no_grad()
+def _write(plan: Iterable[tuple[Tensor, WeightEntry]], dtype: torch.dtype | None) -> None:
+    for target, entry in plan:
+        if entry.kind == EntryKind.MXFP4:
+            assert entry.scales is not None
+            value = dequantize_mxfp4(
+                entry.data.to(target.device), entry.scales.to(target.device), dtype=dtype or target.dtype
+            )
+        else:
+            value = entry.data
+        target.copy_(value)
+
+
+# ---------------------------------------------------------------------------------------
+# checksums
+# ---------------------------------------------------------------------------------------
+
+
+def _nbytes(t: Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _crc32(t: Tensor, crc: int = 0) -> int:
+    """CRC-32 of a tensor's bytes in C order (any dtype, bf16 and bool included)."""
+    raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    return zlib.crc32(raw.numpy(), crc)
+
+
+def _bucket_checksum(version: int, index: int, entries: tuple[WeightEntry, ...]) -> int:
+    header = f"v{version}|i{index}\n" + "\n".join(e.describe() for e in entries)
+    return zlib.crc32(header.encode())
