@@ -124,3 +124,16 @@ class Env(Protocol):
     async def close(self) -> None:
         """Release the episode's resources. Safe to call twice."""
         ...
+
+
+@runtime_checkable
+class Verifiable(Protocol):
+    """An ``Env`` whose final state a reward checks in a fresh sandbox (``Episode.verify_sandbox``).
+
+    After the last step and before ``close``, the agent loop passes the bound method
+    ``env.verify_sandbox`` as ``Episode.verify_sandbox``.
+    """
+
+    def verify_sandbox(self) -> Any:
+        """Open a fresh sandbox over a copy of the episode's current files; the caller closes it."""
+        ...

@@ -1,0 +1,68 @@
+"""Fresh verification sandboxes over an episode's final files (``Episode.verify_sandbox``).
+
+Reward integrity (docs/architecture.md): the verifier never runs in the sandbox the agent had
+its hands on. At the end of the episode the agent's ``/work`` is snapshotted on the host
+(root-owned, mode 0700); every call of :class:`FinalFiles` opens a new sandbox, under a new
+uid, over a *copy* of that snapshot, with
+
+- the task's ``tests/`` mounted read-only at ``/tests`` (taken from the task folder, so the
+  agent cannot have changed them),
+- a fresh, empty, writable ``/logs/verifier`` for the verifier's ``reward.txt`` (the agent
+  never had it: a ``reward.txt`` it wrote anywhere in ``/work`` is not read),
+- ``HOME=/tmp`` (a fresh tmpfs), so dotfiles the agent left in ``/work`` do not configure
+  the verifier's tools; ``PATH`` is the read-only system one.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import weakref
+from pathlib import Path
+
+from jointrl.envs.base import EnvError
+from jointrl.envs.sandbox.base import SandboxConfig
+from jointrl.envs.sandbox.bwrap import BwrapSandbox, sandbox_root
+
+TESTS_MOUNT = "/tests"
+VERIFIER_LOGS = "/logs/verifier"
+REWARD_FILE = f"{VERIFIER_LOGS}/reward.txt"
+
+
+class FinalFiles:
+    """A host snapshot of an episode's final ``/work``; calling it opens a verification sandbox.
+
+    The snapshot is deleted by :meth:`discard`, or when this object is garbage-collected (it
+    outlives the episode's own sandbox, so rewards may be computed after ``env.close()``).
+    The caller closes each sandbox it opens.
+    """
+
+    def __init__(self, snapshot: Path, tests_dir: Path, config: SandboxConfig) -> None:
+        self.snapshot, self.tests_dir, self.config = snapshot, tests_dir, config
+        self._finalizer = weakref.finalize(self, shutil.rmtree, snapshot, True)
+
+    @classmethod
+    def take(cls, sandbox: BwrapSandbox, tests_dir: Path, config: SandboxConfig) -> FinalFiles:
+        """Snapshot ``sandbox``'s ``/work`` now."""
+        if not (tests_dir / "test.sh").is_file():
+            raise ValueError(f"tests dir {str(tests_dir)!r} has no test.sh")
+        snapshot = sandbox_root() / f"snap-{secrets.token_hex(8)}"
+        sandbox.copy_workdir_to(snapshot)
+        return cls(snapshot, tests_dir, config)
+
+    def __call__(self) -> BwrapSandbox:
+        if not self._finalizer.alive:
+            raise RuntimeError("the episode's final files were discarded")
+        if not self.snapshot.is_dir():  # removed behind our back: infrastructure, not the policy
+            raise EnvError(f"the snapshot of the episode's final files is gone: {str(self.snapshot)!r}")
+        return BwrapSandbox(
+            self.config,
+            workdir_from=self.snapshot,
+            ro_binds={str(self.tests_dir): TESTS_MOUNT},
+            rw_dirs=(VERIFIER_LOGS,),
+            env={"HOME": "/tmp"},
+        )
+
+    def discard(self) -> None:
+        """Delete the snapshot now. Idempotent."""
+        self._finalizer()
