@@ -1,0 +1,66 @@
+"""``tests_pass``: the task's own verifier, run in a fresh sandbox over the episode's final files.
+
+The verification sandbox (``Episode.verify_sandbox()``, e.g. ``envs/terminal/verifier.py``)
+holds a copy of the final ``/work``, the task's tests read-only at ``/tests`` and a fresh,
+empty, writable ``/logs/verifier`` the agent never had. The verifier is
+``bash /tests/test.sh``.
+
+Score 1.0 iff, within the timeout, ``test.sh`` exits 0 **and** ``/logs/verifier/reward.txt``
+exists and holds the number 1; else 0.0. Requiring both means neither alone can be forged:
+the agent's own ``reward.txt`` (in ``/work`` or anywhere it could write) is never read, and
+agent code the verifier runs can write the reward file but cannot make a failing test exit 0.
+A verifier that times out scores 0 (the agent's code hung: a policy result). A sandbox that
+cannot start or dies raises ``EnvError`` (infrastructure, retried; never scored 0).
+The timeout is ``task.metadata["verifier_timeout_s"]`` (default 60 s).
+"""
+
+from __future__ import annotations
+
+from jointrl.envs.base import EnvError, Task
+from jointrl.envs.terminal.verifier import REWARD_FILE, TESTS_MOUNT
+from jointrl.rewards.base import Episode, RewardResult, register
+
+DEFAULT_TIMEOUT_S = 60.0
+TEST_COMMAND = f"bash {TESTS_MOUNT}/test.sh"
+_OUTPUT_TAIL = 2000  # characters of the verifier's output kept in ``info`` for debugging
+
+
+@register("tests_pass")
+def tests_pass(task: Task, episode: Episode) -> RewardResult:
+    if episode.verify_sandbox is None:
+        raise ValueError(f"tests_pass needs episode.verify_sandbox (task {task.id!r})")
+    timeout = float(task.metadata.get("verifier_timeout_s", DEFAULT_TIMEOUT_S))
+    try:
+        sandbox = episode.verify_sandbox()
+    except OSError as e:
+        raise EnvError(f"cannot open the verification sandbox of task {task.id!r}: {e}") from e
+    try:
+        result = sandbox.exec(TEST_COMMAND, timeout=timeout)
+        try:
+            reward_text: str | None = sandbox.read_file(REWARD_FILE).decode("utf-8", errors="replace").strip()
+        except (FileNotFoundError, ValueError):  # absent, or not a regular file inside /logs/verifier
+            reward_text = None
+    except OSError as e:
+        raise EnvError(f"verification sandbox of task {task.id!r} failed: {e}") from e
+    finally:
+        sandbox.close()
+    passed = result.ok and _is_one(reward_text)
+    info = {
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        "reward_file": reward_text,
+        "output": (result.stdout + result.stderr)[-_OUTPUT_TAIL:],
+    }
+    return RewardResult(score=1.0 if passed else 0.0, info=info)
+
+
+def _is_one(text: str | None) -> bool:
+    """Whether the reward file holds the number 1 ("1", "1.0", ...).
+
+    >>> [_is_one(t) for t in ("1", "1.0", " 1 ", "0", "", None, "yes")]
+    [True, True, True, False, False, False, False]
+    """
+    try:
+        return text is not None and float(text) == 1.0
+    except ValueError:
+        return False
