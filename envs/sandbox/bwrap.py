@@ -139,6 +139,7 @@ class BwrapSandbox:
         root = sandbox_root()
         self._lease: UidLease = acquire_uid(self.config.uid_range, root / ".locks")
         self.uid = self._lease.uid
+        _remove_stale_dirs(root, self.uid)
         self.private_dir = root / f"sb-{secrets.token_hex(8)}"
         self._finalizer = weakref.finalize(self, _cleanup, self._lease, self.private_dir)
         try:
@@ -245,7 +246,7 @@ class BwrapSandbox:
                     timed_out, grace_end = True, now + _KILL_GRACE_S
                     self._kill(proc, _parse_status(bytes(status.data)).get("child-pid"))
                 if timed_out and now >= grace_end:
-                    break  # something holds the pipes open; the uid sweep in close() will get it
+                    break  # something still holds the pipes open; the uid sweep after the exec gets it
                 for key, _ in sel.select(timeout=max(0.0, (grace_end if timed_out else deadline) - now)):
                     chunk = os.read(key.fd, 1 << 16)
                     if chunk:
@@ -268,22 +269,11 @@ class BwrapSandbox:
 
     def _argv(self, cmd: str, status_fd: int) -> list[str]:
         c = self.config
-        argv = [
-            "prlimit",
-            f"--nproc={c.max_processes}",
-            f"--fsize={c.max_file_bytes}",
-            f"--cpu={c.cpu_seconds}",
-            f"--as={c.max_memory_bytes}",
-            "--",
-            "bwrap",
-            "--unshare-all",
-            "--unshare-user",  # --unshare-all only *tries*; we require it (and --disable-userns needs it)
-            "--disable-userns",
-            "--die-with-parent",
-            "--new-session",
-            "--cap-drop", "ALL",
-            "--ro-bind", "/usr", "/usr",
-        ]  # fmt: skip
+        argv = ["prlimit", f"--nproc={c.max_processes}", f"--fsize={c.max_file_bytes}",
+                f"--cpu={c.cpu_seconds}", f"--as={c.max_memory_bytes}", "--"]  # fmt: skip
+        # --unshare-all only *tries* a user namespace; we require one (--disable-userns needs it).
+        argv += ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+                 "--new-session", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr"]  # fmt: skip
         for d in _SYSTEM_DIRS:
             if os.path.islink(d):
                 argv += ["--symlink", os.readlink(d), d]
@@ -369,6 +359,13 @@ def _cleanup(lease: UidLease, private_dir: Path) -> None:
         shutil.rmtree(private_dir, ignore_errors=True)
     finally:
         lease.release()  # only once nothing of the uid is left for the next holder to inherit
+
+
+def _remove_stale_dirs(root: Path, uid: int) -> None:
+    """Delete private dirs a crashed holder of ``uid`` left behind (we hold its lease now)."""
+    for entry in os.scandir(root):
+        if entry.name.startswith("sb-") and entry.stat(follow_symlinks=False).st_uid == uid:
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _check_dest(dest: str) -> None:

@@ -8,6 +8,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -230,3 +231,24 @@ def test_bad_arguments_are_value_errors(tmp_path):
     with pytest.raises(ValueError, match="timeout"):
         with make_sandbox("bwrap") as sb:
             sb.exec("true", timeout=0)
+
+
+def test_a_crashed_holders_leftovers_are_cleaned_by_the_next_lease():
+    cfg = SandboxConfig(uid_range=(20991, 20991))
+    script = ("from jointrl.envs.sandbox.bwrap import BwrapSandbox\n"
+              "from jointrl.envs.sandbox import SandboxConfig\n"
+              "import os, sys, threading\n"
+              "sb = BwrapSandbox(SandboxConfig(uid_range=(20991, 20991)))\n"
+              "threading.Thread(target=sb.exec, args=('sleep 300',)).start()\n"
+              "print(sb.private_dir, flush=True)\n"
+              "sys.stdin.readline()\n")
+    crashed = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    private = Path(crashed.stdout.readline().strip())
+    deadline = time.monotonic() + 5
+    while not pids_of_uid(20991) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    crashed.kill()  # SIGKILL: neither close() nor any finalizer runs
+    crashed.wait()
+    assert private.exists()
+    with BwrapSandbox(cfg) as sb:
+        assert sb.uid == 20991 and not private.exists() and pids_of_uid(20991) == []

@@ -35,3 +35,17 @@ def test_policy_scores(task, policy):
     result = combine(task.reward, task, episode)
     assert result.score == EXPECTED[policy], result.info
     played.final_files.discard()
+
+
+def test_oracles_run_concurrently():
+    """Many episodes at once, as an env worker runs them: distinct uids, no cross-talk."""
+
+    async def oracle_score(task):
+        played = await replay(task, load_policy(task, "oracle"))
+        episode = Episode(messages=played.messages, verify_sandbox=played.final_files, finished=True)
+        return (await asyncio.to_thread(combine, task.reward, task, episode)).score
+
+    async def all_oracles():
+        return await asyncio.gather(*(oracle_score(t) for t in TASKS))
+
+    assert asyncio.run(all_oracles()) == [1.0] * len(TASKS)
