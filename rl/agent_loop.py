@@ -81,7 +81,7 @@ async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: Cha
         traj.logprobs += [0.0] * len(cont)
         traj.policy_version += [-1] * len(cont)
     traj.finish_reason = finish
-    episode = Episode(messages=traj.messages, final_answer=answer, verify_sandbox=env.verify_sandbox,
+    episode = Episode(messages=traj.messages, final_answer=answer, verify_sandbox=getattr(env, "verify_sandbox", None),
                       num_turns=traj.num_turns, num_tool_errors=traj.num_tool_errors, finished=ended)
     t0 = time.perf_counter()
     result = combine(task.reward, task, episode)

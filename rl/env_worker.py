@@ -10,7 +10,9 @@ finish ``env_error``.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import os
+
+import ray
 
 from jointrl.envs.base import Task
 from jointrl.envs.registry import make_env
@@ -49,5 +51,13 @@ class EnvWorker:
             make = lambda: make_env(task.domain, self.cfg.envs)  # noqa: E731
             return await run_episode_with_retries(make, engine, task, self.template, params, self.agent_cfg, group_id)
 
-    def ready(self) -> bool:
-        return True
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def spawn_env_workers(cfg: Config, rollout_handles: list) -> list:
+    """``cfg.envs.num_workers`` env-worker actors. A dead actor is restarted and its in-flight
+    ``run_groups`` call retried by Ray (twice); after that the driver marks those episodes
+    ``env_error``."""
+    actor = ray.remote(num_cpus=0, max_restarts=2, max_task_retries=2, max_concurrency=1000)(EnvWorker)
+    return [actor.remote(cfg, rollout_handles) for _ in range(cfg.envs.num_workers)]

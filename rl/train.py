@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from jointrl.envs.registry import load_tasks
 from jointrl.rl.advantages import grpo_advantages
 from jointrl.rl.config import Config, register_schemas, to_config
-from jointrl.rl.env_worker import EnvWorker
+from jointrl.rl.env_worker import spawn_env_workers
 from jointrl.rl.joint_sampler import JointSampler
 from jointrl.rl.learner.batch import TrainBatch
 from jointrl.rl.learner.group import LearnerGroup
@@ -43,8 +43,7 @@ def train(cfg: Config) -> dict[str, float]:
     learner = LearnerGroup(cfg)
     rollout = [ray.remote(num_cpus=0, max_concurrency=1000)(RolloutWorker).remote(cfg)
                for _ in range(cfg.rollout.num_workers)]
-    env_actor = ray.remote(num_cpus=0, max_restarts=2, max_task_retries=2, max_concurrency=1000)(EnvWorker)
-    env_workers = [env_actor.remote(cfg, rollout) for _ in range(cfg.envs.num_workers)]
+    env_workers = spawn_env_workers(cfg, rollout)
 
     start = (learner.load_checkpoint(str(ckpt_dir)) if cfg.resume else None) or 0
     if cfg.resume:
@@ -74,6 +73,8 @@ def train(cfg: Config) -> dict[str, float]:
             learner.save_checkpoint(str(ckpt_dir), step)
             print(f"checkpoint step {step} -> {ckpt_dir}", flush=True)
     tracker.finish()
+    ray.get([w.close.remote() for w in rollout])
+    learner.shutdown()
     return metrics
 
 
@@ -141,7 +142,10 @@ register_schemas()
 
 @hydra.main(config_path="../conf", config_name="config", version_base=None)
 def main(raw: DictConfig) -> None:
-    train(to_config(raw))
+    try:
+        train(to_config(raw))
+    finally:
+        ray.shutdown()
 
 
 if __name__ == "__main__":

@@ -64,6 +64,13 @@ class SimpleSampler:
         await self._queue.put((prompt_ids, params, fut))
         return await fut
 
+    async def close(self) -> None:
+        """Stop the batching loop (requests still queued are cancelled)."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+            self._loop_task = self._queue = None
+
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
         while True:

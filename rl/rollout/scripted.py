@@ -4,7 +4,9 @@ Each call to ``generate`` emits the next scripted assistant turn, rendered by th
 template exactly as a model would have to write it (``<think>`` is already open in the
 prompt, so a turn is ``{reasoning}</think>{text}<tool_call>...</tool_call><|im_end|>``).
 Used to replay every task's oracle, no-op and plausible-but-wrong policies through the real
-template, parser, agent loop and sandbox; log-probs are 0 (a deterministic policy).
+template, parser, agent loop and sandbox; log-probs are 0 (a deterministic policy). A prompt
+that does not extend the previous one starts a new episode, and the script starts over (so
+an episode retried on a fresh env replays the same policy).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class ScriptedEngine:
         self.template = template or ChatTemplate()
         self.turns, self.reasoning = list(turns), reasoning
         self.prompts: list[list[int]] = []  # what the engine was shown, per turn
+        self._next = 0  # index of the next scripted turn
         self._version = 0
 
     @property
@@ -40,11 +43,14 @@ class ScriptedEngine:
         return ids + [t.im_end_id]
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+        if not self.prompts or prompt_ids[: len(self.prompts[-1])] != self.prompts[-1]:
+            self._next = 0  # a new episode
         self.prompts.append(list(prompt_ids))
-        if not self.turns:  # the script is over: end the turn without a call
+        if self._next >= len(self.turns):  # the script is over: end the turn without a call
             ids = self.render_turn([])
         else:
-            turn = self.turns.pop(0)
+            turn = self.turns[self._next]
+            self._next += 1
             ids = list(turn) if turn and isinstance(turn[0], int) else self.render_turn(turn)
         finish = "stop" if len(ids) <= params.max_tokens else "length"
         ids = ids[: params.max_tokens]

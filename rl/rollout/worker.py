@@ -25,5 +25,8 @@ class RolloutWorker:
         self.engine.update_weights(version, bundle)
         return version
 
+    async def close(self) -> None:
+        await self.engine.close()
+
     def version(self) -> int:
         return self.engine.version

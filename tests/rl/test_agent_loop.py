@@ -1,0 +1,112 @@
+"""Every shipped terminal task through the real template, parser, agent loop and bwrap sandbox."""
+
+import asyncio
+import shutil
+
+import pytest
+
+from jointrl.envs.base import ToolCall
+from jointrl.envs.sandbox import SandboxConfig
+from jointrl.envs.terminal import TerminalEnv, load_policy, load_tasks
+from jointrl.model.chat_template import ChatTemplate
+from jointrl.rl.agent_loop import AgentConfig, run_episode, run_episode_with_retries
+from jointrl.rl.rollout.scripted import ScriptedEngine
+from jointrl.rl.types import FinishReason, SamplingParams
+
+TASKS = load_tasks()
+TPL = ChatTemplate()
+PARAMS = SamplingParams(max_tokens=4096)
+CFG = AgentConfig(max_context=16384)
+
+
+def run(task, turns, env=None):
+    engine = ScriptedEngine(turns, TPL)
+
+    async def go():
+        e = env or TerminalEnv(SandboxConfig(timeout_s=10))
+        try:
+            return await run_episode(e, engine, task, TPL, PARAMS, CFG, group_id="g")
+        finally:
+            await e.close()
+
+    return asyncio.run(go()), engine
+
+
+def test_ships_at_least_twelve_tasks():
+    assert len(TASKS) >= 12 and len({t.id for t in TASKS}) == len(TASKS)
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.id)
+def test_oracle_noop_wrong_through_the_agent_loop(task):
+    for policy, expected in (("oracle", 1.0), ("noop", 0.0), ("wrong", 0.0)):
+        traj, _ = run(task, load_policy(task, policy))
+        assert traj.reward == expected, (task.id, policy, traj.reward_info, [m.content[:300] for m in traj.messages])
+        assert traj.finish_reason == FinishReason.STOP and traj.num_tool_errors == 0
+
+
+def test_loss_mask_is_one_exactly_on_sampled_tokens():
+    task = TASKS[0]
+    traj, engine = run(task, load_policy(task, "oracle"))
+    ones = set()
+    for i, prompt in enumerate(engine.prompts):  # each turn's prompt is a prefix of the final ids
+        assert traj.token_ids[: len(prompt)] == prompt
+        end = len(engine.prompts[i + 1]) if i + 1 < len(engine.prompts) else len(traj.token_ids)
+        generated = traj.token_ids[len(prompt):end]
+        n = generated.index(TPL.tok.im_end_id) + 1  # the turn, through <|im_end|>; then the template's glue
+        ones |= set(range(len(prompt), len(prompt) + n))
+    assert {i for i, m in enumerate(traj.loss_mask) if m} == ones
+    assert all(v == 0 for i, v in enumerate(traj.policy_version) if i in ones)
+    assert all(v == -1 for i, v in enumerate(traj.policy_version) if i not in ones)
+
+
+def test_malformed_tool_call_is_an_error_observation_and_the_episode_continues():
+    task = TASKS[0]
+    tok = TPL.tok
+    bad_json = [tok.think_end_id, tok.tool_call_id, *tok.encode('{"name": "bash", "arguments": {"command": "ls"'),
+                tok.tool_call_end_id, tok.im_end_id]
+    turns = [bad_json, [ToolCall("bash", {"cmd": "ls"})], [ToolCall("delete_everything", {})], *load_policy(task, "oracle")]
+    traj, _ = run(task, turns)
+    tool_msgs = [m.content for m in traj.messages if m.role == "tool"]
+    assert "not valid JSON" in tool_msgs[0]
+    assert "command" in tool_msgs[1] and tool_msgs[1].startswith("Error")
+    assert "unknown tool 'delete_everything'" in tool_msgs[2]
+    assert traj.num_tool_errors == 3 and traj.reward == 1.0
+
+
+def test_observation_with_special_token_text_is_plain_bytes():
+    task = TASKS[0]
+    turns = [[ToolCall("bash", {"command": "printf '<|im_end|><tool_call>{}</tool_call><think>'"})], [ToolCall("submit", {})]]
+    traj, engine = run(task, turns)
+    assert "<|im_end|><tool_call>" in [m.content for m in traj.messages if m.role == "tool"][0]
+    # the span between the first turn's <|im_end|> and the second prompt holds only template specials
+    first_end = len(engine.prompts[0]) + traj.token_ids[len(engine.prompts[0]):].index(TPL.tok.im_end_id) + 1
+    span = engine.prompts[1][first_end:]
+    t = TPL.tok
+    assert [i for i in span if i >= 256] == [t.im_start_id, t.im_end_id, t.im_start_id, t.think_id]
+
+
+class _FailingEnv(TerminalEnv):
+    """A real TerminalEnv whose host-side work dir vanishes after reset (a crashed sandbox)."""
+
+    async def reset(self, task):
+        msgs = await super().reset(task)
+        shutil.rmtree(self.sandbox.workdir)
+        return msgs
+
+
+def test_crashed_sandbox_is_retried_then_env_error():
+    task = TASKS[0]
+    oracle = load_policy(task, "oracle")
+    made = []
+
+    def flaky():  # the first episode's sandbox crashes; the retry gets a healthy one
+        made.append(1)
+        return _FailingEnv(SandboxConfig(timeout_s=10)) if len(made) == 1 else TerminalEnv(SandboxConfig(timeout_s=10))
+
+    traj = asyncio.run(run_episode_with_retries(flaky, ScriptedEngine(oracle, TPL), task, TPL, PARAMS, CFG, "g"))
+    assert (traj.reward, traj.env_retries, traj.finish_reason) == (1.0, 1, FinishReason.STOP)
+
+    always = lambda: _FailingEnv(SandboxConfig(timeout_s=10))  # noqa: E731
+    traj = asyncio.run(run_episode_with_retries(always, ScriptedEngine(oracle, TPL), task, TPL, PARAMS, CFG, "g"))
+    assert traj.finish_reason == FinishReason.ENV_ERROR and traj.env_retries == CFG.max_env_retries
+    assert "bwrap" in traj.reward_info["error"] or "sandbox" in traj.reward_info["error"]

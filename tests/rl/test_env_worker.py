@@ -1,0 +1,37 @@
+"""Env-worker actors under real Ray: a killed actor is restarted and its episodes retried."""
+
+import os
+import signal
+import time
+
+import pytest
+import ray
+
+from jointrl.envs.registry import load_tasks
+from jointrl.rl.config import load_config
+from jointrl.rl.env_worker import spawn_env_workers
+from jointrl.rl.rollout.worker import RolloutWorker
+from jointrl.rl.types import FinishReason
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_killed_env_worker_is_restarted_and_its_episodes_retried(cluster):
+    cfg = load_config(["envs.num_workers=1", "rollout.max_tokens_per_turn=64"])
+    rollout = [ray.remote(num_cpus=0, max_concurrency=100)(RolloutWorker).remote(cfg)]
+    (worker,) = spawn_env_workers(cfg, rollout)
+    task = load_tasks("terminal")[0]
+    first_pid = ray.get(worker.pid.remote())
+    ref = worker.run_groups.remote([(task, "g0")], 2, 1)
+    time.sleep(1.0)  # let the episodes start
+    assert not ray.wait([ref], timeout=0)[0], "the call must still be running when the actor dies"
+    os.kill(first_pid, signal.SIGKILL)
+    trajs = ray.get(ref, timeout=300)
+    assert len(trajs) == 2
+    assert all(t.finish_reason != FinishReason.ENV_ERROR and t.num_turns >= 1 for t in trajs)
+    assert ray.get(worker.pid.remote()) != first_pid  # a new process served the retry

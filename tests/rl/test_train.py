@@ -1,0 +1,58 @@
+"""The default run end to end, killed after a checkpoint and resumed (real Ray, DeepSpeed, bwrap)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _train(out: Path, *overrides: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "jointrl.rl.train", f"output_dir={out}", "algo.total_steps=3",
+           "algo.prompts_per_step=2", "algo.group_size=2", "checkpoint_every=1", "envs.num_workers=1",
+           "rollout.max_tokens_per_turn=48", *overrides]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _wait_for(proc: subprocess.Popen, needle: str) -> list[str]:
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if needle in line:
+            return lines
+    proc.wait()
+    pytest.fail(f"run ended (rc {proc.returncode}) before printing {needle!r}:\n" + "".join(lines[-40:]))
+
+
+def test_run_killed_after_checkpoint_resumes_at_next_step(tmp_path):
+    first = _train(tmp_path)
+    _wait_for(first, "checkpoint step 1")
+    os.killpg(first.pid, signal.SIGKILL)  # no clean shutdown: as if the node died
+    first.wait()
+    assert not (tmp_path / "trajectories" / "step_000003.jsonl").exists()
+
+    second = _train(tmp_path, "resume=true")
+    out, _ = second.communicate(timeout=600)
+    assert second.returncode == 0, out[-4000:]
+    assert "resuming after step 1" in out
+    steps = [int(line.split()[1]) for line in out.splitlines() if line.startswith("step ")]
+    assert steps == [2, 3], out[-4000:]
+    # each step line carries reward, tool-call error rate, tokens/s and the time of every stage
+    line = next(line for line in out.splitlines() if line.startswith("step    3"))
+    for field in ("reward", "tool_err", "tok/s", "rollout", "learner", "push"):
+        assert field in line
+
+    rows = [json.loads(x) for x in (tmp_path / "trajectories" / "step_000003.jsonl").read_text().splitlines()]
+    assert len(rows) == 4  # 2 prompts x group of 2
+    for r in rows:
+        assert len(r["token_ids"]) == len(r["loss_mask"]) == len(r["logprobs"]) == len(r["policy_version"])
+        assert r["domain"] == "terminal" and r["finish_reason"] in ("stop", "length", "tool_limit", "context_overflow")
+        # the rollout ran the weights pushed after step 2
+        assert {v for v, m in zip(r["policy_version"], r["loss_mask"]) if m} == {2}
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_3"
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert runs and all(list(r.glob("*.wandb")) for r in runs)
