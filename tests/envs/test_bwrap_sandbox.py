@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import resource
 import shutil
 import socket
@@ -23,6 +24,11 @@ from jointrl.envs.sandbox.uids import pids_of_uid
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None, reason="needs root and bubblewrap"
 )
+
+
+def lone_uid() -> int:
+    """A uid outside the default pool, for single-uid pools (random: test runs may overlap)."""
+    return random.randrange(21000, 22000)
 
 
 @pytest.fixture
@@ -129,13 +135,14 @@ def test_concurrent_sandboxes_get_distinct_uids_and_private_dirs():
 
 
 def test_uid_pool_is_exclusive_and_freed_on_close():
-    cfg = SandboxConfig(uid_range=(20990, 20990))
+    uid = lone_uid()
+    cfg = SandboxConfig(uid_range=(uid, uid))
     first = BwrapSandbox(cfg)
     with pytest.raises(EnvError, match="no free sandbox uid"):
         BwrapSandbox(cfg)
     first.close()
     with BwrapSandbox(cfg) as again:
-        assert again.uid == 20990
+        assert again.uid == uid
 
 
 def test_close_kills_removes_and_is_idempotent():
@@ -234,21 +241,22 @@ def test_bad_arguments_are_value_errors(tmp_path):
 
 
 def test_a_crashed_holders_leftovers_are_cleaned_by_the_next_lease():
-    cfg = SandboxConfig(uid_range=(20991, 20991))
+    uid = lone_uid()
+    cfg = SandboxConfig(uid_range=(uid, uid))
     script = ("from jointrl.envs.sandbox.bwrap import BwrapSandbox\n"
               "from jointrl.envs.sandbox import SandboxConfig\n"
               "import os, sys, threading\n"
-              "sb = BwrapSandbox(SandboxConfig(uid_range=(20991, 20991)))\n"
+              f"sb = BwrapSandbox(SandboxConfig(uid_range=({uid}, {uid})))\n"
               "threading.Thread(target=sb.exec, args=('sleep 300',)).start()\n"
               "print(sb.private_dir, flush=True)\n"
               "sys.stdin.readline()\n")
     crashed = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     private = Path(crashed.stdout.readline().strip())
     deadline = time.monotonic() + 5
-    while not pids_of_uid(20991) and time.monotonic() < deadline:
+    while not pids_of_uid(uid) and time.monotonic() < deadline:
         time.sleep(0.02)
     crashed.kill()  # SIGKILL: neither close() nor any finalizer runs
     crashed.wait()
     assert private.exists()
     with BwrapSandbox(cfg) as sb:
-        assert sb.uid == 20991 and not private.exists() and pids_of_uid(20991) == []
+        assert sb.uid == uid and not private.exists() and pids_of_uid(uid) == []
