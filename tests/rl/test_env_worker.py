@@ -22,13 +22,13 @@ def cluster():
 
 
 def test_killed_env_worker_is_restarted_and_its_episodes_retried(cluster):
-    cfg = load_config(["envs.num_workers=1", "rollout.max_tokens_per_turn=64"])
+    cfg = load_config(["envs.num_workers=1", "rollout.max_tokens_per_turn=512"])  # episodes of several seconds
     rollout = [ray.remote(num_cpus=0, max_concurrency=100)(RolloutWorker).remote(cfg)]
     (worker,) = spawn_env_workers(cfg, rollout)
     task = load_tasks("terminal")[0]
     first_pid = ray.get(worker.pid.remote())
     ref = worker.run_groups.remote([(task, "g0")], 2, 1)
-    time.sleep(1.0)  # let the episodes start
+    time.sleep(0.5)  # let the episodes start
     assert not ray.wait([ref], timeout=0)[0], "the call must still be running when the actor dies"
     os.kill(first_pid, signal.SIGKILL)
     trajs = ray.get(ref, timeout=300)
