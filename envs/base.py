@@ -137,3 +137,36 @@ class Verifiable(Protocol):
     def verify_sandbox(self) -> Any:
         """Open a fresh sandbox over a copy of the episode's current files; the caller closes it."""
         ...
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
+    "object": (dict,), "array": (list,), "null": (type(None),),
+}
+
+
+def validate_call(call: ToolCall, tools: list[ToolSpec]) -> str | None:
+    """The problem with ``call`` against the tools' JSON schemas, or None if it is valid.
+
+    Checks the tool name, required arguments, unknown arguments and top-level types (a JSON
+    boolean is not an integer). Envs call this in ``step`` and return the message as an
+    error observation.
+    """
+    spec = next((t for t in tools if t.name == call.name), None)
+    if spec is None:
+        return f"unknown tool {call.name!r}; available: {[t.name for t in tools]}"
+    if not isinstance(call.arguments, dict):
+        return f"{call.name}: arguments must be a JSON object, got {type(call.arguments).__name__}"
+    props: dict[str, Any] = spec.parameters.get("properties", {})
+    missing = [k for k in spec.parameters.get("required", []) if k not in call.arguments]
+    if missing:
+        return f"{call.name}: missing required argument(s) {missing}"
+    for key, value in call.arguments.items():
+        if key not in props:
+            return f"{call.name}: unknown argument {key!r}; allowed: {sorted(props)}"
+        want = props[key].get("type")
+        types = _JSON_TYPES.get(want) if isinstance(want, str) else None
+        bad_bool = isinstance(value, bool) and want in ("integer", "number")
+        if types is not None and (not isinstance(value, types) or bad_bool):
+            return f"{call.name}: argument {key!r} must be {want}, got {type(value).__name__}"
+    return None

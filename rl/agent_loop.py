@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from jointrl.envs.base import Env, EnvError, Message, Observation, Task
 from jointrl.model.chat_template import ChatTemplate
 from jointrl.rewards.base import Episode, combine
-from jointrl.rl.parser import CallError, parse_turn, validate_call
+from jointrl.rl.parser import CallError, parse_turn
 from jointrl.rl.rollout.engine import RolloutEngine
 from jointrl.rl.types import FinishReason, SamplingParams, Trajectory
 
@@ -96,9 +96,7 @@ async def _run_calls(env: Env, calls, traj: Trajectory) -> tuple[list[Message], 
         traj.num_tool_calls += 1
         if isinstance(call, CallError):
             obs, name = Observation(text=f"Error: {call.message}", is_error=True), ""
-        elif (problem := validate_call(call, env.tools)) is not None:
-            obs, name = Observation(text=f"Error: {problem}", is_error=True), call.name
-        else:
+        else:  # the env judges tool names and arguments (an error observation if bad)
             obs, name = await env.step(call), call.name
         traj.num_tool_errors += obs.is_error
         results.append(Message(role="tool", content=obs.text, name=name))

@@ -4,16 +4,16 @@ A turn is ``{reasoning} </think> {text} <tool_call>{json}</tool_call> ... <|im_e
 generation prompt already opened ``<think>``). Special tokens are recognised by id only, so
 ``<tool_call>`` typed as plain bytes is text, and a ``<tool_call>`` id *inside* the thinking
 is not a call. Parsing is strict (no JSON repair): a malformed call becomes a
-``CallError`` that the agent loop returns to the model as an error observation.
+``CallError`` that the agent loop returns to the model as an error observation. Whether a
+well-formed call names a real tool with valid arguments is the env's to judge
+(``jointrl.envs.base.validate_call``).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
-
-from jointrl.envs.base import ToolCall, ToolSpec
+from jointrl.envs.base import ToolCall
 from jointrl.model.tokenizer import ByteTokenizer
 
 
@@ -86,32 +86,3 @@ def _parse_call(raw: str, call_id: str) -> ToolCall | CallError:
     if extra:
         return CallError(f"tool call has unexpected keys {sorted(extra)}; allowed: name, arguments", raw)
     return ToolCall(name=name, arguments=args, id=call_id)
-
-
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-    "object": (dict,), "array": (list,), "null": (type(None),),
-}
-
-
-def validate_call(call: ToolCall, tools: list[ToolSpec]) -> str | None:
-    """The problem with ``call`` against the tools' JSON schemas, or None if it is valid.
-
-    Checks the tool name, required arguments, unknown arguments and top-level types.
-    """
-    spec = next((t for t in tools if t.name == call.name), None)
-    if spec is None:
-        return f"unknown tool {call.name!r}; available: {[t.name for t in tools]}"
-    props: dict[str, Any] = spec.parameters.get("properties", {})
-    missing = [k for k in spec.parameters.get("required", []) if k not in call.arguments]
-    if missing:
-        return f"{call.name}: missing required argument(s) {missing}"
-    for key, value in call.arguments.items():
-        if key not in props:
-            return f"{call.name}: unknown argument {key!r}; allowed: {sorted(props)}"
-        want = props[key].get("type")
-        types = _JSON_TYPES.get(want) if isinstance(want, str) else None
-        bad_bool = isinstance(value, bool) and want in ("integer", "number")
-        if types is not None and (not isinstance(value, types) or bad_bool):
-            return f"{call.name}: argument {key!r} must be {want}, got {type(value).__name__}"
-    return None

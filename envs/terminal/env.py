@@ -14,9 +14,9 @@ cannot start or dies raises ``EnvError``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec
+from jointrl.envs.base import validate_call as validate_against_schema
 from jointrl.envs.sandbox.base import ExecResult, SandboxConfig
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
 from jointrl.envs.terminal.verifier import FinalFiles
@@ -40,7 +40,6 @@ SUBMIT = ToolSpec(
     description="Declare the task done. Ends the episode; your files in /work are then checked.",
     parameters={"type": "object", "properties": {}, "additionalProperties": False},
 )
-_ARGUMENTS: dict[str, dict[str, type]] = {"bash": {"command": str}, "submit": {}}
 
 
 def system_prompt(config: SandboxConfig) -> str:
@@ -55,24 +54,10 @@ def system_prompt(config: SandboxConfig) -> str:
 
 def validate_call(call: ToolCall) -> str | None:
     """The problem with ``call``'s name or arguments, or ``None`` if it is well formed."""
-    expected = _ARGUMENTS.get(call.name)
-    if expected is None:
-        return f"unknown tool {call.name!r}; available tools: {sorted(_ARGUMENTS)}"
-    if not isinstance(call.arguments, dict):
-        return f"arguments of {call.name!r} must be a JSON object, got {type(call.arguments).__name__}"
-    missing = [k for k in expected if k not in call.arguments]
-    if missing:
-        return f"tool {call.name!r} is missing required argument(s) {missing}"
-    extra = [k for k in call.arguments if k not in expected]
-    if extra:
-        return f"tool {call.name!r} got unexpected argument(s) {extra}; it takes {sorted(expected) or 'none'}"
-    for key, typ in expected.items():
-        value: Any = call.arguments[key]
-        if not isinstance(value, typ):
-            return f"argument {key!r} of {call.name!r} must be a {typ.__name__}, got {type(value).__name__}"
-        if isinstance(value, str) and "\x00" in value:
-            return f"argument {key!r} of {call.name!r} contains a NUL byte"
-    return None
+    problem = validate_against_schema(call, [BASH, SUBMIT])
+    if problem is None and "\x00" in call.arguments.get("command", ""):
+        return "bash: argument 'command' contains a NUL byte"
+    return problem
 
 
 def format_result(result: ExecResult, timeout_s: float) -> str:
@@ -123,7 +108,7 @@ class TerminalEnv:
         problem = validate_call(call)
         if problem is not None:
             self.num_tool_errors += 1
-            return Observation(problem, is_error=True)
+            return Observation(f"Error: {problem}", is_error=True)
         if call.name == "submit":
             self.done = True
             return Observation("Submitted.", done=True)
