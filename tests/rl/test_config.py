@@ -36,3 +36,16 @@ def test_wrong_type_names_the_key():
     with pytest.raises((ConfigCompositionException, ValidationError)) as e:
         load_config(["algo.group_size=many"])
     assert "group_size" in str(e.value)
+
+
+def test_model_schema_matches_the_model_config():
+    """conf's model group carries MoEConfig's fields; the default equals the tiny_moe preset."""
+    from dataclasses import fields
+
+    from jointrl.model import MoEConfig
+    from jointrl.rl.build import model_config
+    from jointrl.rl.config import ModelConfig
+
+    schema = {f.name for f in fields(ModelConfig)} - {"name", "dtype"}
+    assert schema <= {f.name for f in fields(MoEConfig)}
+    assert model_config(load_config()) == MoEConfig.preset("tiny_moe")
