@@ -364,7 +364,13 @@ def _cleanup(lease: UidLease, private_dir: Path) -> None:
 def _remove_stale_dirs(root: Path, uid: int) -> None:
     """Delete private dirs a crashed holder of ``uid`` left behind (we hold its lease now)."""
     for entry in os.scandir(root):
-        if entry.name.startswith("sb-") and entry.stat(follow_symlinks=False).st_uid == uid:
+        if not entry.name.startswith("sb-"):
+            continue
+        try:
+            owner = entry.stat(follow_symlinks=False).st_uid
+        except FileNotFoundError:  # another sandbox (another uid) closed meanwhile
+            continue
+        if owner == uid:
             shutil.rmtree(entry.path, ignore_errors=True)
 
 
