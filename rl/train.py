@@ -27,6 +27,7 @@ from jointrl.rl.env_worker import spawn_env_workers
 from jointrl.rl.joint_sampler import JointSampler
 from jointrl.rl.learner.batch import TrainBatch
 from jointrl.rl.learner.group import LearnerGroup
+from jointrl.rl.preemption import REQUEUE_EXIT_CODE, PreemptionFlag
 from jointrl.rl.rollout.worker import RolloutWorker
 from jointrl.rl.tracking import RunTracker
 from jointrl.rl.types import FinishReason, Task, Trajectory
@@ -51,6 +52,7 @@ def train(cfg: Config) -> dict[str, float]:
               flush=True)
     _push(learner, rollout, version=start)
     tracker = RunTracker(cfg, out_dir)
+    preempt = PreemptionFlag().install()
     metrics: dict[str, float] = {}
     for step in range(start + 1, cfg.algo.total_steps + 1):
         t0 = time.perf_counter()
@@ -69,9 +71,14 @@ def train(cfg: Config) -> dict[str, float]:
         metrics = _step_metrics(trajs, adv.stats, learner_metrics, sampler, groups,
                                 {"rollout": t1 - t0, "learner": t2 - t1, "push": t3 - t2})
         tracker.log(step, metrics, trajs)
-        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.algo.total_steps:
+        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.algo.total_steps \
+                or preempt.requested:
             learner.save_checkpoint(str(ckpt_dir), step)
             print(f"checkpoint step {step} -> {ckpt_dir}", flush=True)
+        if preempt.requested and step < cfg.algo.total_steps:
+            print(f"{preempt.signal_name}: stopping after step {step} for requeue", flush=True)
+            tracker.finish()
+            raise SystemExit(REQUEUE_EXIT_CODE)
     tracker.finish()
     ray.get([w.close.remote() for w in rollout])
     learner.shutdown()
