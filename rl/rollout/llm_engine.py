@@ -1,0 +1,247 @@
+"""``LLMEngine``: the fast rollout engine (a ``RolloutEngine``): continuous batching over a
+paged KV cache, sessions, shared prefill for GRPO groups, prefix caching, preemption.
+
+    step():  requests queued since the last step join  →  Scheduler.schedule
+             →  ModelRunner.run (one forward of every scheduled token)  →  sample_rows
+             →  record tokens, end turns (sessions go idle)
+
+``generate`` (async, the ``RolloutEngine`` method) queues a request and awaits its turn;
+one background task runs ``step`` in a worker thread for as long as there is work, so
+requests join and leave the running batch between decode steps. ``generate_batch`` is the
+same loop, synchronous.
+
+Weights. ``update_weights(version, bundle)`` waits for the current step, loads the bundle
+(MXFP4 experts dequantized into the model's cached dense copy on CPU) and applies the
+live-session policy: ``keep`` (default) leaves cached keys/values of live and idle
+sessions as they are -- every sampled token records the version that sampled it, in
+``GenerationOutput.policy_version`` (the version of the turn's first sampled token) and
+``Sequence.versions``; ``reprefill`` drops every cache so all sequences recompute under the
+new weights. Prefix-cache keys include the version, so new requests never share blocks
+computed by older weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from jointrl.model import MoETransformer
+from jointrl.model.tokenizer import ByteTokenizer
+from jointrl.rl.rollout.block_manager import BlockManager
+from jointrl.rl.rollout.model_runner import ModelRunner
+from jointrl.rl.rollout.sampling import sample_rows
+from jointrl.rl.rollout.scheduler import Scheduler
+from jointrl.rl.rollout.sequence import Sequence
+from jointrl.rl.types import GenerationOutput, SamplingParams
+
+LIVE_SESSION_POLICIES = ("keep", "reprefill")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """KV memory is ``num_blocks`` × ``block_size`` token slots (``LLMEngine.kv_cache_bytes``)."""
+
+    num_blocks: int = 512
+    block_size: int = 16
+    max_num_seqs: int = 256                # sequences in the running batch
+    max_num_batched_tokens: int = 512      # tokens per forward: decodes + prefill chunks
+    session_ttl_s: float = 60.0            # idle sessions older than this are evicted (0: no sessions)
+    live_sessions: str = "keep"            # on update_weights: keep caches, or reprefill
+    return_routed_experts: bool = False    # record each computed position's expert ids
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EngineConfig.{name} must be a positive int, got {value!r}")
+        if self.session_ttl_s < 0:
+            raise ValueError(f"EngineConfig.session_ttl_s must be >= 0, got {self.session_ttl_s!r}")
+        if self.live_sessions not in LIVE_SESSION_POLICIES:
+            raise ValueError(f"EngineConfig.live_sessions must be one of {list(LIVE_SESSION_POLICIES)}, "
+                             f"got {self.live_sessions!r}")
+
+
+@dataclass(slots=True)
+class EngineStats:
+    steps: int = 0
+    computed_tokens: int = 0   # positions run through the model (prefill chunks + decodes)
+    prompt_tokens: int = 0     # prompt tokens of all requests (before cache reuse)
+    forward_s: float = 0.0     # time in ModelRunner.run
+    step_s: float = 0.0        # time in step(), forward included
+
+
+class LLMEngine:
+    def __init__(self, model: MoETransformer, tokenizer: ByteTokenizer | None = None,
+                 config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.model = model.eval()
+        self.tok = tokenizer or ByteTokenizer()
+        self.block_manager = BlockManager(self.config.num_blocks, self.config.block_size)
+        self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs,
+                                   self.config.max_num_batched_tokens, self.config.session_ttl_s)
+        self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size)
+        self.stats = EngineStats()
+        self._version = 0
+        self._ids = itertools.count()
+        self._inbox: deque[Sequence] = deque()  # appended by the event loop, drained by step()
+        self._lock = threading.Lock()           # one step or one weight update at a time
+        self._wake: asyncio.Event | None = None
+        self._loop_task: asyncio.Task | None = None
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.runner.kv_LPCHD.numel() * self.runner.kv_LPCHD.element_size()
+
+    # -- requests ---------------------------------------------------------------------------
+    def make_sequence(self, prompt_ids: list[int], params: SamplingParams, waiter=None) -> Sequence:
+        if not prompt_ids:
+            raise ValueError("prompt_ids needs at least one token")
+        need = self.block_manager.blocks_for(len(prompt_ids) + params.max_tokens)
+        if need > self.config.num_blocks:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_tokens={params.max_tokens} needs {need} "
+                             f"KV blocks; the engine has num_blocks={self.config.num_blocks}")
+        gen = None
+        if params.seed is not None:
+            gen = torch.Generator().manual_seed(params.seed)
+        self.stats.prompt_tokens += len(prompt_ids)
+        return Sequence(seq_id=next(self._ids), token_ids=list(prompt_ids), params=params,
+                        stops=frozenset((self.tok.im_end_id, *params.stop_token_ids)), gen=gen,
+                        in_think=prompt_ids[-1] == self.tok.think_id,
+                        out=GenerationOutput([], [], [], "length", -1), waiter=waiter)
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, waiter=None) -> Sequence:
+        seq = self.make_sequence(prompt_ids, params, waiter)
+        self._inbox.append(seq)
+        return seq
+
+    # -- the hot loop -----------------------------------------------------------------------
+    def step(self) -> list[Sequence]:
+        """One forward of everything scheduled; → the sequences whose turn ended."""
+        with self._lock:
+            t0 = time.perf_counter()
+            while self._inbox:
+                self.scheduler.add(self._inbox.popleft())
+            batch = self.scheduler.schedule(time.monotonic())
+            if not batch:
+                return []
+            t1 = time.perf_counter()
+            logits_RV, ends, routed_NLk = self.runner.run(batch, self.config.return_routed_experts)
+            self.stats.forward_s += time.perf_counter() - t1
+            row = 0
+            for seq, n in batch:
+                if routed_NLk is not None:
+                    seq.routed = (seq.routed or [])[:seq.num_computed] + routed_NLk[row:row + n].tolist()
+                row += n
+                seq.num_computed += n
+                self.scheduler.register_computed(seq)
+            self.stats.computed_tokens += row
+            done = self._emit([batch[i][0] for i in ends], logits_RV)
+            self.stats.steps += 1
+            self.stats.step_s += time.perf_counter() - t0
+            return done
+
+    def _emit(self, seqs: list[Sequence], logits_RV: torch.Tensor) -> list[Sequence]:
+        """Sample (or force ``</think>``) one token per sequence; end the turns that stop."""
+        forced = [s.in_think and s.params.max_think_tokens is not None and s.think_used >= s.params.max_think_tokens
+                  for s in seqs]
+        rows = [i for i, f in enumerate(forced) if not f]
+        tokens, logprobs = sample_rows(logits_RV[rows], [seqs[i].params for i in rows], [seqs[i].gen for i in rows])
+        picked = dict(zip(rows, zip(tokens, logprobs)))
+        done, now = [], time.monotonic()
+        for i, seq in enumerate(seqs):
+            token, logprob = picked.get(i, (self.tok.think_end_id, 0.0))
+            out = seq.out
+            out.token_ids.append(token)
+            out.logprobs.append(logprob)
+            out.sampled.append(0 if forced[i] else 1)
+            if out.policy_version < 0 and not forced[i]:
+                out.policy_version = self._version
+            seq.token_ids.append(token)
+            if token == self.tok.think_end_id:
+                seq.in_think = False
+            elif seq.in_think:
+                seq.think_used += 1
+            if token in seq.stops and not forced[i]:
+                out.finish_reason = "stop"
+            elif len(out.token_ids) < seq.params.max_tokens:
+                continue
+            if out.policy_version < 0:
+                out.policy_version = self._version
+            self.scheduler.finish(seq, now)
+            done.append(seq)
+        return done
+
+    def generate_batch(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[GenerationOutput]:
+        """Synchronous: run ``prompts`` (with any requests already queued) to the end of their turns."""
+        if len(prompts) != len(params):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        seqs = [self.make_sequence(p, sp) for p, sp in zip(prompts, params)]
+        self._inbox.extend(seqs)
+        pending = set(map(id, seqs))
+        while pending:
+            for seq in self.step():
+                pending.discard(id(seq))
+        return [s.out for s in seqs]
+
+    # -- async front (the RolloutEngine protocol) ------------------------------------------
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+        loop = asyncio.get_running_loop()
+        if self._loop_task is None:
+            self._wake = asyncio.Event()
+            self._loop_task = loop.create_task(self._serve())
+        fut = loop.create_future()
+        self.add_request(prompt_ids, params, fut)
+        self._wake.set()
+        return await fut
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not (self._inbox or self.scheduler.has_work()):
+                self._wake.clear()
+                await self._wake.wait()
+            try:
+                done = await loop.run_in_executor(None, self.step)
+            except Exception as e:  # fail every request in flight; keep serving new ones
+                self._fail_all(e)
+                continue
+            for seq in done:
+                if seq.waiter is not None and not seq.waiter.done():
+                    seq.waiter.set_result(seq.out)
+
+    def _fail_all(self, error: Exception) -> None:
+        with self._lock:
+            seqs = [*self._inbox, *self.scheduler.waiting, *self.scheduler.running]
+            self._inbox.clear()
+            self.scheduler.preempt_all()
+            self.scheduler.waiting.clear()
+        for seq in seqs:
+            if seq.waiter is not None and not seq.waiter.done():
+                seq.waiter.set_exception(error)
+
+    async def close(self) -> None:
+        """Stop the background loop (requests in flight are cancelled)."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+            self._loop_task = None
+
+    # -- weights ----------------------------------------------------------------------------
+    def update_weights(self, version: int, bundle) -> None:
+        from jointrl.rl.weight_sync import apply_bundle
+
+        with self._lock:  # between steps
+            apply_bundle(self.model, bundle, expected_version=version)
+            self._version = self.scheduler.version = version
+            if self.config.live_sessions == "reprefill":
+                self.scheduler.preempt_all()

@@ -1,0 +1,148 @@
+"""``ModelRunner``: one forward of the model over a flat, ragged batch with a paged KV cache.
+
+It reuses the model's own modules and weights (projections, q/k-norm, RoPE, the MoE block,
+norms, head); only attention's cache handling differs from ``MoETransformer.forward``.
+All new tokens of a step -- one per decoding sequence, a chunk per prefilling one -- are
+flattened to N rows: every projection and the MoE (tokens grouped by expert, one matmul
+per active expert) run once over all N. Attention then reads each sequence's keys/values
+through its block table: the decoding sequences in one batched SDPA call (keys padded to
+the longest context and masked), each prefill chunk in its own call.
+
+Cache layout: ``kv_LPCHD`` [layers, num_blocks·block_size slots, 2 (k, v), kv heads, D];
+block b holds slots [b·bs, (b+1)·bs). Keys are stored after q/k-norm and RoPE.
+
+Shapes: N new tokens, Bd decoding sequences, S keys of a sequence, Hq/Hkv heads, D head_dim,
+V vocab, L layers, k experts per token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from jointrl.model import MoETransformer
+from jointrl.model.rope import rotate_half
+from jointrl.rl.rollout.sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model: MoETransformer, num_blocks: int, block_size: int) -> None:
+        cfg = model.config
+        kinds = set(getattr(cfg, "kinds", ("full",)))
+        if kinds != {"full"}:
+            raise ValueError(f"the engine runs full-attention layers only; this model has layer kinds "
+                             f"{sorted(kinds)} (KDA / gated DSA state in the engine: issue #5, after issue #3)")
+        self.model, self.bs = model, block_size
+        self.dtype = next(model.parameters()).dtype
+        self.Hq, self.Hkv, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.kv_LPCHD = torch.zeros(cfg.num_hidden_layers, num_blocks * block_size, 2, self.Hkv, self.D,
+                                    dtype=self.dtype)
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.kv_LPCHD[:, :self.bs].numel() * self.kv_LPCHD.element_size()
+
+    def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
+        pos = torch.arange(start, end)
+        return torch.tensor(seq.block_table)[pos // self.bs] * self.bs + pos % self.bs
+
+    @torch.no_grad()
+    def run(self, batch: list[tuple[Sequence, int]], want_routed: bool = False
+            ) -> tuple[torch.Tensor, list[int], torch.Tensor | None]:
+        """Forward ``batch`` [(seq, n new tokens)] and write the new keys/values to the cache.
+
+        → (logits_RV for the R sequences whose new tokens reach their end, in batch order;
+        their batch indices; routed expert ids [N, L, k] when ``want_routed``).
+        """
+        bs = self.bs
+        order = [i for i, (_, n) in enumerate(batch) if n == 1] + [i for i, (_, n) in enumerate(batch) if n > 1]
+        n_dec = sum(1 for _, n in batch if n == 1)
+        first_row = [0] * len(batch)
+        for r, i in enumerate(order[:n_dec]):
+            first_row[i] = r
+        ids, pos, slots = [], [], []
+        for seq, n in (batch[i] for i in order[:n_dec]):
+            c = seq.num_computed
+            ids.append(seq.token_ids[c])
+            pos.append(c)
+            slots.append(seq.block_table[c // bs] * bs + c % bs)
+        ids_N, pos_N = torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
+        slot_N = torch.tensor(slots, dtype=torch.long)
+        prefill = []  # (row offset, n, start, key slots [S])
+        row = n_dec
+        parts_ids, parts_pos, parts_slot = [ids_N], [pos_N], [slot_N]
+        for i in order[n_dec:]:
+            seq, n = batch[i]
+            first_row[i] = row
+            c = seq.num_computed
+            key_slots_S = self._slots(seq, 0, c + n)
+            parts_ids.append(torch.tensor(seq.token_ids[c:c + n], dtype=torch.long))
+            parts_pos.append(torch.arange(c, c + n))
+            parts_slot.append(key_slots_S[c:])
+            prefill.append((row, n, c, key_slots_S))
+            row += n
+        ids_N, pos_N, slot_N = torch.cat(parts_ids), torch.cat(parts_pos), torch.cat(parts_slot)
+
+        dec_slots_BS = dec_mask_B11S = None
+        if n_dec:
+            ctx_B = pos_N[:n_dec] + 1
+            S = int(ctx_B.max())
+            M = -(-S // bs)
+            table_BM = torch.zeros(n_dec, M, dtype=torch.long)
+            for b, i in enumerate(order[:n_dec]):
+                seq = batch[i][0]
+                blocks = seq.block_table[:M]
+                table_BM[b, :len(blocks)] = torch.tensor(blocks)
+            dec_slots_BS = (table_BM[:, :, None] * bs + torch.arange(bs)).view(n_dec, M * bs)[:, :S]
+            dec_mask_B11S = (torch.arange(S)[None, :] < ctx_B[:, None])[:, None, None, :]
+
+        m = self.model
+        x_NH = m.model.embed_tokens(ids_N)
+        cos_ND, sin_ND = (t[0] for t in m.model.rotary_emb(pos_N[None], x_NH.dtype))
+        cos_N1D, sin_N1D = cos_ND[:, None], sin_ND[:, None]
+        routed = []
+        for layer_idx, layer in enumerate(m.model.layers):
+            kv_PCHD = self.kv_LPCHD[layer_idx]
+            attn = layer.self_attn
+            h_NH = layer.input_layernorm(x_NH)
+            N = h_NH.shape[0]
+            q_NHD = attn.q_norm(attn.q_proj(h_NH).view(N, self.Hq, self.D))
+            k_NHD = attn.k_norm(attn.k_proj(h_NH).view(N, self.Hkv, self.D))
+            v_NHD = attn.v_proj(h_NH).view(N, self.Hkv, self.D)
+            q_NHD = q_NHD * cos_N1D + rotate_half(q_NHD) * sin_N1D
+            k_NHD = k_NHD * cos_N1D + rotate_half(k_NHD) * sin_N1D
+            kv_PCHD.index_copy_(0, slot_N, torch.stack((k_NHD, v_NHD), dim=1))
+            out_NHD = torch.empty_like(q_NHD)
+            if n_dec:
+                kv_BSCHD = kv_PCHD[dec_slots_BS]
+                out_NHD[:n_dec] = F.scaled_dot_product_attention(
+                    q_NHD[:n_dec, :, None], kv_BSCHD[:, :, 0].transpose(1, 2), kv_BSCHD[:, :, 1].transpose(1, 2),
+                    attn_mask=dec_mask_B11S, scale=self.D ** -0.5, enable_gqa=self.Hq != self.Hkv)[:, :, 0]
+            for r0, n, c, key_slots_S in prefill:
+                kv_SCHD = kv_PCHD[key_slots_S]
+                q_1HTD = q_NHD[r0:r0 + n].transpose(0, 1)[None]
+                mask_TS = torch.arange(c + n)[None, :] <= torch.arange(c, c + n)[:, None]
+                out_1HTD = F.scaled_dot_product_attention(
+                    q_1HTD, kv_SCHD[None, :, 0].transpose(1, 2), kv_SCHD[None, :, 1].transpose(1, 2),
+                    attn_mask=mask_TS, scale=self.D ** -0.5, enable_gqa=self.Hq != self.Hkv)
+                out_NHD[r0:r0 + n] = out_1HTD[0].transpose(0, 1)
+            out_NF = out_NHD.reshape(N, self.Hq * self.D)
+            if getattr(attn, "gate_proj", None) is not None:  # sigmoid output gate
+                out_NF = out_NF * torch.sigmoid(attn.gate_proj(h_NH))
+            x_NH = x_NH + attn.o_proj(out_NF)
+            h_1NH = layer.post_attention_layernorm(x_NH)[None]
+            if not getattr(layer, "is_moe", True):  # a dense first layer
+                x_NH = x_NH + layer.mlp(h_1NH)[0]
+                continue
+            y_1NH, _, _, ids_Nk = layer.mlp(h_1NH)
+            x_NH = x_NH + y_1NH[0]
+            if want_routed:
+                routed.append(ids_Nk)
+
+        ends = [i for i, (seq, n) in enumerate(batch) if seq.num_computed + n == len(seq)]
+        logits_RV = m.lm_head(m.model.norm(x_NH[[first_row[i] + batch[i][1] - 1 for i in ends]]))
+        routed_NLk = None
+        if want_routed:  # back to batch order
+            rows = torch.cat([torch.arange(first_row[i], first_row[i] + n) for i, (_, n) in enumerate(batch)])
+            routed_NLk = torch.stack(routed, dim=1)[rows]
+        return logits_RV, ends, routed_NLk

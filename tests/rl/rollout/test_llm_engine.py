@@ -1,0 +1,197 @@
+"""The fast engine against a plain full-recompute decode of the same model, in float64:
+greedy tokens equal and log-probs within 1e-10 across chunked prefill, sessions, shared
+prefill, preemption, eviction and weight updates; plus the memory accounting behind them."""
+
+import asyncio
+
+import pytest
+import torch
+
+from jointrl.model import MoEConfig, MoETransformer
+from jointrl.rl.learner.batch import token_logprobs
+from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
+from jointrl.rl.types import SamplingParams
+from jointrl.rl.weight_sync import build_bundle
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0)
+IM_END = 258
+
+
+def make_model(seed: int = 1) -> MoETransformer:
+    return MoETransformer.from_config(MoEConfig(initializer_range=0.1), dtype=torch.float64, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model()
+
+
+def reference(model, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
+    """Greedy decode recomputing the whole sequence every token (no cache at all)."""
+    ids, out, lps = list(prompt), [], []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            logits_V = model(torch.tensor([ids])).logits[0, -1].double()
+            t = int(logits_V.argmax())
+            out.append(t)
+            lps.append(float(torch.log_softmax(logits_V, -1)[t]))
+            ids.append(t)
+            if t == IM_END:
+                break
+    return out, lps
+
+
+def prompts(*lengths: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in lengths]
+
+
+def assert_matches(model, prompt, out, max_tokens=GREEDY.max_tokens):
+    ref_ids, ref_lps = reference(model, prompt, max_tokens)
+    assert out.token_ids == ref_ids
+    assert out.logprobs == pytest.approx(ref_lps, abs=1e-10)
+
+
+def engine(model, **kw) -> LLMEngine:
+    kw = {"num_blocks": 128, "block_size": 4, "max_num_batched_tokens": 16, **kw}
+    return LLMEngine(model, config=EngineConfig(**kw))
+
+
+def test_batch_with_chunked_prefill_equals_full_recompute(model):
+    eng = engine(model)
+    ps = prompts(1, 5, 17, 40, 3)
+    for p, out in zip(ps, eng.generate_batch(ps, [GREEDY] * len(ps))):
+        assert_matches(model, p, out)
+    assert eng.block_manager.num_free + sum(len(s.block_table) for s in eng.scheduler.idle.values()) == 128
+
+
+def test_sessions_prefill_only_new_tokens(model):
+    eng = engine(model)
+    p = prompts(13)[0]
+    out1 = eng.generate_batch([p], [GREEDY])[0]
+    before = eng.stats.computed_tokens
+    turn2 = p + out1.token_ids + [257, 7, 8, 9]
+    out2 = eng.generate_batch([turn2], [GREEDY])[0]
+    assert_matches(model, turn2, out2)
+    # 4 observation tokens + the last sampled token (never fed) + one decode per new token but the last
+    assert eng.stats.computed_tokens - before == 5 + len(out2.token_ids) - 1
+
+
+def test_fork_shares_the_prompt_prefill(model):
+    eng = engine(model, max_num_batched_tokens=64)
+    p = prompts(30)[0]
+    outs = eng.generate_batch([p] * 4, [GREEDY] * 4)
+    for out in outs:
+        assert_matches(model, p, out)
+    first = 30 + GREEDY.max_tokens - 1
+    # the other 3 recompute only the tail after the last full shared block (30 = 7·4 + 2: 2 tokens, or
+    # 4 + 2 when the whole prompt would be shared, since the last prompt token must run for its logits)
+    assert eng.stats.computed_tokens == first + 3 * (2 + GREEDY.max_tokens - 1)
+
+
+def test_preemption_under_a_tiny_budget_keeps_outputs_exact(model):
+    eng = engine(model, num_blocks=14, session_ttl_s=0)
+    ps = prompts(10, 20, 15, 9, 12)
+    outs = eng.generate_batch(ps, [GREEDY] * len(ps))
+    assert eng.scheduler.num_preempted > 0
+    for p, out in zip(ps, outs):
+        assert_matches(model, p, out)
+    assert eng.block_manager.num_free == 14
+
+
+def test_idle_sessions_evicted_by_memory_pressure_and_ttl_are_reprefilled(model):
+    eng = engine(model, num_blocks=24)
+    a, b, c = prompts(20, 21, 22)
+    outs = eng.generate_batch([a, b], [GREEDY] * 2)
+    assert len(eng.scheduler.idle) == 2
+    eng.generate_batch([c], [GREEDY])  # needs blocks the idle sessions hold
+    assert eng.scheduler.num_evicted >= 1
+    turn2 = a + outs[0].token_ids + [257, 1, 2]
+    assert_matches(model, turn2, eng.generate_batch([turn2], [GREEDY])[0])
+    eng.scheduler.session_ttl_s = 1e-9  # every idle session is now past its TTL
+    evicted = eng.scheduler.num_evicted
+    turn2b = b + outs[1].token_ids + [257, 3]
+    assert_matches(model, turn2b, eng.generate_batch([turn2b], [GREEDY])[0])
+    assert eng.scheduler.num_evicted > evicted and len(eng.scheduler.idle) == 1  # only the new turn
+
+
+def test_weight_update_reprefill_yields_the_new_model(model):
+    eng = engine(make_model(), live_sessions="reprefill")
+    p = prompts(11)[0]
+    out1 = eng.generate_batch([p], [GREEDY])[0]
+    new = make_model(seed=7)
+    eng.update_weights(1, build_bundle(new.state_dict(), 1, is_quantized=lambda n, t: False))
+    turn2 = p + out1.token_ids + [257, 5]
+    out2 = eng.generate_batch([turn2], [GREEDY])[0]
+    assert out2.policy_version == 1
+    assert_matches(new, turn2, out2)
+    assert_matches(new, p, eng.generate_batch([p], [GREEDY])[0])
+
+
+def test_weight_update_keep_policy_continues_old_caches(model):
+    eng = engine(make_model())
+    p = prompts(11)[0]
+    out1 = eng.generate_batch([p], [GREEDY])[0]
+    assert out1.policy_version == 0
+    new = make_model(seed=7)
+    eng.update_weights(1, build_bundle(new.state_dict(), 1, is_quantized=lambda n, t: False))
+    before = eng.stats.computed_tokens
+    out2 = eng.generate_batch([p + out1.token_ids + [257, 5]], [GREEDY])[0]
+    assert out2.policy_version == 1
+    assert eng.stats.computed_tokens - before == 2 + len(out2.token_ids)  # the session's cache was kept
+    assert_matches(new, p, eng.generate_batch([p], [GREEDY])[0])  # new prompts: new weights, no stale prefix
+
+
+def test_logprobs_equal_the_learner_forward(model):
+    eng = engine(model)
+    ps = prompts(6, 19)
+    params = [SamplingParams(max_tokens=10, temperature=t, seed=3) for t in (1.0, 0.7)]
+    outs = eng.generate_batch(ps, params)
+    for p, out, sp in zip(ps, outs, params):
+        ids = torch.tensor([p + out.token_ids])
+        lp = token_logprobs(model, ids, torch.ones_like(ids, dtype=torch.bool), temperature=sp.temperature)[0]
+        assert lp[len(p):].tolist() == pytest.approx(out.logprobs, abs=1e-10)
+
+
+def test_requests_join_the_running_batch_between_steps(model):
+    eng = engine(model)
+    long_p, short_p = prompts(9, 7)
+
+    async def run():
+        first = asyncio.ensure_future(eng.generate(long_p, SamplingParams(max_tokens=30, temperature=0)))
+        while eng.stats.steps < 5:
+            await asyncio.sleep(0.001)
+        second = await eng.generate(short_p, SamplingParams(max_tokens=3, temperature=0))
+        joined_at = eng.stats.steps
+        out_first = await first
+        await eng.close()
+        return out_first, second, joined_at
+
+    out_first, second, joined_at = asyncio.run(run())
+    assert not eng.scheduler.running  # both done
+    assert joined_at < 30  # the short request finished while the long one was still decoding
+    assert_matches(model, long_p, out_first, 30)
+    assert_matches(model, short_p, second, 3)
+
+
+def test_routed_experts_recorded_per_position(model):
+    eng = engine(model, return_routed_experts=True)
+    p = prompts(9)[0]
+    out = eng.generate_batch([p], [GREEDY])[0]
+    seq_routed = next(iter(eng.scheduler.idle.values())).routed
+    ids = torch.tensor([p + out.token_ids])
+    with torch.no_grad():
+        ref = model(ids).topk_ids[0]
+    assert torch.equal(torch.tensor(seq_routed), ref[:len(seq_routed)])
+
+
+def test_bad_requests_name_the_input(model):
+    eng = engine(model, num_blocks=4)
+    with pytest.raises(ValueError, match="num_blocks=4"):
+        eng.generate_batch([[1] * 10], [SamplingParams(max_tokens=10)])
+    with pytest.raises(ValueError, match="prompt_ids"):
+        eng.generate_batch([[]], [GREEDY])
+    with pytest.raises(ValueError, match="live_sessions"):
+        EngineConfig(live_sessions="sometimes")
+    with pytest.raises(ValueError, match="block_size"):
+        EngineConfig(block_size=0)
