@@ -3,10 +3,12 @@
 The verification sandbox (``Episode.verify_sandbox()``, e.g. ``envs/terminal/verifier.py``)
 holds a copy of the final ``/work``, the task's tests read-only at ``/tests`` and a fresh,
 empty, writable ``/logs/verifier`` the agent never had. The verifier is
-``bash /tests/test.sh``.
+``bash /tests/test.sh`` (or the task's ``metadata["verifier_command"]``: a Terminal-Bench 1
+task runs its ``run-tests.sh`` and the loader adds the reward line).
 
-Score 1.0 iff, within the timeout, ``test.sh`` exits 0 **and** ``/logs/verifier/reward.txt``
-exists and holds the number 1; else 0.0. Requiring both means neither alone can be forged:
+Score 1.0 iff, within the timeout, the verifier exits 0 **and** ``/logs/verifier/reward.txt``
+exists and holds the number 1 (or, without it, ``/logs/verifier/reward.json`` holds
+``{"reward": 1}``, Harbor's other form); else 0.0. Requiring both means neither alone can be forged:
 the agent's own ``reward.txt`` (in ``/work`` or anywhere it could write) is never read, and
 agent code the verifier runs can write the reward file but cannot make a failing test exit 0.
 A verifier that times out scores 0 (the agent's code hung: a policy result). A sandbox that
@@ -16,8 +18,10 @@ The timeout is ``task.metadata["verifier_timeout_s"]`` (default 60 s).
 
 from __future__ import annotations
 
+import json
+
 from jointrl.envs.base import EnvError, Task
-from jointrl.envs.terminal.verifier import REWARD_FILE, TESTS_MOUNT
+from jointrl.envs.terminal.verifier import REWARD_FILE, REWARD_JSON, TESTS_MOUNT
 from jointrl.rewards.base import Episode, RewardResult, register
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -35,11 +39,10 @@ def tests_pass(task: Task, episode: Episode) -> RewardResult:
     except OSError as e:
         raise EnvError(f"cannot open the verification sandbox of task {task.id!r}: {e}") from e
     try:
-        result = sandbox.exec(TEST_COMMAND, timeout=timeout)
-        try:
-            reward_text: str | None = sandbox.read_file(REWARD_FILE).decode("utf-8", errors="replace").strip()
-        except (FileNotFoundError, ValueError):  # absent, or not a regular file inside /logs/verifier
-            reward_text = None
+        result = sandbox.exec(str(task.metadata.get("verifier_command", TEST_COMMAND)), timeout=timeout)
+        reward_text = _read(sandbox, REWARD_FILE)
+        if reward_text is None:
+            reward_text = _from_json(_read(sandbox, REWARD_JSON))
     except OSError as e:
         raise EnvError(f"verification sandbox of task {task.id!r} failed: {e}") from e
     finally:
@@ -52,6 +55,26 @@ def tests_pass(task: Task, episode: Episode) -> RewardResult:
         "output": (result.stdout + result.stderr)[-_OUTPUT_TAIL:],
     }
     return RewardResult(score=1.0 if passed else 0.0, info=info)
+
+
+def _read(sandbox, path: str) -> str | None:
+    try:
+        return sandbox.read_file(path).decode("utf-8", errors="replace").strip()
+    except (FileNotFoundError, ValueError):  # absent, or not a regular file inside /logs/verifier
+        return None
+
+
+def _from_json(text: str | None) -> str | None:
+    """The ``reward`` of a Harbor ``reward.json``, as text.
+
+    >>> [_from_json(t) for t in ('{"reward": 1.0}', '{"reward": 0}', '[1]', 'x', None)]
+    ['1.0', '0', None, None, None]
+    """
+    try:
+        doc = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return str(doc["reward"]) if isinstance(doc, dict) and "reward" in doc else None
 
 
 def _is_one(text: str | None) -> bool:

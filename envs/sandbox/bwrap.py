@@ -1,36 +1,47 @@
-"""The bubblewrap sandbox backend: one private work dir, one host uid, one shell per command.
+"""The bubblewrap sandbox backend: one private work dir, one host uid, one cgroup per episode.
 
-What it protects against (every ``exec``):
+Commands run two ways: ``run`` in the episode's persistent shell (``shell.py``: cwd and
+environment persist; started once, in a long-lived spawner thread) and ``exec``, one-shot,
+a fresh bwrap + ``bash -c`` per command (the verifier's way). What it protects against:
 
-- **Network**: ``--unshare-all`` gives the command an empty network namespace (no loopback
+- **Network**: ``--unshare-all`` gives every command an empty network namespace (no loopback
   service of the host, no internet).
 - **Writes outside the episode**: the host's ``/usr`` and ``/etc`` are mounted read-only, the
-  root is remounted read-only, ``/tmp`` is a private tmpfs, and the only host directory
-  mounted writable is the episode's own ``/work`` (plus the ``rw_dirs`` the caller asks for).
+  root is remounted read-only, ``/tmp`` is a private size-bounded tmpfs, and the only host
+  directory mounted writable is the episode's own ``/work`` (plus the ``rw_dirs`` asked for).
 - **Other episodes**: each live sandbox runs under its own unprivileged *host* uid leased from
   ``config.uid_range`` (``uids.py``), and its host directory is mode 0700 owned by that uid,
   so even a process that escaped its mount namespace cannot read another episode's files.
   No capabilities (``--cap-drop ALL``), no nested user namespaces (``--disable-userns``).
-- **Runaway commands**: a wall-clock timeout SIGKILLs the command's process group, the
-  sandbox's pid-1 (which takes the whole pid namespace down with it) and, as a final sweep,
-  every process of the sandbox's uid; ``exec`` then returns ``timed_out=True``, exit code 124.
-  The uid sweep also runs after every command, so no process of an ``exec`` outlives it.
-  Output is read concurrently from both pipes, capped at ``config.max_output_bytes`` per
-  stream with a marker appended; the rest is read and discarded, so memory stays bounded.
-- **Resource exhaustion, as a backstop**: ``prlimit`` sets RLIMIT_NPROC, FSIZE, CPU and AS on
-  the command. RLIMIT_NPROC counts the processes of the *real uid*, is ignored for root, and
-  is shared by every process of that uid: it means "at most N processes in this episode" only
-  because the uid is non-root and unique to this live sandbox.
+  The host-side file tools (``read_file`` / ``write_file``) never follow a symlink out of
+  ``/work`` (``files.py``).
+- **Memory and process bombs**: where the host lets us (``cgroups.py``; v1 here), every
+  process of the sandbox is in its own memory cgroup (``max_memory_bytes`` for the whole
+  episode; the kernel OOM-kills inside it) and pids cgroup (``max_processes``). bwrap is
+  started with ``--block-fd`` and moved into the cgroup before it runs anything, so no
+  process of the sandbox starts outside it. Without cgroups, RLIMIT_AS per process is the
+  memory backstop and RLIMIT_NPROC (per uid: meaningful because the uid is unique) the
+  process bound. RLIMIT_NPROC, RLIMIT_FSIZE and RLIMIT_CPU are set either way (``prlimit``).
+- **Disk**: ``/work`` is a tmpfs of ``max_disk_bytes`` mounted on the host (``disk.py``)
+  and ``/tmp`` a bwrap tmpfs of the same size: the episode cannot write more than that to
+  either (``ENOSPC``), and the pages count against its memory cgroup. Without the mount
+  (``max_disk_bytes=0`` or no ``CAP_SYS_ADMIN``) only RLIMIT_FSIZE bounds each file.
+- **Runaway commands**: each command has a wall-clock timeout; then every process of the
+  sandbox's uid (but the idle shell) is SIGKILLed and the result says ``timed_out``. After
+  every command the same sweep runs, so no background process outlives its command, and
+  ``close`` kills everything of the uid: nothing outlives the episode. Output is read
+  concurrently from both pipes, capped at ``max_output_bytes`` per stream with a marker.
 
 What it does not protect against: kernel exploits (the namespaces are the boundary); reads of
-the host's world-readable ``/usr`` and ``/etc``; CPU and memory pressure on the host beyond
-what rlimits bound (no cgroup here: RLIMIT_AS limits address space per process, not the
-episode's total memory, and is wrong for Chromium / OCP); disk usage (RLIMIT_FSIZE caps each
-file, not the number of files); background processes surviving an ``exec`` (none do: each
-command gets a fresh pid namespace, so state lives in files only).
+the host's world-readable ``/usr`` and ``/etc`` (and of ``tool_mounts``); CPU contention
+(RLIMIT_CPU bounds each process's CPU time, not the episode's share of the host); memory
+beyond RLIMIT_AS per process where cgroups are unavailable; disk filling where the tmpfs
+cannot be mounted (then RLIMIT_FSIZE caps each file, not the number of files).
 
 It needs root on the host (to switch to the leased uid) and ``bwrap`` with unprivileged user
-namespaces. ``--die-with-parent`` ties the sandbox to the *thread* that spawned it.
+namespaces. ``--die-with-parent`` ties each sandbox process to the *thread* that spawned it:
+shells are spawned by one long-lived thread so that they live until ``close`` (or until this
+Python process dies).
 """
 
 from __future__ import annotations
@@ -46,19 +57,27 @@ import subprocess
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
 from jointrl.envs.base import EnvError
 from jointrl.envs.sandbox.base import ExecResult, SandboxConfig
+from jointrl.envs.sandbox.cgroups import Cgroup
+from jointrl.envs.sandbox.disk import is_mount, mount_tmpfs, unmount
 from jointrl.envs.sandbox.files import copy_tree, read_regular, resolve_inside, write_regular
-from jointrl.envs.sandbox.uids import UidLease, acquire_uid, kill_uid
+from jointrl.envs.sandbox.output import Capped
+from jointrl.envs.sandbox.shell import TIMEOUT_EXIT_CODE, PersistentShell
+from jointrl.envs.sandbox.uids import UidLease, acquire_uid, children_of, kill_uid
 
 SANDBOX_ROOT = Path(os.environ.get("JOINTRL_SANDBOX_ROOT", "/tmp/jointrl-sandboxes"))
-TIMEOUT_EXIT_CODE = 124  # what coreutils' `timeout` returns
 _KILL_GRACE_S = 5.0  # after a timeout kill, how long to wait for the pipes to close
+_START_TIMEOUT_S = 15.0  # bwrap must report its child's pid within this
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _RESERVED_DESTS = ("/", "/work", "/usr", "/etc", "/proc", "/dev", "/tmp") + _SYSTEM_DIRS
 _DEFAULT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "TERM": "dumb"}
+# Shells are spawned here: --die-with-parent fires when the spawning *thread* exits, and this
+# one lives as long as the process (asyncio.to_thread's workers may not).
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jointrl-shell-spawner")
 
 
 def sandbox_root() -> Path:
@@ -77,40 +96,24 @@ def sandbox_root() -> Path:
     return SANDBOX_ROOT
 
 
-class _Capped:
-    """Keeps the first ``cap`` bytes of a stream and counts the rest."""
-
-    __slots__ = ("cap", "data", "dropped")
-
-    def __init__(self, cap: int) -> None:
-        self.cap, self.data, self.dropped = cap, bytearray(), 0
-
-    def add(self, chunk: bytes) -> None:
-        room = self.cap - len(self.data)
-        if room > 0:
-            self.data += chunk[:room]
-        self.dropped += max(0, len(chunk) - max(room, 0))
-
-    def text(self) -> str:
-        out = self.data.decode("utf-8", errors="replace")
-        if self.dropped:
-            out += f"\n[... output truncated: {self.dropped} bytes dropped ...]"
-        return out
-
-
 class BwrapSandbox:
     """One episode's sandbox: a private ``/work`` on the host, run under a leased host uid.
 
-    ``workdir_from``: a host directory whose contents are copied into ``/work`` (task setup).
+    ``workdir_from``: a host directory whose contents are copied into ``/work`` (task setup;
+    ``populate`` does the same later, for a sandbox taken from a warm pool).
     ``ro_binds``: host path -> absolute sandbox path, mounted read-only; merged over
     ``config.ro_binds``. Each source is *copied* into the sandbox's private dir first (so it
-    is readable by the leased uid wherever it lives on the host): keep them small.
+    is readable by the leased uid wherever it lives on the host): keep them small. Large
+    read-only trees that are world-readable (a domain's tool venv) go in ``config.tool_mounts``:
+    bound directly, never copied.
     ``rw_dirs``: absolute sandbox paths that get fresh, empty, writable directories (e.g. a
     verifier's ``/logs/verifier``); ``read_file`` reads inside them by absolute path.
     ``env``: extra environment variables over the default ``PATH``, ``HOME=/work``, ``LANG``.
+    ``shell``: start the persistent shell now (it doubles as the start probe); else it starts
+    on the first ``run`` and the first ``exec`` is the probe.
 
-    The constructor runs a probe command and raises ``EnvError`` if the sandbox cannot start.
-    ``exec``, ``read_file``, ``write_file`` and ``close`` are thread-safe (serialized).
+    The constructor raises ``EnvError`` if the sandbox cannot start. ``exec``, ``run``,
+    ``read_file``, ``write_file`` and ``close`` are thread-safe (serialized).
     """
 
     def __init__(
@@ -121,41 +124,56 @@ class BwrapSandbox:
         *,
         rw_dirs: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        shell: bool = True,
     ) -> None:
-        self.config = config or SandboxConfig()
+        self.config = c = config or SandboxConfig()
         if os.geteuid() != 0:
             raise EnvError("BwrapSandbox needs root on the host to run each episode under its own uid")
-        binds = {**self.config.ro_binds, **(ro_binds or {})}
-        for dest in [*binds.values(), *rw_dirs]:
+        binds = {**c.ro_binds, **(ro_binds or {})}
+        for dest in [*binds.values(), *c.tool_mounts.values(), *rw_dirs]:
             _check_dest(dest)
         for src in binds:
             if not Path(src).exists():
                 raise ValueError(f"ro_binds source {src!r} does not exist")
+        for src in c.tool_mounts:
+            _check_world_readable(src)
         if workdir_from is not None and not Path(workdir_from).is_dir():
             raise ValueError(f"workdir_from {str(workdir_from)!r} is not a directory")
         self.env = {**_DEFAULT_ENV, **(env or {})}
         self._lock = threading.Lock()
         self._closed = False
         root = sandbox_root()
-        self._lease: UidLease = acquire_uid(self.config.uid_range, root / ".locks")
+        self._lease: UidLease = acquire_uid(c.uid_range, root / ".locks")
         self.uid = self._lease.uid
         _remove_stale_dirs(root, self.uid)
         self.private_dir = root / f"sb-{secrets.token_hex(8)}"
-        self._finalizer = weakref.finalize(self, _cleanup, self._lease, self.private_dir)
+        self.workdir = self.private_dir / "work"
+        self.cgroup: Cgroup | None = None
+        self._shell = PersistentShell(self._spawn_shell, self._kill_others, self._kill_all, c.max_output_bytes)
+        self._shell_pids: frozenset[int] = frozenset()
+        self._finalizer = weakref.finalize(self, _cleanup, self._lease, self.private_dir, self._shell, None)
         try:
             os.mkdir(self.private_dir, 0o700)
             os.chown(self.private_dir, self.uid, self.uid)
-            self.workdir = self.private_dir / "work"
+            os.mkdir(self.workdir, 0o700)
+            os.chown(self.workdir, self.uid, self.uid)
+            self.limits: dict[str, str] = {}  # which bound holds, for each resource (reported by the bench)
+            why = mount_tmpfs(self.workdir, c.max_disk_bytes, self.uid) if c.max_disk_bytes else "max_disk_bytes=0"
+            self.limits["disk"] = f"tmpfs {c.max_disk_bytes} B" if why is None else f"RLIMIT_FSIZE per file ({why})"
+            if c.use_cgroup:
+                self.cgroup = Cgroup.create(self.uid, c.max_memory_bytes, c.max_processes)
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, _cleanup, self._lease, self.private_dir, self._shell, self.cgroup)
+            self.limits["memory"] = f"cgroup {self.cgroup.version}" if self.cgroup else "RLIMIT_AS per process"
             if workdir_from is not None:
-                copy_tree(Path(workdir_from), self.workdir, owner=self.uid)
-            else:
-                os.mkdir(self.workdir, 0o700)
-                os.chown(self.workdir, self.uid, self.uid)
+                copy_tree(Path(workdir_from), self.workdir, owner=self.uid, into=True)
             self._mounts: list[tuple[str, Path, bool]] = []  # (sandbox path, host path, writable)
             for i, (src, dest) in enumerate(binds.items()):
                 staged = self.private_dir / f"ro-{i}"
                 _stage(Path(src), staged, owner=self.uid)
                 self._mounts.append((dest, staged, False))
+            for src, dest in c.tool_mounts.items():
+                self._mounts.append((dest, Path(src), False))
             self.rw_dirs: dict[str, Path] = {}
             for i, dest in enumerate(rw_dirs):
                 host = self.private_dir / f"rw-{i}"
@@ -163,9 +181,11 @@ class BwrapSandbox:
                 os.chown(host, self.uid, self.uid)
                 self._mounts.append((dest, host, True))
                 self.rw_dirs[str(PurePosixPath(dest))] = host
-            probe = self.exec("true", timeout=max(self.config.timeout_s, 10.0))
-            if not probe.ok:
-                raise EnvError(f"sandbox probe failed: exit {probe.exit_code}, stderr {probe.stderr!r}")
+            if shell:
+                self._shell.start()
+        except OSError as e:
+            self.close()
+            raise EnvError(f"cannot start a bwrap sandbox: {e}") from e
         except BaseException:
             self.close()
             raise
@@ -173,42 +193,129 @@ class BwrapSandbox:
     # -- commands ---------------------------------------------------------------------------
 
     def exec(self, cmd: str, timeout: float | None = None) -> ExecResult:
-        """Run ``cmd`` with ``bash -c`` in ``/work``; ``timeout`` defaults to ``config.timeout_s``.
+        """Run ``cmd`` with ``bash -c`` in ``/work``, one-shot; ``timeout`` defaults to ``config.timeout_s``.
 
         The command's own failures (non-zero exit, timeout, signals) are results; ``EnvError``
         means the sandbox itself failed (bwrap could not start, or died without reporting).
         """
+        timeout = self._check_cmd(cmd, timeout)
+        with self._lock:
+            self._check_open()
+            return self._run_once(cmd, timeout)
+
+    def run(self, cmd: str, timeout: float | None = None) -> ExecResult:
+        """Run ``cmd`` in the episode's persistent shell (``shell.py`` for its semantics)."""
+        timeout = self._check_cmd(cmd, timeout)
+        with self._lock:
+            self._check_open()
+            try:
+                return self._shell.run(cmd, timeout)
+            except OSError as e:
+                raise EnvError(f"the sandbox shell failed: {e}") from e
+
+    @property
+    def shell_pids(self) -> frozenset[int]:
+        """Host pids of the idle persistent shell (bwrap, its init, bash); empty when none runs."""
+        if not self._shell.alive:
+            return frozenset()
+        if len(self._shell_pids) == 2:  # bash itself, learnt once it runs (init's only child then)
+            self._shell_pids |= frozenset(children_of(self._shell_init, self.uid)[:1])
+        return self._shell_pids
+
+    def _check_cmd(self, cmd: str, timeout: float | None) -> float:
         if not isinstance(cmd, str):
             raise TypeError(f"cmd must be a str, got {type(cmd).__name__}")
+        if "\0" in cmd:
+            raise ValueError("cmd contains a NUL byte")
         timeout = self.config.timeout_s if timeout is None else timeout
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0, got {timeout}")
-        with self._lock:
-            self._check_open()
-            return self._run(cmd, timeout)
+        return timeout
 
-    def _run(self, cmd: str, timeout: float) -> ExecResult:
+    def _spawn(self, argv_cmd: list[str], *, stdin: int, fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, int, bytes, int]:
+        """Start bwrap running ``argv_cmd``, inside the cgroup before it runs anything.
+
+        Returns (process, read end of the json status pipe, what was read of it, child pid).
+        """
         status_r, status_w = os.pipe()
+        block_r, block_w = os.pipe()
         try:
             proc = subprocess.Popen(
-                self._argv(cmd, status_w),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(status_w,),
-                user=self.uid,
-                group=self.uid,
-                extra_groups=[],
+                self._argv(argv_cmd, status_w, block_r),
+                stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=(status_w, block_r, *fds), user=self.uid, group=self.uid, extra_groups=[],
                 start_new_session=True,  # our own process group, killed as a whole on timeout
                 env={"PATH": "/usr/bin:/bin"},
             )
-        except OSError as e:
+        except OSError:
+            for fd in (status_r, status_w, block_r, block_w):
+                os.close(fd)
+            raise
+        os.close(status_w)
+        os.close(block_r)
+        try:
+            status = _read_first_status(status_r, time.monotonic() + _START_TIMEOUT_S)
+            child = _parse_status(status).get("child-pid")
+            if child is None:
+                raise OSError(f"bwrap did not start (exit {proc.poll()}): {proc.stderr.read1(4096)!r}")
+            if self.cgroup is not None:
+                self.cgroup.add(proc.pid)
+                self.cgroup.add(child)
+            os.write(block_w, b"go")
+        except BaseException:
             os.close(status_r)
-            raise EnvError(f"cannot start bwrap: {e}") from e
+            _kill_proc(proc)
+            raise
         finally:
-            os.close(status_w)
+            os.close(block_w)
+        return proc, status_r, status, child
+
+    def _spawn_shell(self) -> tuple[subprocess.Popen, int, int, tuple[int, ...]]:
+        return _SPAWNER.submit(self._spawn_shell_here).result()
+
+    def _spawn_shell_here(self) -> tuple[subprocess.Popen, int, int, tuple[int, ...]]:
+        ctl_r, ctl_w = os.pipe()
+        try:
+            proc, status_r, _, init = self._spawn(["/bin/bash", "--noprofile", "--norc"], stdin=subprocess.PIPE,
+                                                  fds=(ctl_w,))
+        except BaseException:
+            os.close(ctl_r)
+            raise
+        finally:
+            os.close(ctl_w)
+        self._shell_init = init
+        self._shell_pids = frozenset({proc.pid, init})
+        # status_r stays open (bwrap writes the exit code there; a closed pipe would SIGPIPE it).
+        return proc, ctl_r, ctl_w, (status_r,)
+
+    def _kill_others(self) -> None:
+        """Kill every process of the sandbox but the idle shell: the leftovers of a command."""
+        keep = self.shell_pids
+        if self.cgroup is not None:  # fast path: the cgroup lists exactly the sandbox's processes
+            for _ in range(50):
+                others = [p for p in self.cgroup.pids() if p not in keep]
+                if not others:
+                    return
+                for pid in others:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                time.sleep(0.002)
+        kill_uid(self.uid, keep=keep)
+
+    def _kill_all(self) -> None:
+        self._shell_pids = frozenset()
+        kill_uid(self.uid)
+
+    def _run_once(self, cmd: str, timeout: float) -> ExecResult:
+        try:
+            proc, status_r, first, _ = self._spawn(["/bin/bash", "-c", cmd], stdin=subprocess.DEVNULL)
+        except OSError as e:
+            raise EnvError(f"cannot start bwrap: {e}") from e
         cap = self.config.max_output_bytes
-        out, err, status = _Capped(cap), _Capped(cap), _Capped(1 << 16)
+        out, err, status = Capped(cap), Capped(cap), Capped(1 << 16)
+        status.add(first)
         streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err, status_r: status}
         timed_out = False
         try:
@@ -224,16 +331,16 @@ class BwrapSandbox:
             os.close(status_r)
             # The pid namespace dies with the command, but its last members may still be exiting
             # when bwrap reports: sweep the uid so that nothing of this exec outlives it.
-            kill_uid(self.uid)
+            self._kill_others()
         reports = _parse_status(bytes(status.data))
+        truncated = bool(out.dropped or err.dropped)
         if timed_out:
-            return ExecResult(out.text(), err.text(), TIMEOUT_EXIT_CODE, True, bool(out.dropped or err.dropped))
+            return ExecResult(out.text(), err.text(), TIMEOUT_EXIT_CODE, True, truncated)
         if "exit-code" not in reports:  # bwrap reports it whenever the command itself ran to its end
             raise EnvError(f"bwrap failed (exit {proc.returncode}) before the command finished: {err.text()[-2000:]!r}")
-        truncated = bool(out.dropped or err.dropped)
         return ExecResult(out.text(), err.text(), int(reports["exit-code"]), False, truncated)
 
-    def _pump(self, proc: subprocess.Popen, streams: dict[int, _Capped], status: _Capped, deadline: float) -> bool:
+    def _pump(self, proc: subprocess.Popen, streams: dict[int, Capped], status: Capped, deadline: float) -> bool:
         """Read every stream to EOF; on ``deadline`` kill everything. Returns whether it timed out."""
         sel = selectors.DefaultSelector()
         for fd in streams:
@@ -244,7 +351,8 @@ class BwrapSandbox:
                 now = time.monotonic()
                 if not timed_out and now >= deadline:
                     timed_out, grace_end = True, now + _KILL_GRACE_S
-                    self._kill(proc, _parse_status(bytes(status.data)).get("child-pid"))
+                    _kill_proc(proc, _parse_status(bytes(status.data)).get("child-pid"), wait=False)
+                    self._kill_others()
                 if timed_out and now >= grace_end:
                     break  # something still holds the pipes open; the uid sweep after the exec gets it
                 for key, _ in sel.select(timeout=max(0.0, (grace_end if timed_out else deadline) - now)):
@@ -257,36 +365,29 @@ class BwrapSandbox:
             sel.close()
         return timed_out
 
-    def _kill(self, proc: subprocess.Popen, child_pid: int | None) -> None:
-        """SIGKILL bwrap's process group, the sandbox's pid 1 (ending its pid namespace) and the uid."""
-        for kill, target in ((os.killpg, proc.pid), (os.kill, child_pid)):
-            if target:
-                try:
-                    kill(target, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        kill_uid(self.uid)
-
-    def _argv(self, cmd: str, status_fd: int) -> list[str]:
+    def _argv(self, cmd: list[str], status_fd: int, block_fd: int) -> list[str]:
         c = self.config
-        argv = ["prlimit", f"--nproc={c.max_processes}", f"--fsize={c.max_file_bytes}",
-                f"--cpu={c.cpu_seconds}", f"--as={c.max_memory_bytes}", "--"]  # fmt: skip
+        argv = ["prlimit", f"--nproc={c.max_processes}", f"--fsize={c.max_file_bytes}", f"--cpu={c.cpu_seconds}"]
+        if self.cgroup is None:  # RLIMIT_AS breaks Chromium / OCP: only where no memory cgroup exists
+            argv.append(f"--as={c.max_memory_bytes}")
         # --unshare-all only *tries* a user namespace; we require one (--disable-userns needs it).
-        argv += ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+        argv += ["--", "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
                  "--new-session", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr"]  # fmt: skip
         for d in _SYSTEM_DIRS:
             if os.path.islink(d):
                 argv += ["--symlink", os.readlink(d), d]
             elif os.path.isdir(d):
                 argv += ["--ro-bind", d, d]
-        argv += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        argv += ["--bind", str(self.workdir), "/work"]
+        argv += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev"]
+        if c.max_disk_bytes:
+            argv += ["--size", str(c.max_disk_bytes)]
+        argv += ["--tmpfs", "/tmp", "--bind", str(self.workdir), "/work"]
         for dest, host, writable in self._mounts:
             argv += ["--bind" if writable else "--ro-bind", str(host), dest]
         argv += ["--remount-ro", "/", "--chdir", "/work", "--clearenv"]
         for k, v in self.env.items():
             argv += ["--setenv", k, v]
-        return argv + ["--json-status-fd", str(status_fd), "/bin/bash", "-c", cmd]
+        return argv + ["--block-fd", str(block_fd), "--json-status-fd", str(status_fd), *cmd]
 
     # -- files ------------------------------------------------------------------------------
 
@@ -320,6 +421,14 @@ class BwrapSandbox:
                 raise ValueError(f"path {path!r} names a directory, not a file")
             write_regular(host, data, root=root, owner=self.uid)
 
+    def populate(self, src: Path) -> None:
+        """Copy the host directory ``src`` into ``/work`` (a warm sandbox receiving its task's files)."""
+        if not Path(src).is_dir():
+            raise ValueError(f"populate source {str(src)!r} is not a directory")
+        with self._lock:
+            self._check_open()
+            copy_tree(Path(src), self.workdir, owner=self.uid, into=True)
+
     def copy_workdir_to(self, dest: Path) -> None:
         """Snapshot ``/work`` into the new host directory ``dest`` (mode 0700, owned by root).
 
@@ -350,15 +459,25 @@ class BwrapSandbox:
         self.close()
 
 
-def _cleanup(lease: UidLease, private_dir: Path) -> None:
+def _cleanup(lease: UidLease, private_dir: Path, shell: PersistentShell, cgroup: Cgroup | None) -> None:
     """Runs once, from ``close`` or when the sandbox is garbage-collected without it."""
     if not lease.held:
         return
     try:
         kill_uid(lease.uid)
-        shutil.rmtree(private_dir, ignore_errors=True)
+        shell.stop()
+        if cgroup is not None:
+            cgroup.remove()
+        _remove_dir(private_dir)
     finally:
         lease.release()  # only once nothing of the uid is left for the next holder to inherit
+
+
+def _remove_dir(private_dir: Path) -> None:
+    work = private_dir / "work"
+    if is_mount(work):
+        unmount(work)
+    shutil.rmtree(private_dir, ignore_errors=True)
 
 
 def _remove_stale_dirs(root: Path, uid: int) -> None:
@@ -371,7 +490,39 @@ def _remove_stale_dirs(root: Path, uid: int) -> None:
         except FileNotFoundError:  # another sandbox (another uid) closed meanwhile
             continue
         if owner == uid:
-            shutil.rmtree(entry.path, ignore_errors=True)
+            _remove_dir(Path(entry.path))
+
+
+def _kill_proc(proc: subprocess.Popen, child_pid: int | None = None, *, wait: bool = True) -> None:
+    """SIGKILL bwrap's process group and the sandbox's pid 1 (ending its pid namespace)."""
+    for kill, target in ((os.killpg, proc.pid), (os.kill, child_pid)):
+        if target:
+            try:
+                kill(target, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    if wait:
+        proc.wait()
+
+
+def _read_first_status(fd: int, deadline: float) -> bytes:
+    """Read bwrap's json status until its first document (the child's pid) is complete."""
+    buf = b""
+    while b"\n" not in buf:
+        now = time.monotonic()
+        sel = selectors.DefaultSelector()
+        sel.register(fd, selectors.EVENT_READ)
+        try:
+            ready = sel.select(timeout=max(0.0, deadline - now))
+        finally:
+            sel.close()
+        if not ready:
+            raise OSError("bwrap did not report its child within the start timeout")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
 
 
 def _check_dest(dest: str) -> None:
@@ -381,6 +532,18 @@ def _check_dest(dest: str) -> None:
     for reserved in _RESERVED_DESTS:
         if p == PurePosixPath(reserved) or (reserved != "/" and p.is_relative_to(reserved)):
             raise ValueError(f"sandbox mount point {dest!r} overlaps the reserved {reserved!r}")
+
+
+def _check_world_readable(src: str) -> None:
+    """A tool mount is read by the episode's uid: every ancestor must be o+x and it o+r."""
+    p = Path(src)
+    if not p.is_absolute() or not p.exists():
+        raise ValueError(f"tool_mounts source {src!r} must be an existing absolute path")
+    for anc in [*reversed(p.parents), p]:
+        mode = os.stat(anc).st_mode
+        need = 0o005 if (anc == p and stat.S_ISDIR(mode)) or anc != p else 0o004
+        if mode & need != need:
+            raise ValueError(f"tool_mounts source {src!r} is not world-readable ({str(anc)!r} has mode {oct(mode & 0o777)})")
 
 
 def _stage(src: Path, dest: Path, *, owner: int) -> None:

@@ -97,17 +97,19 @@ def write_regular(path: Path, data: bytes, *, root: Path, owner: int | None) -> 
         os.close(fd)
 
 
-def copy_tree(src: Path, dst: Path, *, owner: int | None) -> None:
+def copy_tree(src: Path, dst: Path, *, owner: int | None, into: bool = False) -> None:
     """Copy directory ``src`` to new directory ``dst``; everything in ``dst`` is owned by ``owner``.
 
     Guarantees: symlinks are copied as links and never followed; FIFOs, sockets and device
     nodes are skipped; setuid/setgid/sticky bits are dropped; file mtimes are kept. ``dst``
     itself is created with mode 0700. Iterative, so a very deep tree cannot exhaust the stack.
-    ``owner=None`` keeps the copy owned by the caller (root).
+    ``owner=None`` keeps the copy owned by the caller (root). ``into=True``: ``dst`` exists
+    (an empty work dir) and keeps its own mode and owner.
     """
-    os.mkdir(dst, 0o700)
-    if owner is not None:
-        os.lchown(dst, owner, owner)
+    if not into:
+        os.mkdir(dst, 0o700)
+        if owner is not None:
+            os.lchown(dst, owner, owner)
     stack = [(src, dst)]
     while stack:
         s_dir, d_dir = stack.pop()

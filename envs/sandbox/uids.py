@@ -101,15 +101,15 @@ def pids_of_uid(uid: int) -> list[int]:
     return pids
 
 
-def kill_uid(uid: int, *, rounds: int = 50) -> None:
-    """SIGKILL every process of ``uid`` until none is left (a forking process is caught next round).
+def kill_uid(uid: int, *, keep: frozenset[int] = frozenset(), rounds: int = 50) -> None:
+    """SIGKILL every process of ``uid`` but ``keep`` until none is left (a forking process is caught next round).
 
     Raises ``EnvError`` if processes survive ``rounds`` sweeps (which RLIMIT_NPROC should prevent).
     """
     if uid == 0:
         raise ValueError("refusing to kill every process of uid 0")
     for _ in range(rounds):
-        pids = pids_of_uid(uid)
+        pids = [p for p in pids_of_uid(uid) if p not in keep]
         if not pids:
             return
         for pid in pids:
@@ -118,4 +118,17 @@ def kill_uid(uid: int, *, rounds: int = 50) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.005)  # let the kernel reap before we look again
-    raise EnvError(f"processes of sandbox uid {uid} survive SIGKILL: {pids_of_uid(uid)}")
+    raise EnvError(f"processes of sandbox uid {uid} survive SIGKILL: {sorted(set(pids_of_uid(uid)) - keep)}")
+
+
+def children_of(pid: int, uid: int) -> list[int]:
+    """Pids of ``uid`` whose parent is ``pid`` (from ``/proc/<pid>/stat``)."""
+    out = []
+    for p in pids_of_uid(uid):
+        try:
+            stat = Path(f"/proc/{p}/stat").read_bytes()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(stat[stat.rindex(b")") + 2 :].split()[1]) == pid:  # the comm field may hold spaces
+            out.append(p)
+    return out

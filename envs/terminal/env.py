@@ -1,8 +1,12 @@
-"""The terminal domain: a shell in a bubblewrap sandbox, tools ``bash`` and ``submit``.
+"""The terminal domain: a persistent shell in a sandbox, tools ``bash`` and ``submit``.
 
-One ``TerminalEnv`` hosts one episode at a time: ``reset(task)`` opens a sandbox whose
-``/work`` holds the task's ``environment/`` files; each ``bash`` call runs in it with the
-configured wall-clock limit; ``submit`` ends the episode. For the verifier (``verifier.py``),
+One ``TerminalEnv`` hosts one episode at a time: ``reset(task)`` takes a sandbox (from the
+worker's warm pool when one is given, else started cold) whose ``/work`` holds the task's
+``environment/`` files and runs ``environment/setup.sh`` there if the task has one; each
+``bash`` call runs in the episode's persistent shell (cwd and environment persist) with the
+configured per-command wall-clock limit; ``submit`` ends the episode. A task that needs its
+own Docker image (``environment/Dockerfile``) cannot run on bwrap: ``reset`` raises
+``TaskNeedsImage`` (a ``ValueError``) saying so. For the verifier (``verifier.py``),
 ``verify_sandbox`` (before ``close()``) or ``await final_files()`` (a snapshot that outlives
 ``close()``) become ``Episode.verify_sandbox``.
 
@@ -19,14 +23,20 @@ from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, To
 from jointrl.envs.base import validate_call as validate_against_schema
 from jointrl.envs.sandbox.base import ExecResult, SandboxConfig
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
+from jointrl.envs.sandbox.pool import SandboxPool
 from jointrl.envs.terminal.verifier import FinalFiles
+
+SETUP_SCRIPT = "setup.sh"  # in environment/: run once in /work at reset, then removed
 
 BASH = ToolSpec(
     name="bash",
     description=(
-        "Run a shell command with `bash -c` in /work and return its stdout, stderr and exit code. "
-        "Each call starts a fresh shell: files persist between calls, the working directory, "
-        "variables and background processes do not."
+        "Run a shell command in this episode's bash shell and return its stdout, stderr and exit "
+        "code. The shell persists between calls: the working directory, shell and environment "
+        "variables and files carry over (it starts in /work). Background processes do not: they "
+        "are killed when the call returns. Each call has its own time limit; a command that "
+        "times out is killed and the shell stays as it was, unless the shell itself had to be "
+        "restarted, which the result then says."
     ),
     parameters={
         "type": "object",
@@ -46,7 +56,7 @@ def system_prompt(config: SandboxConfig) -> str:
     return (
         "You are an agent working in a Linux shell sandbox. Your working directory is /work; "
         "only /work (and a scratch /tmp) is writable, and there is no network. "
-        f"Use the `bash` tool to run commands (each is limited to {config.timeout_s:g} s; "
+        f"Use the `bash` tool to run commands in a persistent shell (each is limited to {config.timeout_s:g} s; "
         f"output beyond {config.max_output_bytes} bytes per stream is cut). "
         "When the task is complete, call `submit`."
     )
@@ -72,14 +82,23 @@ def format_result(result: ExecResult, timeout_s: float) -> str:
         parts.append(f"[timed out after {timeout_s:g} s; the command and its children were killed]")
     else:
         parts.append(f"[exit code: {result.exit_code}]")
+    if result.shell_restarted:
+        parts.append("\n[the shell ended; the next command runs in a new shell, in the last working "
+                     "directory, with the exported variables restored]")
     return "".join(parts)
 
 
-class TerminalEnv:
-    """``Env`` for terminal tasks. ``config`` sets the sandbox limits (per-command timeout etc.)."""
+class TaskNeedsImage(ValueError):
+    """The task builds its own Docker image; the bwrap backend cannot run it."""
 
-    def __init__(self, config: SandboxConfig | None = None) -> None:
+
+class TerminalEnv:
+    """``Env`` for terminal tasks. ``config`` sets the sandbox limits (per-command timeout etc.);
+    ``pool``, a warm ``SandboxPool`` of the same config, makes ``reset`` cheap."""
+
+    def __init__(self, config: SandboxConfig | None = None, pool: SandboxPool | None = None) -> None:
         self.config = config or SandboxConfig()
+        self.pool = pool
         self.tools: list[ToolSpec] = [BASH, SUBMIT]
         self.task: Task | None = None
         self.sandbox: BwrapSandbox | None = None
@@ -88,12 +107,24 @@ class TerminalEnv:
 
     async def reset(self, task: Task) -> list[Message]:
         """Open a fresh sandbox with the task's ``environment/`` in ``/work`` (closing any previous one)."""
-        if task.root is None or not (task.root / "tests" / "test.sh").is_file():
-            raise ValueError(f"terminal task {task.id!r} needs a root folder with tests/test.sh")
+        if task.root is None or not (task.root / "tests").is_dir():
+            raise ValueError(f"terminal task {task.id!r} needs a root folder with tests/")
+        if task.metadata.get("docker_image"):
+            raise TaskNeedsImage(
+                f"terminal task {task.id!r} needs its own Docker image ({task.metadata['docker_image']}); "
+                "the bwrap backend cannot build it: run it on the docker backend (envs/sandbox/docker.py)")
         await self.close()
         setup = task.root / "environment"
+        files = setup if setup.is_dir() else None
         try:
-            self.sandbox = await asyncio.to_thread(BwrapSandbox, self.config, setup if setup.is_dir() else None)
+            if self.pool is not None:
+                self.sandbox = await asyncio.to_thread(self.pool.acquire, files)
+            else:
+                self.sandbox = await asyncio.to_thread(BwrapSandbox, self.config, files)
+            if files is not None and (files / SETUP_SCRIPT).is_file():
+                r = await asyncio.to_thread(self.sandbox.run, f"bash {SETUP_SCRIPT}; rm -f {SETUP_SCRIPT}", 120.0)
+                if not r.ok:
+                    raise EnvError(f"setup of task {task.id!r} failed: exit {r.exit_code}: {r.stderr[-1000:]!r}")
         except OSError as e:
             raise EnvError(f"cannot open a sandbox for task {task.id!r}: {e}") from e
         self.task, self.done, self.num_tool_errors = task, False, 0
@@ -113,7 +144,7 @@ class TerminalEnv:
             self.done = True
             return Observation("Submitted.", done=True)
         try:
-            result = await asyncio.to_thread(self.sandbox.exec, call.arguments["command"])
+            result = await asyncio.to_thread(self.sandbox.run, call.arguments["command"])
         except OSError as e:
             raise EnvError(f"sandbox failed while running a command: {e}") from e
         return Observation(format_result(result, self.config.timeout_s))

@@ -27,6 +27,7 @@ from jointrl.envs.sandbox.bwrap import BwrapSandbox, sandbox_root
 TESTS_MOUNT = "/tests"
 VERIFIER_LOGS = "/logs/verifier"
 REWARD_FILE = f"{VERIFIER_LOGS}/reward.txt"
+REWARD_JSON = f"{VERIFIER_LOGS}/reward.json"  # Harbor's alternative: {"reward": 1.0, ...}
 
 
 class FinalFiles:
@@ -61,6 +62,7 @@ class FinalFiles:
             ro_binds={str(self.tests_dir): TESTS_MOUNT},
             rw_dirs=(VERIFIER_LOGS,),
             env={"HOME": "/tmp"},
+            shell=False,  # the verifier runs one command, one-shot
         )
 
     def discard(self) -> None:

@@ -10,6 +10,8 @@ import pytest
 
 from jointrl.envs.base import Env, EnvError, Task, ToolCall, Verifiable
 from jointrl.envs.sandbox import SandboxConfig
+from jointrl.envs.sandbox.disk import unmount
+from jointrl.envs.sandbox.uids import kill_uid
 from jointrl.envs.terminal import TerminalEnv, load_policy, load_task, load_tasks, policy_names
 
 pytestmark = pytest.mark.skipif(
@@ -53,7 +55,7 @@ def test_reset_and_bash(task):
         try:
             messages = await env.reset(task)
             assert [m.role for m in messages] == ["system", "user"] and messages[1].content == task.prompt
-            ok = await env.step(bash("wc -l < access.log; echo oops >&2; exit 3"))
+            ok = await env.step(bash("wc -l < access.log; echo oops >&2; (exit 3)"))
             return ok
         finally:
             await env.close()
@@ -116,7 +118,8 @@ def test_command_timeout_is_reported(task):
             await env.close()
 
     obs = run(episode())
-    assert not obs.is_error and obs.text.startswith("before\n[timed out after 0.5 s")
+    assert not obs.is_error and obs.text.startswith("before\n")  # bash may add a "Killed" line on stderr
+    assert obs.text.endswith("[timed out after 0.5 s; the command and its children were killed]")
 
 
 def test_step_before_reset_is_a_programming_error():
@@ -129,7 +132,9 @@ def test_sandbox_failure_raises_env_error(task):
         env = TerminalEnv()
         try:
             await env.reset(task)
-            shutil.rmtree(env.sandbox.workdir)  # the episode's host dir vanished under it
+            unmount(env.sandbox.workdir)  # the host dir that bwrap binds at /work vanished ...
+            shutil.rmtree(env.sandbox.workdir)
+            kill_uid(env.sandbox.uid)  # ... and the shell died: it cannot restart
             await env.step(bash("ls"))
         finally:
             await env.close()

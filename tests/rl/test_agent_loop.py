@@ -7,6 +7,8 @@ import pytest
 
 from jointrl.envs.base import ToolCall
 from jointrl.envs.sandbox import SandboxConfig
+from jointrl.envs.sandbox.disk import unmount
+from jointrl.envs.sandbox.uids import kill_uid
 from jointrl.envs.terminal import TerminalEnv, load_policy, load_tasks
 from jointrl.model.chat_template import ChatTemplate
 from jointrl.rl.agent_loop import AgentConfig, run_episode, run_episode_with_retries
@@ -90,7 +92,9 @@ class _FailingEnv(TerminalEnv):
 
     async def reset(self, task):
         msgs = await super().reset(task)
+        unmount(self.sandbox.workdir)  # the host dir that bwrap binds at /work vanished ...
         shutil.rmtree(self.sandbox.workdir)
+        kill_uid(self.sandbox.uid)  # ... and the shell died: it cannot restart
         return msgs
 
 
