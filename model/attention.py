@@ -12,7 +12,7 @@ from torch import nn
 
 from jointrl.model.config import MoEConfig
 from jointrl.model.kv_cache import KVCache
-from jointrl.model.norm import RMSNorm
+from jointrl.model.norm import qk_norm
 from jointrl.model.rope import apply_rope
 
 
@@ -51,8 +51,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(H, self.num_kv_heads * D, bias=False)
         self.v_proj = nn.Linear(H, self.num_kv_heads * D, bias=False)
         self.o_proj = nn.Linear(self.num_heads * D, H, bias=False)
-        self.q_norm = RMSNorm(D, config.rms_norm_eps)
-        self.k_norm = RMSNorm(D, config.rms_norm_eps)
+        self.q_norm = qk_norm(config.qk_norm, self.num_heads, D, config.rms_norm_eps)
+        self.k_norm = qk_norm(config.qk_norm, self.num_kv_heads, D, config.rms_norm_eps)
 
     def forward(self, x_BTH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 mask_B1TS: torch.Tensor, cache: KVCache | None) -> torch.Tensor:

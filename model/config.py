@@ -15,6 +15,14 @@ from typing import Any
 # The byte tokenizer: 256 byte ids followed by the chat template's special tokens.
 BYTE_VOCAB_SIZE = 256 + 8
 
+# MoE options beyond Qwen3-MoE, with the value that makes them Qwen3-MoE: `to_hf_dict` requires
+# exactly these values and leaves the fields out; `from_hf_dict` rejects them as Qwen3-MoE fields.
+QWEN3_MOE_VALUES: dict[str, Any] = {
+    "first_k_dense_replace": 0, "n_shared_experts": 0, "shared_expert_gate": False,
+    "scoring_func": "softmax", "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "qk_norm": "head"}
+SCORING_FUNCS = ("softmax", "sigmoid")
+QK_NORMS = ("head", "full", "none")
+
 # Keys of a Hugging Face config.json that carry no model math (bookkeeping, generation defaults,
 # fields of PreTrainedConfig that every model has). `from_hf_dict` ignores exactly these; any other
 # key it does not map is an error, so a checkpoint feature we do not implement never loads silently.
@@ -54,6 +62,16 @@ class MoEConfig:
     tie_word_embeddings: bool = False
     router_aux_loss_coef: float = 0.001
     initializer_range: float = 0.02
+    # ---- MoE FFN and router (model/moe.py, model/routing.py); DeepSeek-V3 field names ----
+    intermediate_size: int = 64           # width of the dense SwiGLU MLP of the first layers (HF's name)
+    first_k_dense_replace: int = 0        # layers 0..k-1 use that dense MLP instead of MoE (DeepSeek-V3)
+    n_shared_experts: int = 0             # always-on SwiGLU expert of width n·moe_intermediate_size
+    shared_expert_gate: bool = False      # shared output scaled by sigmoid(x·w_g) (Qwen2-MoE style)
+    scoring_func: str = "softmax"         # router scores: "softmax" (Qwen3, Mixtral, OLMoE) or "sigmoid"
+    n_group: int = 1                      # sigmoid routing picks experts only inside the best
+    topk_group: int = 1                   #   topk_group of n_group expert groups (DeepSeek-V3)
+    routed_scaling_factor: float = 1.0    # routed experts' weights times this (after norm_topk_prob)
+    qk_norm: str = "head"                 # "head": RMSNorm per head (Qwen3); "full": over all heads (OLMoE); "none"
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -83,6 +101,42 @@ class MoEConfig:
                 f"num_key_value_heads={self.num_key_value_heads} (GQA groups)")
         if self.head_dim % 2:
             raise ValueError(f"MoEConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        self._check_moe_fields()
+
+    def _check_moe_fields(self) -> None:
+        for name, allowed in (("scoring_func", SCORING_FUNCS), ("qk_norm", QK_NORMS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"MoEConfig.{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
+        for name, low in (("intermediate_size", 1), ("n_group", 1), ("topk_group", 1),
+                          ("first_k_dense_replace", 0), ("n_shared_experts", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"MoEConfig.{name} must be an int >= {low}, got {value!r}")
+        if not self.first_k_dense_replace < self.num_hidden_layers:
+            raise ValueError(f"MoEConfig.first_k_dense_replace must be in 0..num_hidden_layers-1="
+                             f"{self.num_hidden_layers - 1} (at least one MoE layer), got {self.first_k_dense_replace}")
+        if not isinstance(self.shared_expert_gate, bool) or (self.shared_expert_gate and not self.n_shared_experts):
+            raise ValueError(f"MoEConfig.shared_expert_gate must be True or False, and True needs "
+                             f"n_shared_experts >= 1; got {self.shared_expert_gate!r}")
+        if isinstance(self.routed_scaling_factor, bool) or not isinstance(self.routed_scaling_factor, (int, float)) \
+                or not self.routed_scaling_factor > 0:
+            raise ValueError(f"MoEConfig.routed_scaling_factor must be a float > 0, got {self.routed_scaling_factor!r}")
+        if self.n_group > 1 and self.scoring_func != "sigmoid":
+            raise ValueError(f"MoEConfig.n_group={self.n_group} (group-limited routing) needs scoring_func='sigmoid'")
+        if self.num_experts % self.n_group or (self.n_group > 1 and self.num_experts // self.n_group < 2):
+            raise ValueError(f"MoEConfig.n_group={self.n_group} must divide num_experts={self.num_experts} "
+                             "into groups of >= 2 experts (a group scores by its top-2)")
+        if self.topk_group > self.n_group:
+            raise ValueError(f"MoEConfig.topk_group must be in 1..n_group={self.n_group}, got {self.topk_group}")
+        if self.num_experts_per_tok > self.topk_group * (self.num_experts // self.n_group):
+            raise ValueError(f"MoEConfig.num_experts_per_tok={self.num_experts_per_tok} exceeds the "
+                             f"{self.topk_group * (self.num_experts // self.n_group)} experts of topk_group="
+                             f"{self.topk_group} groups")
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers with a routed MoE FFN: all but the first `first_k_dense_replace`."""
+        return self.num_hidden_layers - self.first_k_dense_replace
 
     # ---- presets -------------------------------------------------------------------------------
 
@@ -98,6 +152,11 @@ class MoEConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         """Keyword arguments for `transformers.Qwen3MoeConfig(**d)` (also a valid config.json body)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "rope_theta"}
+        for name, qwen3_value in QWEN3_MOE_VALUES.items():
+            if getattr(self, name) != qwen3_value:
+                raise ValueError(f"to_hf_dict writes Qwen3-MoE configs, which have no {name}="
+                                 f"{getattr(self, name)!r}; allowed: {qwen3_value!r}")
+            d.pop(name)
         d.update(
             model_type="qwen3_moe",
             architectures=["Qwen3MoeForCausalLM"],
@@ -138,8 +197,7 @@ class MoEConfig:
                                  "allowed: {'rope_type': 'default', 'rope_theta': float}")
             if "rope_theta" in rope:
                 d.setdefault("rope_theta", rope["rope_theta"])
-        d.pop("intermediate_size", None)  # dense-FFN width: unused while every layer is MoE
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = {f.name for f in dataclasses.fields(cls)} - set(QWEN3_MOE_VALUES)
         unknown = sorted(k for k in d if k not in names and k not in _HF_IGNORED_KEYS)
         if unknown:
             raise ValueError(f"unsupported Qwen3-MoE config field(s) {unknown}")
@@ -156,5 +214,18 @@ PRESETS: dict[str, MoEConfig] = {
         vocab_size=151936, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
         num_key_value_heads=4, head_dim=128, moe_intermediate_size=768, num_experts=128,
         num_experts_per_tok=8, norm_topk_prob=True, rope_theta=1_000_000.0,
-        max_position_embeddings=40960),
+        max_position_embeddings=40960, intermediate_size=6144),
+    # ~10.8 M parameters, Qwen3-MoE-shaped: the engine's and the peer benchmarks' model.
+    "bench_moe": MoEConfig(
+        hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        moe_intermediate_size=128, num_experts=16, num_experts_per_tok=2, intermediate_size=256),
+    # Kimi-K2's MoE shape (DeepSeek-V3 family: 1 dense layer, 384 experts top-8, 1 shared expert,
+    # sigmoid router, scaling 2.827) with GQA in place of MLA. Arithmetic only, never instantiated:
+    # tests/model/test_params.py checks num_parameters against hand-derived totals.
+    "kimi_k2_gqa": MoEConfig(
+        vocab_size=163840, hidden_size=7168, num_hidden_layers=61, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=128, moe_intermediate_size=2048, num_experts=384,
+        num_experts_per_tok=8, norm_topk_prob=True, rope_theta=50000.0, max_position_embeddings=131072,
+        intermediate_size=18432, first_k_dense_replace=1, n_shared_experts=1, scoring_func="sigmoid",
+        n_group=1, topk_group=1, routed_scaling_factor=2.827, qk_norm="none"),
 }

@@ -1,10 +1,19 @@
-"""Hugging Face checkpoints for `tiny_moe`-shaped models: `save_hf` / `load_hf` (local files only).
+"""Hugging Face checkpoints: `load_hf` reads Qwen3-MoE, Mixtral and OLMoE directories; `save_hf`
+writes `tiny_moe`-shaped models as plain Qwen3-MoE (local files only, no hub).
 
-The directory layout is what `transformers.AutoModelForCausalLM.from_pretrained(dir)` reads for
-Qwen3-MoE: `config.json` plus `model.safetensors` (or sharded `model.safetensors.index.json`).
-Expert weights are written in transformers 5.x's fused layout (`mlp.experts.gate_up_proj`,
-`mlp.experts.down_proj`); on load, the per-expert layout of hub checkpoints
-(`mlp.experts.{e}.{gate,up,down}_proj.weight`) is fused too. MXFP4 export is a later issue.
+A directory is what `transformers.AutoModelForCausalLM.from_pretrained(dir)` reads: `config.json`
+plus `model.safetensors` (or sharded `model.safetensors.index.json`). Per architecture:
+
+| model_type | attention q/k-norm        | router                          | checkpoint keys we rewrite        |
+|------------|---------------------------|---------------------------------|-----------------------------------|
+| qwen3_moe  | per head (`qk_norm=head`) | softmax, `norm_topk_prob`       | —                                 |
+| mixtral    | none                      | softmax, always renormalised    | `block_sparse_moe.` → `mlp.`; w1/w3/w2 → gate/up/down_proj |
+| olmoe      | over all heads (`full`)   | softmax, `norm_topk_prob`       | —                                 |
+
+transformers 5.x holds experts fused (`mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I])
+but `save_pretrained` writes the hub's per-expert layout (`experts.{e}.{gate,up,down}_proj.weight`,
+Mixtral's `experts.{e}.w1/w3/w2`); both load. A config field we do not implement is a ValueError
+naming it; so are missing, unexpected or mis-shaped tensors. MXFP4 export is a later issue.
 """
 
 from __future__ import annotations
@@ -12,24 +21,96 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from jointrl.model.config import MoEConfig
+from jointrl.model.config import _HF_IGNORED_KEYS, MoEConfig
 from jointrl.model.moe_transformer import MoETransformer
 
 _PER_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
+# Per model_type: HF key → MoEConfig field, MoEConfig fields the architecture implies, HF keys whose
+# only supported value is the given one, and HF class defaults for keys a config.json may omit.
+_ARCHS: dict[str, dict[str, dict[str, Any]]] = {
+    "mixtral": {
+        "rename": {"intermediate_size": "moe_intermediate_size", "num_local_experts": "num_experts"},
+        "implied": {"norm_topk_prob": True, "qk_norm": "none"},
+        "required": {"hidden_act": "silu", "sliding_window": None, "attention_dropout": 0.0,
+                     "router_jitter_noise": 0.0, "rope_scaling": None},
+        "defaults": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+                     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+                     "num_experts_per_tok": 2, "num_local_experts": 8, "router_aux_loss_coef": 0.001},
+    },
+    "olmoe": {
+        "rename": {"intermediate_size": "moe_intermediate_size"},
+        "implied": {"qk_norm": "full"},
+        "required": {"hidden_act": "silu", "attention_bias": False, "clip_qkv": None,
+                     "attention_dropout": 0.0, "rope_scaling": None},
+        "defaults": {"vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 2048,
+                     "num_hidden_layers": 16, "num_attention_heads": 16, "max_position_embeddings": 4096,
+                     "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "num_experts_per_tok": 8,
+                     "num_experts": 64, "router_aux_loss_coef": 0.01, "norm_topk_prob": False},
+    },
+}
+_KEY_REWRITES: dict[str, list[tuple[re.Pattern[str], str]]] = {
+    "mixtral": [(re.compile(r"\.block_sparse_moe\."), ".mlp."),
+                (re.compile(r"(\.experts\.\d+)\.w1\.weight$"), r"\1.gate_proj.weight"),
+                (re.compile(r"(\.experts\.\d+)\.w3\.weight$"), r"\1.up_proj.weight"),
+                (re.compile(r"(\.experts\.\d+)\.w2\.weight$"), r"\1.down_proj.weight")],
+}
+
+
+def config_from_hf(d: dict[str, Any]) -> MoEConfig:
+    """MoEConfig from a config.json dict of a supported `model_type` (see the module docstring)."""
+    model_type = d.get("model_type")
+    if model_type == "qwen3_moe":
+        return MoEConfig.from_hf_dict(d)
+    if model_type not in _ARCHS:
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: {['qwen3_moe', *_ARCHS]}")
+    arch = _ARCHS[model_type]
+    d = {**arch["defaults"], **{k: v for k, v in d.items() if k != "model_type"}}
+    for key, allowed in arch["required"].items():
+        value = d.pop(key, allowed)
+        if value != allowed:
+            raise ValueError(f"unsupported {model_type} config field {key}={value!r}; allowed: {allowed!r}")
+    rope = d.pop("rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default" or set(rope) - {"rope_type", "rope_theta"}:
+        raise ValueError(f"unsupported {model_type} config field rope_parameters={rope!r}; "
+                         "allowed: {'rope_type': 'default', 'rope_theta': float}")
+    d["rope_theta"] = rope.get("rope_theta", d["rope_theta"])
+    if d.get("num_key_value_heads") is None:
+        d["num_key_value_heads"] = d["num_attention_heads"]
+    head_dim = d["hidden_size"] // d["num_attention_heads"]  # HF's fallback when head_dim is absent
+    if d.get("head_dim") is None:
+        d["head_dim"] = head_dim
+    elif model_type == "olmoe" and d["head_dim"] != head_dim:  # its q_norm is sized hidden_size
+        raise ValueError(f"unsupported olmoe config field head_dim={d['head_dim']}; allowed: hidden_size // "
+                         f"num_attention_heads = {head_dim}")
+    fields: dict[str, Any] = {arch["rename"].get(k, k): v for k, v in d.items()}
+    names = set(MoEConfig.__dataclass_fields__) - {"intermediate_size"}
+    unknown = sorted(k for k, v in d.items() if arch["rename"].get(k, k) not in names and k not in _HF_IGNORED_KEYS)
+    if unknown:
+        raise ValueError(f"unsupported {model_type} config field(s) {unknown}")
+    fields = {k: v for k, v in fields.items() if k in names}
+    fields.update(arch["implied"])
+    # The dense-MLP width is unused (every layer is MoE); record the active expert width.
+    fields["intermediate_size"] = fields["num_experts_per_tok"] * fields["moe_intermediate_size"]
+    return MoEConfig(**fields)
+
 
 def save_hf(model: MoETransformer, directory: str | Path) -> Path:
-    """Write `config.json` + `model.safetensors` (the model's dtype; tied lm_head stored once)."""
+    """Write `config.json` + `model.safetensors` (the model's dtype; tied lm_head stored once).
+
+    Only Qwen3-MoE-shaped configs: `MoEConfig.to_hf_dict` names any field Qwen3-MoE cannot hold."""
     out = Path(directory)
+    config = model.config.to_hf_dict()
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     if model.config.tie_word_embeddings:
         del state["lm_head.weight"]
-    config = model.config.to_hf_dict()
     config["dtype"] = str(state["model.embed_tokens.weight"].dtype).removeprefix("torch.")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(state, out / "model.safetensors", metadata={"format": "pt"})
@@ -38,13 +119,17 @@ def save_hf(model: MoETransformer, directory: str | Path) -> Path:
 
 def load_hf(directory: str | Path, dtype: torch.dtype | None = None,
             device: torch.device | str | None = None) -> MoETransformer:
-    """Load a Qwen3-MoE checkpoint directory; `dtype` None keeps the stored dtype.
+    """Load a Qwen3-MoE, Mixtral or OLMoE checkpoint directory; `dtype` None keeps the stored dtype.
 
     Raises ValueError naming an unsupported model_type or config field, or missing/unexpected keys.
     """
     src = Path(directory)
-    config = MoEConfig.from_hf_dict(json.loads((src / "config.json").read_text()))
-    state = _fuse_per_expert(_read_safetensors(src))
+    raw = json.loads((src / "config.json").read_text())
+    config = config_from_hf(raw)
+    state = _read_safetensors(src)
+    for pattern, replacement in _KEY_REWRITES.get(raw.get("model_type"), []):
+        state = {pattern.sub(replacement, k): v for k, v in state.items()}
+    state = _fuse_per_expert(state)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
         if "model.embed_tokens.weight" in state:

@@ -1,8 +1,11 @@
-"""The MoE FFN of Qwen3-MoE: softmax top-k router, fused SwiGLU experts, load-balancing loss.
+"""The MoE FFN: fused SwiGLU experts, optional shared experts, and the dense SwiGLU MLP.
 
-Parameter layout equals transformers 5.x's `Qwen3MoeSparseMoeBlock`: `gate.weight` [E, H],
-`experts.gate_up_proj` [E, 2I, H] (gate rows first, then up rows) and `experts.down_proj` [E, H, I],
-each expert matrix laid out as an `nn.Linear` weight (out, in), so MXFP4 blocks run along `in`.
+Parameter layout equals transformers 5.x: `gate.weight` [E, H] (+ `gate.e_score_correction_bias` [E]
+for the sigmoid router, model/routing.py), `experts.gate_up_proj` [E, 2I, H] (gate rows first, then up
+rows) and `experts.down_proj` [E, H, I], each expert matrix laid out as an `nn.Linear` weight
+(out, in), so MXFP4 blocks run along `in`. Shared experts are one SwiGLU MLP of width
+n_shared_experts·I named as DeepSeek-V3's `shared_experts.{gate,up,down}_proj.weight`, with Qwen2-MoE's
+`shared_expert_gate.weight` [1, H] when gated. The dense MLP of the first layers has the same names.
 
 Shapes: N tokens (B·T flattened), H hidden, I expert width, E experts, k experts per token.
 """
@@ -14,36 +17,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from jointrl.model.config import MoEConfig
-from jointrl.model.norm import compute_dtype
+from jointrl.model.routing import TopKRouter, load_balancing_loss
+
+__all__ = ["MLP", "Experts", "SparseMoeBlock", "TopKRouter", "load_balancing_loss"]
 
 
-class TopKRouter(nn.Module):
-    """p = softmax(x Wᵀ) over all E experts; top-k of p (or replayed ids); weights renormalised to sum 1
-    when `norm_topk_prob`. The softmax runs in float32 (float64 for a float64 model), as HF's."""
+class MLP(nn.Module):
+    """SwiGLU: y = down(silu(gate x) ⊙ up x). The dense FFN and the (fused) shared experts."""
 
-    def __init__(self, config: MoEConfig) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.top_k = config.num_experts_per_tok
-        self.norm_topk_prob = config.norm_topk_prob
-        self.weight = nn.Parameter(torch.zeros(config.num_experts, config.hidden_size))
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x_NH: torch.Tensor, replay_ids_Nk: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """→ (logits_NE in x's dtype, probs_NE in compute dtype, ids_Nk, weights_Nk in x's dtype).
-
-        With `replay_ids_Nk` those experts are used instead of the top-k; their weights are still the
-        router's probabilities at those ids, so the router keeps its gradient (routing replay, R3).
-        """
-        logits_NE = F.linear(x_NH, self.weight)
-        probs_NE = torch.softmax(logits_NE, dim=-1, dtype=compute_dtype(x_NH.dtype))
-        if replay_ids_Nk is None:
-            top_Nk, ids_Nk = torch.topk(probs_NE, self.top_k, dim=-1)
-        else:
-            ids_Nk = replay_ids_Nk
-            top_Nk = probs_NE.gather(1, ids_Nk)
-        if self.norm_topk_prob:
-            top_Nk = top_Nk / top_Nk.sum(dim=-1, keepdim=True)
-        return logits_NE, probs_NE, ids_Nk, top_Nk.to(x_NH.dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Experts(nn.Module):
@@ -77,12 +66,16 @@ class Experts(nn.Module):
 
 
 class SparseMoeBlock(nn.Module):
-    """Router + experts; every token goes to k experts, no shared expert."""
+    """y = Σ_j w_j · expert_{id_j}(x)  [+ g(x) · shared(x)], g = sigmoid(x·w_g) if gated else 1."""
 
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()
+        # Registration order = HF's (experts, gate, shared_experts), so state_dict() orders keys alike.
         self.experts = Experts(config)
         self.gate = TopKRouter(config)
+        self.shared_experts = (MLP(config.hidden_size, config.n_shared_experts * config.moe_intermediate_size)
+                               if config.n_shared_experts else None)
+        self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False) if config.shared_expert_gate else None
 
     def forward(self, x_BTH: torch.Tensor, replay_ids_Nk: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -90,28 +83,9 @@ class SparseMoeBlock(nn.Module):
         x_NH = x_BTH.reshape(-1, x_BTH.shape[-1])
         logits_NE, probs_NE, ids_Nk, weights_Nk = self.gate(x_NH, replay_ids_Nk)
         y_NH = self.experts(x_NH, ids_Nk, weights_Nk)
+        if self.shared_experts is not None:
+            shared_NH = self.shared_experts(x_NH)
+            if self.shared_expert_gate is not None:
+                shared_NH = torch.sigmoid(self.shared_expert_gate(x_NH)) * shared_NH
+            y_NH = y_NH + shared_NH
         return y_NH.view_as(x_BTH), logits_NE, probs_NE, ids_Nk
-
-
-def load_balancing_loss(probs_per_layer: list[torch.Tensor], ids_per_layer: list[torch.Tensor],
-                        num_experts: int, token_mask_N: torch.Tensor | None = None) -> torch.Tensor:
-    """Switch-Transformer balance loss, pooled over layers exactly as HF's `load_balancing_loss_func`:
-
-        f_e = (# assignments to e over all layers and real tokens) / (L · N_real)
-        P_e = (Σ over layers and real tokens of p_e) / (L · N_real)
-        loss = E · Σ_e f_e · P_e          (= k when routing is perfectly uniform)
-
-    `ids_per_layer` are the experts actually used (the replayed ids under routing replay; HF's own
-    top-k otherwise, which is the same thing). Padding tokens (mask 0) are left out.
-    """
-    probs_LNE = torch.stack(probs_per_layer)
-    ids_LNk = torch.stack(ids_per_layer)
-    L, N, k = ids_LNk.shape
-    if token_mask_N is None:
-        token_mask_N = torch.ones(N, dtype=probs_LNE.dtype, device=probs_LNE.device)
-    mask_LN = token_mask_N.to(probs_LNE.dtype).expand(L, N)
-    counts_E = torch.zeros(num_experts, dtype=probs_LNE.dtype, device=probs_LNE.device).scatter_add_(
-        0, ids_LNk.reshape(-1), mask_LN[..., None].expand(L, N, k).reshape(-1))
-    prob_sum_E = (probs_LNE * mask_LN[..., None]).sum(dim=(0, 1))
-    rows = mask_LN.sum().clamp_min(1)
-    return num_experts * torch.sum((counts_E / rows) * (prob_sum_E / rows))

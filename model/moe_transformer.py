@@ -15,7 +15,8 @@ from torch import nn
 from jointrl.model.attention import Attention, build_attention_mask
 from jointrl.model.config import MoEConfig
 from jointrl.model.kv_cache import KVCache
-from jointrl.model.moe import SparseMoeBlock, load_balancing_loss
+from jointrl.model.moe import MLP, SparseMoeBlock
+from jointrl.model.routing import expert_load, load_balancing_loss
 from jointrl.model.norm import RMSNorm
 from jointrl.model.rope import RotaryEmbedding
 
@@ -23,9 +24,10 @@ from jointrl.model.rope import RotaryEmbedding
 @dataclass(slots=True)
 class ModelOutput:
     logits: torch.Tensor               # [B, T, V] in the model dtype
-    router_logits: list[torch.Tensor]  # per layer [B·T, E], model dtype (pre-softmax)
+    router_logits: list[torch.Tensor]  # per MoE layer [B·T, E] (pre-softmax/sigmoid; model/routing.py)
     aux_loss: torch.Tensor             # scalar load-balancing loss (unweighted; coef in config)
-    topk_ids: torch.Tensor             # [B, T, L, k] int64: experts each token was sent to
+    topk_ids: torch.Tensor             # [B, T, L_moe, k] int64: experts each token was sent to
+    expert_load: torch.Tensor          # [L_moe, E] float32: real-token assignments per expert (no grad)
 
 
 class DecoderLayer(nn.Module):
@@ -35,16 +37,22 @@ class DecoderLayer(nn.Module):
         super().__init__()
         # Registration order = HF's, so state_dict() lists keys in the same order.
         self.self_attn = Attention(config, layer_idx)
-        self.mlp = SparseMoeBlock(config)
+        # The first `first_k_dense_replace` layers have a dense SwiGLU MLP (DeepSeek-V3), no router.
+        self.is_moe = layer_idx >= config.first_k_dense_replace
+        self.mlp = SparseMoeBlock(config) if self.is_moe else MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x_BTH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask_B1TS: torch.Tensor,
                 cache: KVCache | None, replay_ids_Nk: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
+        """→ (x_BTH, (router logits_NE, probs_NE, ids_Nk) or None for a dense layer)."""
         x_BTH = x_BTH + self.self_attn(self.input_layernorm(x_BTH), rope, mask_B1TS, cache)
-        y_BTH, logits_NE, probs_NE, ids_Nk = self.mlp(self.post_attention_layernorm(x_BTH), replay_ids_Nk)
-        return x_BTH + y_BTH, logits_NE, probs_NE, ids_Nk
+        h_BTH = self.post_attention_layernorm(x_BTH)
+        if not self.is_moe:
+            return x_BTH + self.mlp(h_BTH), None
+        y_BTH, logits_NE, probs_NE, ids_Nk = self.mlp(h_BTH, replay_ids_Nk)
+        return x_BTH + y_BTH, (logits_NE, probs_NE, ids_Nk)
 
 
 class MoEBackbone(nn.Module):
@@ -98,9 +106,10 @@ class MoETransformer(nn.Module):
             of `attention_mask` (so left padding is transparent), else past + arange(T).
         attention_mask [B, S] bool, S = cache.length + T: True = real token; masks keys (left or
             right padding). Outputs at padding positions are finite but meaningless.
-        routed_experts [B, T, L, k] int64: routing replay; these experts replace the router's top-k,
-            weighted by the router's (renormalised) probabilities at those ids. Ids must be valid
-            experts at every position, padding included.
+        routed_experts [B, T, L_moe, k] int64, L_moe = config.num_moe_layers (dense first layers
+            have no router): routing replay; these experts replace the router's top-k, weighted by
+            the router's (renormalised) scores at those ids. Ids must be valid experts at every
+            position, padding included.
         """
         cfg = self.config
         if input_ids.dim() != 2:
@@ -118,25 +127,29 @@ class MoETransformer(nn.Module):
                 position_ids = torch.arange(past, past + T, device=device).expand(B, T)
         elif position_ids.shape != (B, T):
             raise ValueError(f"position_ids must be [B, T] = {(B, T)}, got {tuple(position_ids.shape)}")
-        L, k = cfg.num_hidden_layers, cfg.num_experts_per_tok
+        L, k = cfg.num_moe_layers, cfg.num_experts_per_tok
         if routed_experts is not None and routed_experts.shape != (B, T, L, k):
-            raise ValueError(f"routed_experts must be [B, T, num_layers, k] = {(B, T, L, k)}, "
+            raise ValueError(f"routed_experts must be [B, T, num_moe_layers, k] = {(B, T, L, k)}, "
                              f"got {tuple(routed_experts.shape)}")
 
         x_BTH = self.model.embed_tokens(input_ids)
         rope = self.model.rotary_emb(position_ids, x_BTH.dtype)
         mask_B1TS = build_attention_mask(past, T, attention_mask, device)
         router_logits, probs, ids = [], [], []
-        for i, layer in enumerate(self.model.layers):
-            replay_Nk = None if routed_experts is None else routed_experts[:, :, i].reshape(B * T, k)
-            x_BTH, logits_NE, probs_NE, ids_Nk = layer(x_BTH, rope, mask_B1TS, cache, replay_Nk)
-            router_logits.append(logits_NE)
-            probs.append(probs_NE)
-            ids.append(ids_Nk)
+        for layer in self.model.layers:
+            j = len(ids)  # index among MoE layers
+            replay_Nk = None if routed_experts is None or not layer.is_moe else routed_experts[:, :, j].reshape(B * T, k)
+            x_BTH, routing = layer(x_BTH, rope, mask_B1TS, cache, replay_Nk)
+            if routing is not None:
+                router_logits.append(routing[0])
+                probs.append(routing[1])
+                ids.append(routing[2])
         logits_BTV = self.lm_head(self.model.norm(x_BTH))
 
         token_mask_N = None if attention_mask is None else attention_mask[:, past:].reshape(-1)
         aux_loss = load_balancing_loss(probs, ids, cfg.num_experts, token_mask_N)
         topk_ids_BTLk = torch.stack(ids, dim=1).view(B, T, L, k)
+        with torch.no_grad():
+            load_LE = torch.stack([expert_load(ids_Nk, cfg.num_experts, token_mask_N) for ids_Nk in ids])
         return ModelOutput(logits=logits_BTV, router_logits=router_logits, aux_loss=aux_loss,
-                           topk_ids=topk_ids_BTLk)
+                           topk_ids=topk_ids_BTLk, expert_load=load_LE)

@@ -26,3 +26,26 @@ class RMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+class HeadsRMSNorm(RMSNorm):
+    """RMSNorm of [..., heads, D] projections over all heads at once (OLMoE's q/k-norm): weight
+    [heads·D]; the per-head norm (Qwen3) is plain `RMSNorm(D)` over the last dim."""
+
+    def __init__(self, num_heads: int, head_dim: int, eps: float) -> None:
+        super().__init__(num_heads * head_dim, eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.flatten(-2)).view_as(x)
+
+
+def qk_norm(kind: str, num_heads: int, head_dim: int, eps: float) -> nn.Module:
+    """The q- or k-norm of `MoEConfig.qk_norm`: "head" (Qwen3), "full" (OLMoE), "none" (Mixtral:
+    an Identity, so no `q_norm.weight` in the state dict)."""
+    if kind == "head":
+        return RMSNorm(head_dim, eps)
+    if kind == "full":
+        return HeadsRMSNorm(num_heads, head_dim, eps)
+    if kind == "none":
+        return nn.Identity()
+    raise ValueError(f"qk_norm must be 'head', 'full' or 'none', got {kind!r}")

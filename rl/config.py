@@ -48,9 +48,21 @@ class ModelConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 4096
     router_aux_loss_coef: float = 0.001
+    # MoE FFN and router (model/config.py documents each; DeepSeek-V3 names)
+    intermediate_size: int = 64
+    first_k_dense_replace: int = 0
+    n_shared_experts: int = 0
+    shared_expert_gate: bool = False
+    scoring_func: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    qk_norm: str = "head"
 
     def __post_init__(self) -> None:
         _check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float64"))
+        _check_choice("model.scoring_func", self.scoring_func, ("softmax", "sigmoid"))
+        _check_choice("model.qk_norm", self.qk_norm, ("head", "full", "none"))
 
 
 @dataclass

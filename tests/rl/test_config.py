@@ -49,3 +49,15 @@ def test_model_schema_matches_the_model_config():
     schema = {f.name for f in fields(ModelConfig)} - {"name", "dtype"}
     assert schema <= {f.name for f in fields(MoEConfig)}
     assert model_config(load_config()) == MoEConfig.preset("tiny_moe")
+
+
+def test_model_presets_in_conf_equal_the_model_presets():
+    """conf/model/bench_moe.yaml is MoEConfig.preset("bench_moe"); MoE options are checked at load."""
+    from jointrl.model import MoEConfig
+    from jointrl.rl.build import model_config
+
+    assert model_config(load_config(["model=bench_moe"])) == MoEConfig.preset("bench_moe")
+    sigmoid = load_config(["model.scoring_func=sigmoid", "model.n_shared_experts=1"])
+    assert model_config(sigmoid).scoring_func == "sigmoid"
+    with pytest.raises(ValueError, match=r"model.scoring_func.*\['softmax', 'sigmoid'\]"):
+        load_config(["model.scoring_func=relu"])
