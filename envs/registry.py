@@ -7,7 +7,7 @@ from typing import Any
 
 from jointrl.envs.base import Env, Task
 
-DOMAINS = ("terminal",)
+DOMAINS = ("terminal", "code_repo")
 
 
 def _check(domain: str) -> None:
@@ -18,9 +18,14 @@ def _check(domain: str) -> None:
 def load_tasks(domain: str, task_dir: str | None = None) -> list[Task]:
     """The domain's shipped tasks, or those under ``task_dir``."""
     _check(domain)
+    root = Path(task_dir) if task_dir else None
+    if domain == "code_repo":
+        from jointrl.envs.code_repo import load_tasks as load_code_repo
+
+        return load_code_repo(root)
     from jointrl.envs.terminal import load_tasks as load_terminal
 
-    return load_terminal(Path(task_dir) if task_dir else None)
+    return load_terminal(root)
 
 
 def make_env(domain: str, envs_cfg: Any) -> Env:
@@ -28,6 +33,12 @@ def make_env(domain: str, envs_cfg: Any) -> Env:
     envs may not import rl)."""
     _check(domain)
     from jointrl.envs.sandbox import SandboxConfig
+
+    config = SandboxConfig(timeout_s=envs_cfg.command_timeout_s)
+    if domain == "code_repo":
+        from jointrl.envs.code_repo import CodeRepoEnv
+
+        return CodeRepoEnv(config)
     from jointrl.envs.terminal import TerminalEnv
 
-    return TerminalEnv(SandboxConfig(timeout_s=envs_cfg.command_timeout_s))
+    return TerminalEnv(config)

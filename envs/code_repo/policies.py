@@ -1,0 +1,85 @@
+"""Scripted policies of a code-repository instance, as tool calls.
+
+- ``oracle``: view the files the gold ``patch`` touches, apply it as ``str_replace`` calls
+  (``create`` for new files, ``bash rm`` for deleted ones), submit -- reward 1;
+- ``wrong``: the same for the record's ``wrong_patch`` (a plausible fix that fails a test) -- 0;
+- ``noop``: submit at once -- 0.
+
+``patch_calls`` turns any patch into such calls: each changed block of lines becomes one
+``str_replace`` whose ``old_str`` is widened by context lines until it occurs exactly once in
+the file as it is at that point, so applying the calls in order reproduces the patched file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+
+from jointrl.envs.base import Task, ToolCall
+from jointrl.envs.code_repo.records import SweRecord
+from jointrl.envs.code_repo.snapshot import RepoStore, default_store
+from jointrl.envs.code_repo.tools import find_all
+
+Policy = list[list[ToolCall]]
+POLICIES = ("noop", "oracle", "wrong")
+SUBMIT = ToolCall(name="submit", arguments={})
+
+
+def replace_calls(path: str, before: str, after: str) -> list[ToolCall]:
+    """``str_replace`` calls that turn ``before`` into ``after`` when applied in order.
+
+    >>> calls = replace_calls("f.py", "a\\nb\\na\\nc\\n", "a\\nb\\na\\nC\\n")
+    >>> [(c.arguments["old_str"], c.arguments["new_str"]) for c in calls]
+    [('c\\n', 'C\\n')]
+    """
+    cur = before.splitlines(keepends=True)
+    new = after.splitlines(keepends=True)
+    calls, delta = [], 0
+    ops = difflib.SequenceMatcher(None, cur, new, autojunk=False).get_opcodes()
+    for tag, i1, i2, j1, j2 in ops:
+        if tag == "equal":
+            continue
+        a, b = i1 + delta, i2 + delta  # the block's lines in the current text
+        repl = new[j1:j2]
+        lo, hi = a, b
+        while True:
+            old = "".join(cur[lo:hi])
+            if old and len(find_all("".join(cur), old)) == 1:
+                break
+            if lo == 0 and hi == len(cur):
+                return [ToolCall("create", {"path": path, "content": after})]  # no unique anchor anywhere
+            lo, hi = max(0, lo - 1), min(len(cur), hi + 1)
+        calls.append(ToolCall("str_replace", {"path": path, "old_str": old,
+                                              "new_str": "".join(cur[lo:a] + repl + cur[b:hi])}))
+        cur[a:b] = repl
+        delta += len(repl) - (i2 - i1)
+    return calls
+
+
+def patch_calls(record: SweRecord, patch: str, store: RepoStore | None = None) -> Policy:
+    """Turns applying ``patch`` at the base commit: view each file, edit, submit."""
+    before, after = (store or default_store()).patched(record, patch)
+    views = [ToolCall("view_file", {"path": p}) for p, text in before.items() if text is not None]
+    edits: list[ToolCall] = []
+    for path, old in before.items():
+        new = after[path]
+        if new is None:
+            edits.append(ToolCall("bash", {"command": f"rm -f -- {shlex.quote(path)}"}))
+        elif old is None:
+            edits.append(ToolCall("create", {"path": path, "content": new}))
+        else:
+            edits += replace_calls(path, old, new)
+    return [turn for turn in (views, edits, [SUBMIT]) if turn]
+
+
+def load_policy(task: Task, name: str, store: RepoStore | None = None) -> Policy:
+    """The named policy of a ``code_repo`` task. Raises ``ValueError`` naming the available ones."""
+    record = SweRecord.from_task(task)
+    if name == "noop":
+        return [[SUBMIT]]
+    if name == "oracle":
+        return patch_calls(record, record.patch, store)
+    if name == "wrong" and record.wrong_patch:
+        return patch_calls(record, record.wrong_patch, store)
+    available = [p for p in POLICIES if p != "wrong" or record.wrong_patch]
+    raise ValueError(f"task {task.id!r} has no policy {name!r}; available: {available}")
