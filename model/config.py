@@ -17,8 +17,9 @@ BYTE_VOCAB_SIZE = 256 + 8
 
 # MoE options beyond Qwen3-MoE, with the value that makes them Qwen3-MoE: `to_hf_dict` requires
 # exactly these values and leaves the fields out; `from_hf_dict` rejects them as Qwen3-MoE fields.
+# (`first_k_dense_replace` is Qwen3-MoE's `mlp_only_layers` = [0, ..., k-1].)
 QWEN3_MOE_VALUES: dict[str, Any] = {
-    "first_k_dense_replace": 0, "n_shared_experts": 0, "shared_expert_gate": False,
+    "n_shared_experts": 0, "shared_expert_gate": False,
     "scoring_func": "softmax", "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "qk_norm": "head"}
 SCORING_FUNCS = ("softmax", "sigmoid")
 QK_NORMS = ("head", "full", "none")
@@ -157,6 +158,7 @@ class MoEConfig:
                 raise ValueError(f"to_hf_dict writes Qwen3-MoE configs, which have no {name}="
                                  f"{getattr(self, name)!r}; allowed: {qwen3_value!r}")
             d.pop(name)
+        d.pop("first_k_dense_replace")
         d.update(
             model_type="qwen3_moe",
             architectures=["Qwen3MoeForCausalLM"],
@@ -166,9 +168,7 @@ class MoEConfig:
             attention_dropout=0.0,
             use_sliding_window=False,
             decoder_sparse_step=1,
-            mlp_only_layers=[],
-            # Width of a dense FFN, used by HF only for `mlp_only_layers` (none here): the active width.
-            intermediate_size=self.num_experts_per_tok * self.moe_intermediate_size,
+            mlp_only_layers=list(range(self.first_k_dense_replace)),  # dense SwiGLU of intermediate_size
         )
         return d
 
@@ -183,13 +183,17 @@ class MoEConfig:
             d.setdefault("num_experts", d.pop("num_local_experts"))
         # Fields whose only supported value is HF's default: reject anything else by name.
         required = {"hidden_act": "silu", "attention_bias": False, "use_sliding_window": False,
-                    "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_dropout": 0.0,
+                    "decoder_sparse_step": 1, "attention_dropout": 0.0,
                     "rope_scaling": None}
         for key, allowed in required.items():
             if key in d:
                 value = d.pop(key)
-                if value != allowed and not (key == "mlp_only_layers" and value is None):
+                if value != allowed:
                     raise ValueError(f"unsupported Qwen3-MoE config field {key}={value!r}; allowed: {allowed!r}")
+        dense = d.pop("mlp_only_layers", None) or []
+        if list(dense) != list(range(len(dense))):
+            raise ValueError(f"unsupported Qwen3-MoE config field mlp_only_layers={dense!r}; allowed: "
+                             "the first layers [0, 1, ..., k-1] (first_k_dense_replace=k)")
         rope = d.pop("rope_parameters", None)
         if rope is not None:
             if rope.get("rope_type", "default") != "default" or set(rope) - {"rope_type", "rope_theta"}:
@@ -197,13 +201,13 @@ class MoEConfig:
                                  "allowed: {'rope_type': 'default', 'rope_theta': float}")
             if "rope_theta" in rope:
                 d.setdefault("rope_theta", rope["rope_theta"])
-        names = {f.name for f in dataclasses.fields(cls)} - set(QWEN3_MOE_VALUES)
+        names = {f.name for f in dataclasses.fields(cls)} - set(QWEN3_MOE_VALUES) - {"first_k_dense_replace"}
         unknown = sorted(k for k in d if k not in names and k not in _HF_IGNORED_KEYS)
         if unknown:
             raise ValueError(f"unsupported Qwen3-MoE config field(s) {unknown}")
         if d.get("head_dim") is None and "hidden_size" in d and "num_attention_heads" in d:
             d["head_dim"] = d["hidden_size"] // d["num_attention_heads"]  # HF's fallback
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**{k: v for k, v in d.items() if k in names}, first_k_dense_replace=len(dense))
 
 
 PRESETS: dict[str, MoEConfig] = {

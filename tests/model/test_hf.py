@@ -89,6 +89,24 @@ def test_unsupported_config_fields_are_named(tmp_path, make, field, value):
         load_hf(tmp_path)
 
 
+def test_dense_first_layers_round_trip_through_qwen3_moe(tmp_path):
+    """first_k_dense_replace=k is Qwen3-MoE's mlp_only_layers=[0..k-1]: plain transformers loads our
+    export and its dense Qwen3MoeMLP gives the same logits as our dense SwiGLU layer."""
+    from transformers import AutoModelForCausalLM
+
+    config = MoEConfig.preset("tiny_moe", num_hidden_layers=3, first_k_dense_replace=1, intermediate_size=96)
+    ours = MoETransformer.from_config(config, seed=4)
+    save_hf(ours, tmp_path)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert hf.config.mlp_only_layers == [0] and type(hf.model.layers[0].mlp).__name__ == "Qwen3MoeMLP"
+    ids = torch.randint(0, config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        out = ours(ids)
+        assert (out.logits - hf(input_ids=ids).logits).abs().max() <= 1e-4
+        back = load_hf(tmp_path)
+        assert back.config == config and torch.equal(back(ids).logits, out.logits)
+
+
 def test_save_hf_names_fields_qwen3_moe_cannot_hold(tmp_path):
     model = MoETransformer.from_config(MoEConfig.preset("tiny_moe", n_shared_experts=1))
     with pytest.raises(ValueError, match="n_shared_experts"):

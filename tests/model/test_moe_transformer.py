@@ -118,7 +118,7 @@ def test_load_hf_fuses_per_expert_checkpoints(tmp_path):
 
 @pytest.mark.parametrize(("field", "value"), [
     ("model_type", "llama"), ("use_sliding_window", True), ("hidden_act", "gelu"),
-    ("mlp_only_layers", [0]), ("attention_bias", True), ("shared_expert_intermediate_size", 64),
+    ("mlp_only_layers", [1]), ("attention_bias", True), ("shared_expert_intermediate_size", 64),
 ])
 def test_load_hf_names_unsupported_config(tmp_path, field, value):
     save_hf(MoETransformer.from_config(CFG), tmp_path)
