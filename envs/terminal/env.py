@@ -157,7 +157,7 @@ class TerminalEnv:
         """
         if self.sandbox is None or self.task is None or self.task.root is None:
             raise RuntimeError("TerminalEnv.verify_sandbox() called before reset() or after close()")
-        final = FinalFiles.take(self.sandbox, self.task.root / "tests", self.config)
+        final = FinalFiles.take(self.sandbox, self.task.root / "tests", self.config, self._verifier_mounts())
         try:
             return final()
         finally:
@@ -168,9 +168,14 @@ class TerminalEnv:
         if self.sandbox is None or self.task is None or self.task.root is None:
             raise RuntimeError("TerminalEnv.final_files() called before reset()")
         try:
-            return await asyncio.to_thread(FinalFiles.take, self.sandbox, self.task.root / "tests", self.config)
+            return await asyncio.to_thread(FinalFiles.take, self.sandbox, self.task.root / "tests", self.config,
+                                           self._verifier_mounts())
         except OSError as e:
             raise EnvError(f"cannot snapshot the final files of task {self.task.id!r}: {e}") from e
+
+    def _verifier_mounts(self) -> dict[str, str]:
+        assert self.task is not None
+        return dict(self.task.metadata.get("verifier_mounts", {}))
 
     async def close(self) -> None:
         """Close the episode's sandbox (snapshots taken by ``final_files`` survive). Idempotent."""

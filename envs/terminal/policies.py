@@ -2,7 +2,9 @@
 
 A policy is a list of assistant turns, each a list of tool calls. Every shipped task has an
 ``oracle`` (reward 1), a plausible-but-``wrong`` one (reward 0) and the built-in ``noop``
-(submit at once, reward 0). ``replay`` drives a policy through ``TerminalEnv.reset/step``
+(submit at once, reward 0). A task with a solution script (``solution/solve.sh``, or TB1's
+``solution.sh``) also has ``solution``: one bash call running that script, then submit; it is
+the oracle of a task without ``policies.json``. ``replay`` drives a policy through ``TerminalEnv.reset/step``
 only; the agent loop replays the same calls through the chat template and parser.
 """
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from jointrl.envs.base import Message, Observation, Task, ToolCall
 from jointrl.envs.sandbox.base import SandboxConfig
 from jointrl.envs.terminal.env import TerminalEnv
+from jointrl.envs.terminal.tasks import solution_script
 from jointrl.envs.terminal.verifier import FinalFiles
 
 Policy = list[list[ToolCall]]
@@ -46,7 +49,25 @@ def _read(task: Task) -> dict[str, Policy]:
 
 def policy_names(task: Task) -> list[str]:
     """The task's policies, ``noop`` included."""
-    return sorted({"noop", *_read(task)})
+    extra = {"solution", "oracle"} if solution_script(task) is not None else set()
+    return sorted({"noop", *extra, *_read(task)})
+
+
+def solution_policy(task: Task) -> Policy:
+    """Run the task's solution script in one bash call (a heredoc: its ``exit`` ends only it)."""
+    script = solution_script(task)
+    if script is None:
+        raise ValueError(f"task {task.id!r} has no solution script")
+    body = script.read_text()
+    cmd = f"bash -s <<'__JOINTRL_SOLUTION__'\n{body.rstrip()}\n__JOINTRL_SOLUTION__"
+    return [[ToolCall(name="bash", arguments={"command": cmd})], [ToolCall(name="submit", arguments={})]]
+
+
+def render_solution(oracle: Policy) -> str:
+    """``solution/solve.sh`` of a shipped task: the oracle's bash commands, in order, in one shell."""
+    cmds = [c.arguments["command"] for turn in oracle for c in turn if c.name == "bash"]
+    head = "#!/bin/bash\n# The oracle policy's bash commands (policies.json), in order, in one shell.\ncd /work\n"
+    return head + "".join(c.rstrip("\n") + "\n" for c in cmds)
 
 
 def load_policy(task: Task, name: str) -> Policy:
@@ -54,6 +75,8 @@ def load_policy(task: Task, name: str) -> Policy:
     if name == "noop":
         return NOOP
     policies = _read(task)
+    if name == "solution" or (name == "oracle" and "oracle" not in policies and solution_script(task)):
+        return solution_policy(task)
     if name not in policies:
         raise ValueError(f"task {task.id!r} has no policy {name!r}; available: {policy_names(task)}")
     return policies[name]

@@ -38,18 +38,21 @@ class FinalFiles:
     The caller closes each sandbox it opens.
     """
 
-    def __init__(self, snapshot: Path, tests_dir: Path, config: SandboxConfig) -> None:
+    def __init__(self, snapshot: Path, tests_dir: Path, config: SandboxConfig,
+                 extra_ro_binds: dict[str, str] | None = None) -> None:
         self.snapshot, self.tests_dir, self.config = snapshot, tests_dir, config
+        self.extra_ro_binds = dict(extra_ro_binds or {})  # e.g. a TB1 task's run-tests.sh
         self._finalizer = weakref.finalize(self, shutil.rmtree, snapshot, True)
 
     @classmethod
-    def take(cls, sandbox: BwrapSandbox, tests_dir: Path, config: SandboxConfig) -> FinalFiles:
+    def take(cls, sandbox: BwrapSandbox, tests_dir: Path, config: SandboxConfig,
+             extra_ro_binds: dict[str, str] | None = None) -> FinalFiles:
         """Snapshot ``sandbox``'s ``/work`` now."""
-        if not (tests_dir / "test.sh").is_file():
-            raise ValueError(f"tests dir {str(tests_dir)!r} has no test.sh")
+        if not tests_dir.is_dir():
+            raise ValueError(f"tests dir {str(tests_dir)!r} is not a directory")
         snapshot = sandbox_root() / f"snap-{secrets.token_hex(8)}"
         sandbox.copy_workdir_to(snapshot)
-        return cls(snapshot, tests_dir, config)
+        return cls(snapshot, tests_dir, config, extra_ro_binds)
 
     def __call__(self) -> BwrapSandbox:
         if not self._finalizer.alive:
@@ -59,7 +62,7 @@ class FinalFiles:
         return BwrapSandbox(
             self.config,
             workdir_from=self.snapshot,
-            ro_binds={str(self.tests_dir): TESTS_MOUNT},
+            ro_binds={str(self.tests_dir): TESTS_MOUNT, **self.extra_ro_binds},
             rw_dirs=(VERIFIER_LOGS,),
             env={"HOME": "/tmp"},
             shell=False,  # the verifier runs one command, one-shot

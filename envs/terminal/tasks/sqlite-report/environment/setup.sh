@@ -1,0 +1,1 @@
+sqlite3 shop.db < schema.sql && rm schema.sql
