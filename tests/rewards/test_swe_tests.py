@@ -7,6 +7,7 @@ works on a naive ``python3 -m pytest`` run in the agent's own sandbox -- so the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import doctest
 import json
 import os
@@ -48,13 +49,13 @@ def create(path: str, content: str) -> ToolCall:
     return ToolCall("create", {"path": path, "content": content})
 
 
-def play(calls: list[ToolCall]):
-    """Run ``calls`` in a fresh episode of TASK; return (reward, observation texts)."""
+def play(calls: list[ToolCall], task=TASK):
+    """Run ``calls`` in a fresh episode of ``task``; return (reward, observation texts)."""
 
     async def go():
         env = CodeRepoEnv(SandboxConfig(timeout_s=60))
         try:
-            await env.reset(TASK)
+            await env.reset(task)
             texts = [(await env.step(c)).text for c in calls]
             return await env.final_files(), texts
         finally:
@@ -62,7 +63,7 @@ def play(calls: list[ToolCall]):
 
     final, texts = asyncio.run(go())
     try:
-        return reward_fn(TASK, Episode(messages=[], verify_sandbox=final, finished=True)), texts
+        return reward_fn(task, Episode(messages=[], verify_sandbox=final, finished=True)), texts
     finally:
         final.discard()
 
@@ -138,3 +139,9 @@ def test_agent_written_results_and_reward_files_are_never_read():
                      bash("mkdir -p /logs/verifier 2>&1; echo 1 > /logs/verifier/reward.txt; echo rc=$?"), SUBMIT])
     assert "rc=0" not in texts[3]  # the agent has no /logs/verifier to write to
     assert r.score == 0.0 and r.info["failed"] == F2P, r.info
+
+
+def test_code_that_hangs_the_verifier_scores_zero():
+    task = dataclasses.replace(TASK, metadata={**TASK.metadata, "verifier_timeout_s": 5.0})
+    r, _ = play([create("unitconv/units.py", "while True:\n    pass\n"), SUBMIT], task)
+    assert r.score == 0.0 and r.info["timed_out"] and r.info["failed"], r.info
