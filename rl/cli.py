@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = ("train",)
+COMMANDS = ("train", "serve")
 
 
 def main() -> None:
@@ -16,3 +16,7 @@ def main() -> None:
         from jointrl.rl.train import main as train_main
 
         train_main()
+    elif command == "serve":
+        from jointrl.rl.rollout.server import main as serve_main
+
+        serve_main()

@@ -1,0 +1,123 @@
+"""``ChatService``: one chat turn for the HTTP APIs, shared by the OpenAI and Anthropic shapes.
+
+    request (API-neutral ChatRequest) -> ConversationStore.prepare (reuse recorded tokens)
+    -> context check -> engine.generate(prompt_ids, SamplingParams) -> parse_turn
+    -> ConversationStore.commit -> ChatReply
+
+Both APIs render through the same chat template (``model/chat_template.py``) and call the
+engine only through the ``RolloutEngine`` protocol, so any backend serves. The thinking
+budget is a per-turn token count (``max_think_tokens``); the APIs map their own knobs onto
+it (OpenAI ``thinking_budget`` tier -> ``rollout.thinking_budget``; Anthropic
+``thinking.budget_tokens``).
+
+Errors a client caused raise ``RequestError`` (an HTTP 4xx, naming the field); a prompt that
+does not leave room for one token under ``max_context`` is a 400 on ``messages``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from jointrl.envs.base import Message, ToolSpec
+from jointrl.model.chat_template import ChatTemplate
+from jointrl.rl.parser import CallError, parse_turn
+from jointrl.rl.rollout.engine import RolloutEngine
+from jointrl.rl.rollout.recorder import Conversation, ConversationStore
+from jointrl.rl.types import GenerationOutput, SamplingParams
+
+
+class RequestError(ValueError):
+    """A client's mistake: ``status`` (4xx), the offending ``param`` and a message naming it."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.param, self.status, self.kind = message, param, status, kind
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """One chat turn, API-neutral. ``tool_choice``: ``auto`` | ``none`` | ``required`` | a tool name
+    (``none`` hides the tools from the model; the others cannot be enforced without constrained
+    decoding and are validated only)."""
+
+    messages: list[Message]
+    tools: list[ToolSpec] = field(default_factory=list)
+    tool_choice: str = "auto"
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    max_think_tokens: int | None | str = "default"  # None: unlimited; "default": the server's tier
+    stream: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ChatReply:
+    message: Message  # content, reasoning and well-formed tool calls (ids unique per server)
+    call_errors: list[CallError]  # malformed calls the model wrote (not returned as tool calls)
+    output: GenerationOutput  # the turn's tokens, log-probs and sampled mask
+    finish_reason: str  # "stop" | "length" (the engine's)
+    prompt_tokens: int
+    reused_tokens: int  # prompt tokens taken from the recorded conversation
+    reasoning_tokens: int
+    conversation_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceLimits:
+    max_context: int = 2048
+    default_max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+class ChatService:
+    def __init__(self, engine: RolloutEngine, template: ChatTemplate, store: ConversationStore,
+                 limits: ServiceLimits, default_think_tokens: int | None = None) -> None:
+        self.engine, self.template, self.store, self.limits = engine, template, store, limits
+        self.default_think_tokens = default_think_tokens
+        self._call_counter = 0
+
+    async def complete(self, req: ChatRequest) -> ChatReply:
+        tools = [] if req.tool_choice == "none" else req.tools
+        prep = self.store.prepare(req.messages, tools)
+        room = self.limits.max_context - len(prep.prompt_ids)
+        if room < 1:
+            raise RequestError(f"the conversation renders to {len(prep.prompt_ids)} tokens, over this server's "
+                               f"context limit of {self.limits.max_context} tokens; shorten 'messages'", "messages")
+        want = req.max_tokens if req.max_tokens is not None else self.limits.default_max_tokens
+        lim = self.limits
+        params = SamplingParams(
+            max_tokens=min(want, room),
+            temperature=lim.temperature if req.temperature is None else req.temperature,
+            top_p=lim.top_p if req.top_p is None else req.top_p,
+            top_k=lim.top_k if req.top_k is None else req.top_k,
+            seed=req.seed,
+            max_think_tokens=self.default_think_tokens if req.max_think_tokens == "default" else req.max_think_tokens)
+        out = await self.engine.generate(prep.prompt_ids, params)
+        turn = parse_turn(out.token_ids, self.template.tok)
+        calls, errors = [], []
+        for c in turn.calls:
+            if isinstance(c, CallError):
+                errors.append(c)
+            else:
+                self._call_counter += 1
+                calls.append(dataclasses.replace(c, id=f"call_{self._call_counter}_{prep_id(prep.prompt_ids)}"))
+        reply = Message(role="assistant", content=turn.content, reasoning=turn.reasoning,
+                        tool_calls=calls if req.tool_choice != "none" else [])
+        conv: Conversation = self.store.commit(prep, out, reply)
+        think = self.template.tok.think_end_id
+        n_reason = out.token_ids.index(think) if think in out.token_ids else len(out.token_ids)
+        return ChatReply(reply, errors, out, out.finish_reason, len(prep.prompt_ids), prep.reused_tokens,
+                         n_reason, conv.id)
+
+
+def prep_id(ids: list[int]) -> str:
+    """A short tag that makes call ids differ between servers and conversations."""
+    return f"{(hash(tuple(ids[-64:])) & 0xFFFFFFFF):08x}"
+
+

@@ -1,0 +1,253 @@
+"""The OpenAI Chat Completions shape: request parsing, responses, stream chunks, errors.
+
+``parse_request(body, tiers)`` turns a ``/v1/chat/completions`` JSON body into a
+``ChatRequest`` or raises ``RequestError`` naming the field (``messages[2].tool_call_id``).
+Accepted: ``messages`` (system/developer/user/assistant/tool; string or text-part content;
+assistant ``tool_calls`` and ``reasoning_content``; tool results must answer a call made
+earlier), ``tools``, ``tool_choice``, ``max_tokens`` / ``max_completion_tokens``,
+``temperature``, ``top_p``, ``top_k``, ``seed``, ``n`` (1 only), ``stream``,
+``stream_options.include_usage``, ``logprobs``, ``top_logprobs`` and ``thinking_budget``
+(``low`` / ``high`` / ``max`` -> the configured per-turn limit, or a token count; the
+articles' ``extra_body={"thinking_budget": "max"}``). ``stop`` strings are refused (400):
+the engine stops on token ids only. Other fields are ignored, as OpenAI-compatible servers do.
+
+Thinking comes back as ``message.reasoning_content``; a client that sends it back gets it in
+context exactly as generated (``recorder.py``). Errors: ``{"error": {"message", "type",
+"param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from jointrl.envs.base import Message, ToolCall, ToolSpec
+from jointrl.model.tokenizer import ByteTokenizer
+from jointrl.rl.rollout.chat import ChatReply, ChatRequest, RequestError
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def error_body(err: RequestError) -> dict[str, Any]:
+    return {"error": {"message": err.message, "type": err.kind, "param": err.param, "code": None}}
+
+
+def _field(obj: dict, key: str, types: type | tuple, where: str, required: bool = False, default: Any = None) -> Any:
+    if key not in obj or obj[key] is None:
+        if required:
+            raise RequestError(f"missing required field '{where}{key}'", f"{where}{key}")
+        return default
+    value = obj[key]
+    bad_bool = isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,))
+    if not isinstance(value, types) or bad_bool:
+        names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise RequestError(f"'{where}{key}' must be {names}, got {type(value).__name__}", f"{where}{key}")
+    return value
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, p in enumerate(content):
+            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                raise RequestError(f"'{where}[{j}]' must be a text part {{\"type\": \"text\", \"text\": ...}}",
+                                   f"{where}[{j}]")
+            parts.append(p["text"])
+        return "".join(parts)
+    raise RequestError(f"'{where}' must be a string or a list of text parts, got {type(content).__name__}", where)
+
+
+def _messages(raw: Any) -> list[Message]:
+    if not isinstance(raw, list) or not raw:
+        raise RequestError("'messages' must be a non-empty list", "messages")
+    out: list[Message] = []
+    open_calls: set[str] = set()
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise RequestError(f"'{where}' must be an object, got {type(m).__name__}", where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise RequestError(f"'{where}.role' must be one of {list(ROLES)}, got {role!r}", f"{where}.role")
+        content = _text(m.get("content"), f"{where}.content")
+        if role == "assistant":
+            reasoning = _field(m, "reasoning_content", str, f"{where}.", default="")
+            calls = []
+            for j, c in enumerate(_field(m, "tool_calls", list, f"{where}.", default=[])):
+                w = f"{where}.tool_calls[{j}]"
+                if not isinstance(c, dict):
+                    raise RequestError(f"'{w}' must be an object", w)
+                cid = _field(c, "id", str, f"{w}.", required=True)
+                fn = _field(c, "function", dict, f"{w}.", required=True)
+                name = _field(fn, "name", str, f"{w}.function.", required=True)
+                args = _field(fn, "arguments", (str, dict), f"{w}.function.", default="{}")
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args) if args.strip() else {}
+                    except json.JSONDecodeError as e:
+                        raise RequestError(f"'{w}.function.arguments' is not valid JSON: {e.msg}",
+                                           f"{w}.function.arguments") from None
+                if not isinstance(args, dict):
+                    raise RequestError(f"'{w}.function.arguments' must encode a JSON object", f"{w}.function.arguments")
+                calls.append(ToolCall(name=name, arguments=args, id=cid))
+            open_calls = {c.id for c in calls}
+            out.append(Message(role="assistant", content=content, reasoning=reasoning, tool_calls=calls))
+        elif role == "tool":
+            cid = _field(m, "tool_call_id", str, f"{where}.", required=True)
+            if cid not in open_calls:
+                raise RequestError(f"'{where}.tool_call_id' {cid!r} answers no tool call of the preceding assistant "
+                                   "message (or answers it twice)", f"{where}.tool_call_id")
+            open_calls.discard(cid)
+            out.append(Message(role="tool", content=content, name=_field(m, "name", str, f"{where}.", default="")))
+        else:
+            out.append(Message(role="system" if role == "developer" else role, content=content))
+    return out
+
+
+def _tools(raw: Any) -> list[ToolSpec]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise RequestError(f"'tools' must be a list, got {type(raw).__name__}", "tools")
+    out = []
+    for i, t in enumerate(raw):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type", "function") != "function":
+            raise RequestError(f"'{where}' must be {{\"type\": \"function\", \"function\": {{...}}}}", where)
+        fn = _field(t, "function", dict, f"{where}.", required=True)
+        out.append(ToolSpec(name=_field(fn, "name", str, f"{where}.function.", required=True),
+                            description=_field(fn, "description", str, f"{where}.function.", default=""),
+                            parameters=_field(fn, "parameters", dict, f"{where}.function.",
+                                              default={"type": "object", "properties": {}})))
+    return out
+
+
+def _tool_choice(raw: Any, tools: list[ToolSpec]) -> str:
+    if raw is None:
+        return "auto"
+    if raw in ("auto", "none", "required"):
+        return raw
+    if isinstance(raw, dict) and isinstance(raw.get("function"), dict) and isinstance(raw["function"].get("name"), str):
+        name = raw["function"]["name"]
+        if name not in {t.name for t in tools}:
+            raise RequestError(f"'tool_choice' names {name!r}, which is not in 'tools'", "tool_choice")
+        return name
+    raise RequestError("'tool_choice' must be 'auto', 'none', 'required' or {\"type\": \"function\", \"function\": "
+                       "{\"name\": ...}}", "tool_choice")
+
+
+def think_tokens(raw: Any, tiers: dict[str, int | None], param: str) -> int | None | str:
+    """A tier name or a token count -> per-turn thinking tokens; ``"default"`` when absent."""
+    if raw is None:
+        return "default"
+    if isinstance(raw, str):
+        if raw not in tiers:
+            raise RequestError(f"'{param}' must be one of {sorted(tiers)} or a token count, got {raw!r}", param)
+        return tiers[raw]
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
+        return raw
+    raise RequestError(f"'{param}' must be one of {sorted(tiers)} or a token count >= 0, got {raw!r}", param)
+
+
+def parse_request(body: Any, tiers: dict[str, int | None]) -> tuple[ChatRequest, dict[str, Any]]:
+    """(the request, response options: ``logprobs``, ``include_usage``, ``model``)."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object", None)
+    messages = _messages(body.get("messages"))
+    tools = _tools(body.get("tools"))
+    max_tokens = _field(body, "max_completion_tokens", int, "", default=None)
+    max_tokens = _field(body, "max_tokens", int, "", default=max_tokens)
+    if max_tokens is not None and max_tokens < 1:
+        raise RequestError(f"'max_tokens' must be >= 1, got {max_tokens}", "max_tokens")
+    temperature = _field(body, "temperature", (int, float), "", default=None)
+    if temperature is not None and not 0 <= temperature <= 2:
+        raise RequestError(f"'temperature' must be in [0, 2], got {temperature}", "temperature")
+    top_p = _field(body, "top_p", (int, float), "", default=None)
+    if top_p is not None and not 0 < top_p <= 1:
+        raise RequestError(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
+    top_k = _field(body, "top_k", int, "", default=None)
+    if top_k is not None and top_k < 0:
+        raise RequestError(f"'top_k' must be >= 0, got {top_k}", "top_k")
+    if _field(body, "n", int, "", default=1) != 1:
+        raise RequestError("'n' must be 1: send one request per sample", "n")
+    if body.get("stop"):
+        raise RequestError("'stop' strings are not supported: the engine stops at the end of the turn", "stop")
+    top_logprobs = _field(body, "top_logprobs", int, "", default=0)
+    if not 0 <= top_logprobs <= 20:
+        raise RequestError(f"'top_logprobs' must be in [0, 20], got {top_logprobs}", "top_logprobs")
+    think = think_tokens(body.get("thinking_budget"), tiers, "thinking_budget")
+    stream_options = _field(body, "stream_options", dict, "", default={})
+    req = ChatRequest(messages=messages, tools=tools, tool_choice=_tool_choice(body.get("tool_choice"), tools),
+                      max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                      seed=_field(body, "seed", int, "", default=None),
+                      max_think_tokens=think,
+                      stream=_field(body, "stream", bool, "", default=False))
+    opts = {"logprobs": _field(body, "logprobs", bool, "", default=False),
+            "include_usage": bool(stream_options.get("include_usage", False)),
+            "model": _field(body, "model", str, "", default="")}
+    return req, opts
+
+
+def _finish(reply: ChatReply) -> str:
+    if reply.finish_reason != "stop":
+        return "length"
+    return "tool_calls" if reply.message.tool_calls else "stop"
+
+
+def _tool_calls(reply: ChatReply) -> list[dict[str, Any]]:
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for c in reply.message.tool_calls]
+
+
+def _usage(reply: ChatReply) -> dict[str, Any]:
+    n = len(reply.output.token_ids)
+    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": n, "total_tokens": reply.prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": reply.reused_tokens},
+            "completion_tokens_details": {"reasoning_tokens": reply.reasoning_tokens}}
+
+
+def _logprobs(reply: ChatReply, tok: ByteTokenizer) -> dict[str, Any]:
+    out = reply.output
+    return {"content": [{"token": tok.decode([t]), "logprob": lp, "bytes": list(tok.decode([t]).encode()),
+                         "top_logprobs": [], "sampled": bool(s)}
+                        for t, lp, s in zip(out.token_ids, out.logprobs, out.sampled)]}
+
+
+def response(reply: ChatReply, opts: dict[str, Any], model: str, tok: ByteTokenizer) -> dict[str, Any]:
+    m = reply.message
+    message: dict[str, Any] = {"role": "assistant", "content": m.content or (None if m.tool_calls else ""),
+                               "reasoning_content": m.reasoning}
+    if m.tool_calls:
+        message["tool_calls"] = _tool_calls(reply)
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": model, "conversation_id": reply.conversation_id,
+            "choices": [{"index": 0, "message": message, "finish_reason": _finish(reply),
+                         "logprobs": _logprobs(reply, tok) if opts["logprobs"] else None}],
+            "usage": _usage(reply), "call_errors": [e.message for e in reply.call_errors]}
+
+
+def stream_chunks(reply: ChatReply, opts: dict[str, Any], model: str, tok: ByteTokenizer) -> list[dict[str, Any]]:
+    """The turn as ``chat.completion.chunk`` objects (reasoning, content, then each tool call)."""
+    base = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model, "conversation_id": reply.conversation_id}
+
+    def chunk(delta: dict, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, **extra}]}
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    if reply.message.reasoning:
+        out.append(chunk({"reasoning_content": reply.message.reasoning}))
+    if reply.message.content:
+        out.append(chunk({"content": reply.message.content}))
+    for i, c in enumerate(_tool_calls(reply)):
+        out.append(chunk({"tool_calls": [{"index": i, **c}]}))
+    out.append(chunk({}, _finish(reply), logprobs=_logprobs(reply, tok) if opts["logprobs"] else None))
+    if opts["include_usage"]:
+        out.append({**base, "choices": [], "usage": _usage(reply)})
+    return out
