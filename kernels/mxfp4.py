@@ -40,10 +40,12 @@ is exact except that ``6 * 2^127`` overflows to inf (only reachable from float64
 or hand-made scales); dequantizing to fp16 overflows/underflows outside fp16's range.
 
 Layout of this file (kernels/ convention): constants and bit helpers, then the plain-torch
-reference (``_quantize_mxfp4_torch``, ``_dequantize_mxfp4_torch``), then the public
-functions, which validate their inputs and dispatch. Triton kernels and their launchers
-sit between the reference and the public functions once they exist; the reference stays
-as the ground truth their tests compare against.
+reference (``_quantize_mxfp4_torch``, ``_dequantize_mxfp4_torch``), then the Triton kernels
+and their launchers, then the public functions, which validate their inputs and dispatch
+(``kernels/dispatch.py``: Triton on CUDA, the reference elsewhere, either one forced by
+``set_backend``). The kernels give the reference's bits exactly for float32, bfloat16 and
+float16 (in and out); float64 and fp8 always take the reference. The reference stays the
+ground truth the kernels' tests compare against.
 """
 
 from __future__ import annotations
@@ -52,7 +54,11 @@ import enum
 from typing import NamedTuple
 
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
+
+from jointrl.kernels.dispatch import launcher, use_triton
 
 __all__ = [
     "E2M1_VALUES",
@@ -199,6 +205,146 @@ def _dequantize_mxfp4_torch(blocks: Tensor, scales: Tensor, dtype: torch.dtype) 
 
 
 # ---------------------------------------------------------------------------------------
+# Triton kernels (same bits as the reference; float64 stays on the reference)
+# ---------------------------------------------------------------------------------------
+
+_TRITON_IN_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_TRITON_OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+QUANT_BLOCK_ROWS = 64  # MXFP4 blocks (of 32 elements) per program
+DEQUANT_BLOCK_ROWS = 64
+
+
+@triton.jit
+def _quantize_mxfp4_kernel(
+    x_ptr, blocks_ptr, scales_ptr, n_rows, CEIL: tl.constexpr, BF16_BITS: tl.constexpr, BLOCK_ROWS: tl.constexpr
+):
+    """x [n_rows, 32] (one MXFP4 block a row) -> blocks uint8 [n_rows, 16], scales uint8 [n_rows].
+
+    Integer-only: the shared exponent comes from the bits of the block's largest |x| (finite
+    floats order like their bit patterns), and each element is rounded to E2M1 by shifting its
+    24-bit significand right and rounding to nearest even with guard and sticky bits.
+    ``BF16_BITS``: x is bf16 passed as int16 bits, widened to fp32 bits by a shift (exact; the
+    interpreter's own bf16 -> fp32 conversion mangles subnormals).
+    """
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    row_ok = rows < n_rows
+    cols = tl.arange(0, 32)
+    offs = rows.to(tl.int64)[:, None] * 32 + cols[None, :]
+    if BF16_BITS:
+        bits = tl.load(x_ptr + offs, mask=row_ok[:, None], other=0).to(tl.int32) << 16
+    else:
+        bits = tl.load(x_ptr + offs, mask=row_ok[:, None], other=0.0).to(tl.float32).to(tl.int32, bitcast=True)
+    mag = bits & 0x7FFFFFFF  # |x| as bits: ordered like |x|; NaN and inf >= 0x7F800000
+
+    amax = tl.max(mag, axis=1)
+    bad = amax >= 0x7F800000  # block holds NaN or inf
+    e = ((amax >> 23) - 127) - 2  # floor(log2 amax) - emax(E2M1); zero/subnormal give -129
+    if CEIL:
+        e += ((amax & 0x7FFFFF) > 0x400000).to(tl.int32)  # mantissa > 1.5: 6 * 2^e < amax
+    e = tl.minimum(tl.maximum(e, -127), 127)
+    e = tl.where(bad, 0, e)
+    scale = tl.where(bad, 255, e + 127)
+
+    # |x| = S * 2^(ex_n - 150) with a 24-bit significand S (no hidden bit for subnormals)
+    ex = mag >> 23
+    ex_n = tl.maximum(ex, 1)
+    sig = (mag & 0x7FFFFF) | tl.where(ex > 0, 0x800000, 0)
+    # exponent of y = |x| / 2^e (subnormal x: only its top mantissa bit can reach y >= 1)
+    ty = ex_n - 127 - e[:, None] - (ex == 0).to(tl.int32)
+    ty_pos = tl.maximum(ty, 0)
+    # E2M1's step at y is 2^(max(ty, 0) - 1); shift S down to units of that step
+    sh = ty_pos - 1 - (ex_n - 150) + e[:, None]
+    sh = tl.minimum(sh, 25)  # sh >= 21 always; past 25 everything (guard included) is gone
+    q = sig >> sh
+    guard = (sig >> (sh - 1)) & 1
+    sticky = (sig & ((1 << (sh - 1)) - 1)) != 0
+    q += guard & (sticky.to(tl.int32) | (q & 1))
+    code = tl.minimum(2 * ty_pos + q, 7)  # saturate at 6
+    nib = code | ((bits >> 28) & 0x8)  # sign bit -> bit 3
+    nib = tl.where(bad[:, None], 0, nib)
+
+    lo, hi = tl.split(tl.reshape(nib, [BLOCK_ROWS, 16, 2]))
+    byte = (lo | (hi << 4)).to(tl.uint8)
+    boffs = rows.to(tl.int64)[:, None] * 16 + tl.arange(0, 16)[None, :]
+    tl.store(blocks_ptr + boffs, byte, mask=row_ok[:, None])
+    tl.store(scales_ptr + rows, scale.to(tl.uint8), mask=row_ok)
+
+
+@triton.jit
+def _e2m1_tile(byte, scale, ROWS: tl.constexpr, K: tl.constexpr):
+    """Decode packed MXFP4: byte int32 [ROWS, K/2], scale int32 [ROWS, K/32] -> fp32 [ROWS, K].
+
+    E2M1 code c decodes from bits (c >= 2: exponent c//2 - 1, mantissa bit c & 1; c == 1: 0.5),
+    then multiplies by the scale 2^(s - 127) built from bits (2^-127 is a subnormal): exact,
+    except that 4 * 2^127 and 6 * 2^127 overflow to inf. Scale byte 0xFF gives NaN.
+    """
+    nib = tl.reshape(tl.join(byte & 0xF, byte >> 4), [ROWS, K])  # element 2j = low nibble
+    c = nib & 7
+    vbits = tl.where(c >= 2, (((c >> 1) + 126) << 23) | ((c & 1) << 22), tl.where(c == 1, 126 << 23, 0))
+    vbits |= (nib & 8) << 28
+    val = tl.reshape(vbits.to(tl.float32, bitcast=True), [ROWS, K // 32, 32])
+    sbits = tl.where(scale > 0, scale << 23, 1 << 22)
+    mult = tl.where(scale == 255, float("nan"), sbits.to(tl.float32, bitcast=True))
+    return tl.reshape(val * mult[:, :, None], [ROWS, K])
+
+
+@triton.jit
+def _dequantize_mxfp4_kernel(
+    blocks_ptr, scales_ptr, out_ptr, n_rows, BF16_BITS: tl.constexpr, BLOCK_ROWS: tl.constexpr
+):
+    """blocks uint8 [n_rows, 16], scales uint8 [n_rows] -> out [n_rows, 32] (out's dtype).
+
+    ``BF16_BITS``: out is bf16 passed as int16; every decoded value fits bf16 exactly (at most
+    two significant bits, bf16 has fp32's exponent range), so its bits are the fp32 bits' top
+    half (the interpreter's own fp32 -> bf16 conversion mangles subnormals).
+    """
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    row_ok = rows < n_rows
+    boffs = rows.to(tl.int64)[:, None] * 16 + tl.arange(0, 16)[None, :]
+    byte = tl.load(blocks_ptr + boffs, mask=row_ok[:, None], other=0).to(tl.int32)
+    s = tl.load(scales_ptr + rows[:, None], mask=row_ok[:, None], other=127).to(tl.int32)
+    out = _e2m1_tile(byte, s, BLOCK_ROWS, 32)
+    if BF16_BITS:
+        out = (out.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
+    ooffs = rows.to(tl.int64)[:, None] * 32 + tl.arange(0, 32)[None, :]
+    tl.store(out_ptr + ooffs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def _quantize_mxfp4_triton(x: Tensor, rule: ScaleRule) -> tuple[Tensor, Tensor]:
+    """Launcher: x float32/bf16/fp16 [..., K] -> (blocks [..., K/2], scales [..., K/32])."""
+    *lead, k = x.shape
+    x = x.contiguous()
+    blocks = torch.empty(*lead, k // 2, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(*lead, k // MXFP4_BLOCK, dtype=torch.uint8, device=x.device)
+    n_rows = scales.numel()
+    if n_rows:
+        grid = (triton.cdiv(n_rows, QUANT_BLOCK_ROWS),)
+        bf16 = x.dtype == torch.bfloat16
+        launcher(_quantize_mxfp4_kernel, x.device)[grid](
+            x.view(torch.int16) if bf16 else x, blocks, scales, n_rows,
+            CEIL=rule == ScaleRule.CEIL, BF16_BITS=bf16, BLOCK_ROWS=QUANT_BLOCK_ROWS,
+        )
+    return blocks, scales
+
+
+def _dequantize_mxfp4_triton(blocks: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
+    """Launcher: (blocks [..., K/2], scales [..., K/32]) -> dtype [..., K], dtype fp32/bf16/fp16."""
+    *lead, half_k = blocks.shape
+    out = torch.empty(*lead, 2 * half_k, dtype=dtype, device=blocks.device)
+    n_rows = scales.numel()
+    if n_rows:
+        grid = (triton.cdiv(n_rows, DEQUANT_BLOCK_ROWS),)
+        bf16 = dtype == torch.bfloat16
+        launcher(_dequantize_mxfp4_kernel, blocks.device)[grid](
+            blocks.contiguous(), scales.contiguous(), out.view(torch.int16) if bf16 else out, n_rows,
+            BF16_BITS=bf16, BLOCK_ROWS=DEQUANT_BLOCK_ROWS,
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------
 # public API
 # ---------------------------------------------------------------------------------------
 
@@ -239,7 +385,10 @@ def quantize_mxfp4(x: Tensor, scale_rule: str = "floor") -> tuple[Tensor, Tensor
             f"quantize_mxfp4 needs the last dim to be a multiple of {MXFP4_BLOCK}, "
             f"got shape {tuple(x.shape)}"
         )
-    return _quantize_mxfp4_torch(x, _check_scale_rule(scale_rule))
+    rule = _check_scale_rule(scale_rule)
+    if x.dtype in _TRITON_IN_DTYPES and use_triton(x.device):
+        return _quantize_mxfp4_triton(x, rule)
+    return _quantize_mxfp4_torch(x, rule)
 
 
 def dequantize_mxfp4(blocks: Tensor, scales: Tensor, dtype: torch.dtype = torch.bfloat16) -> Tensor:
@@ -270,6 +419,8 @@ def dequantize_mxfp4(blocks: Tensor, scales: Tensor, dtype: torch.dtype = torch.
             f"blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not pair up: "
             f"expected [..., K/2] and [..., K/32]"
         )
+    if dtype in _TRITON_OUT_DTYPES and use_triton(blocks.device):
+        return _dequantize_mxfp4_triton(blocks, scales, dtype)
     return _dequantize_mxfp4_torch(blocks, scales, dtype)
 
 
@@ -281,3 +432,4 @@ def mxfp4_roundtrip(x: Tensor, scale_rule: str = "floor") -> Tensor:
     """
     blocks, scales = quantize_mxfp4(x, scale_rule)
     return dequantize_mxfp4(blocks, scales, dtype=x.dtype)
+
