@@ -1,0 +1,202 @@
+"""Kernels vs their torch references and vs the device's own ceilings. Run:
+``python tests/bench/bench_kernels.py`` (about 2 minutes on an H100/H200; ``--quick`` for less).
+
+On CUDA, first measures two ceilings: copy bandwidth (``dst.copy_(src)`` of 2 GiB, counting
+read + write) and bf16 matmul throughput (8192³). Then, for each Triton kernel at a
+production shape, it checks the kernel against its torch reference (MXFP4: bit for bit;
+MoE matmul, paged attention: relative Frobenius error below a stated bound; a miss is
+reported as FAIL and makes the exit status 1) and times it: median of ``--repeats`` runs with
+CUDA events after warm-up. Reported: ms, achieved GB/s (bytes the kernel must move, listed
+per row) as a share of the copy ceiling, and TFLOP/s where the kernel does matmul work.
+Targets (printed beside the result, not asserted): MXFP4 quantize/dequantize >= 70% of copy
+bandwidth; decode-shaped MXFP4 MoE matmul >= 50% of copy bandwidth on the weight bytes.
+
+On CPU (no GPU), it runs only the torch references on smaller shapes and says so: Triton
+kernels need CUDA (or the interpreter, which is a correctness tool, not a benchmark).
+
+Not benchmarked yet: KDA chunk forward/backward and DSA (issue #4: not implemented).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from jointrl.kernels import dispatch, moe_matmul, mxfp4, paged_attention
+
+
+def _median_ms(fn: Callable[[], object], repeats: int, cuda: bool) -> float:
+    fn()  # warm-up (compiles on first call)
+    fn()
+    times = []
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    return ((got - want).norm() / want.norm().clamp_min(1e-300)).item()
+
+
+class Report:
+    def __init__(self, copy_gbs: float | None) -> None:
+        self.copy_gbs = copy_gbs
+        self.failed = False
+        print(f"{'op':<50}{'check':>14}{'ms':>10}{'GB/s':>9}{'%copy':>7}{'TFLOP/s':>9}  target")
+
+    def row(self, name: str, check: str, ms: float, nbytes: float, flops: float = 0.0, target: str = "") -> None:
+        gbs = nbytes / ms / 1e6
+        pct = f"{100 * gbs / self.copy_gbs:6.0f}%" if self.copy_gbs else f"{'-':>7}"
+        tf = f"{flops / ms / 1e9:9.3f}" if flops else f"{'-':>9}"
+        print(f"{name:<50}{check:>14}{ms:>10.3f}{gbs:>9.2f}{pct}{tf}  {target}")
+
+
+def _check(report: Report, ok: bool, text: str) -> str:
+    report.failed |= not ok
+    return text if ok else f"FAIL {text}"
+
+
+def ceilings(dev: torch.device, repeats: int) -> tuple[float, float]:
+    src = torch.empty(2**30, dtype=torch.int16, device=dev).random_()
+    dst = torch.empty_like(src)
+    ms = _median_ms(lambda: dst.copy_(src), repeats, True)
+    copy_gbs = 2 * src.numel() * 2 / ms / 1e6
+    del src, dst
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    ms = _median_ms(lambda: a @ b, repeats, True)
+    tflops = 2 * 8192**3 / ms / 1e9
+    print(f"ceilings: copy {copy_gbs:.0f} GB/s (2 GiB, read+write), bf16 matmul {tflops:.0f} TFLOP/s (8192^3)")
+    return copy_gbs, tflops
+
+
+def bench_mxfp4(report: Report, dev: torch.device, cuda: bool, repeats: int, rows: int, cols: int) -> None:
+    x = torch.randn(rows, cols, device=dev, dtype=torch.bfloat16)
+    n = x.numel()
+    packed_bytes = n // 2 + n // 32
+    for rule in ("floor", "ceil"):
+        want = mxfp4._quantize_mxfp4_torch(x, mxfp4.ScaleRule(rule))
+        if cuda:
+            got = mxfp4._quantize_mxfp4_triton(x, mxfp4.ScaleRule(rule))
+            ok = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+            ms = _median_ms(lambda: mxfp4._quantize_mxfp4_triton(x, mxfp4.ScaleRule(rule)), repeats, cuda)
+            report.row(f"mxfp4 quantize bf16 [{rows},{cols}] {rule}", _check(report, ok, "bit-exact"), ms,
+                       2 * n + packed_bytes, target=">=70% copy")
+        ms = _median_ms(lambda: mxfp4._quantize_mxfp4_torch(x, mxfp4.ScaleRule(rule)), repeats, cuda)
+        report.row(f"  torch ref: quantize [{rows},{cols}] {rule}", "-", ms, 2 * n + packed_bytes)
+    blocks, scales = want
+    ref = mxfp4._dequantize_mxfp4_torch(blocks, scales, torch.bfloat16)
+    if cuda:
+        got = mxfp4._dequantize_mxfp4_triton(blocks, scales, torch.bfloat16)
+        ok = torch.equal(got.view(torch.int16), ref.view(torch.int16))
+        ms = _median_ms(lambda: mxfp4._dequantize_mxfp4_triton(blocks, scales, torch.bfloat16), repeats, cuda)
+        report.row(f"mxfp4 dequantize -> bf16 [{rows},{cols}]", _check(report, ok, "bit-exact"), ms,
+                   packed_bytes + 2 * n, target=">=70% copy")
+    ms = _median_ms(lambda: mxfp4._dequantize_mxfp4_torch(blocks, scales, torch.bfloat16), repeats, cuda)
+    report.row(f"  torch ref: dequantize [{rows},{cols}]", "-", ms, packed_bytes + 2 * n)
+
+
+def bench_moe(report: Report, dev: torch.device, cuda: bool, repeats: int, E: int, H: int, I: int, k: int,
+              tokens: list[int]) -> None:
+    g = torch.Generator(device=dev).manual_seed(0)
+    gub, gus = mxfp4.quantize_mxfp4(torch.randn(E, 2 * I, H, device=dev, generator=g) * H**-0.5)
+    db, ds = mxfp4.quantize_mxfp4(torch.randn(E, H, I, device=dev, generator=g) * I**-0.5)
+    per_expert_bytes = (2 * I * H + H * I) * (0.5 + 1 / 32)
+    for n in tokens:
+        x = torch.randn(n, H, device=dev, dtype=torch.bfloat16, generator=g)
+        ids = torch.rand(n, E, device=dev, generator=g).argsort(-1)[:, :k]
+        w = torch.softmax(torch.randn(n, k, device=dev, generator=g), -1).to(torch.bfloat16)
+        touched = int(torch.unique(ids).numel())
+        nbytes = touched * per_expert_bytes + 2 * n * H * 2
+        flops = 2 * n * k * 3 * H * I
+        label = f"moe mxfp4 E{E} H{H} I{I} k{k} N={n}"
+        with dispatch.backend("torch"):
+            want = moe_matmul.moe_experts_mxfp4(x, ids, w, gub, gus, db, ds)
+            ms_ref = _median_ms(lambda: moe_matmul.moe_experts_mxfp4(x, ids, w, gub, gus, db, ds), repeats, cuda)
+        if cuda:
+            with dispatch.backend("triton"):
+                got = moe_matmul.moe_experts_mxfp4(x, ids, w, gub, gus, db, ds)
+                ms = _median_ms(lambda: moe_matmul.moe_experts_mxfp4(x, ids, w, gub, gus, db, ds), repeats, cuda)
+            err = _rel(got, want)
+            target = ">=50% copy (weights)" if n * k <= 16 * E else ""
+            report.row(label, _check(report, err < 1e-2, f"rel {err:.1e}"), ms, nbytes, flops, target)
+        report.row(f"  torch ref: N={n} (dequantize + matmul)", "-", ms_ref, nbytes, flops)
+
+
+def bench_paged(report: Report, dev: torch.device, cuda: bool, repeats: int, B: int, ctx: int, Hq: int, Hkv: int,
+                D: int, block_size: int) -> None:
+    g = torch.Generator(device=dev).manual_seed(1)
+    blocks_per_seq = -(-ctx // block_size)
+    num_blocks = B * blocks_per_seq + 7
+    kv = torch.randn(num_blocks * block_size, 2, Hkv, D, device=dev, dtype=torch.bfloat16, generator=g)
+    kv5 = kv.view(num_blocks, block_size, 2, Hkv, D)
+    k_cache, v_cache = kv5[:, :, 0], kv5[:, :, 1]
+    table = torch.randperm(num_blocks, device=dev, generator=g)[: B * blocks_per_seq].view(B, blocks_per_seq)
+    table = table.to(torch.int32)
+    lens = torch.full((B,), ctx, dtype=torch.int32, device=dev)
+    q = torch.randn(B, Hq, D, device=dev, dtype=torch.bfloat16, generator=g)
+    nbytes = 2 * B * ctx * Hkv * D * 2
+    flops = 4 * B * Hq * ctx * D
+    label = f"paged decode B{B} ctx{ctx} Hq{Hq}/Hkv{Hkv} D{D} bs{block_size}"
+    with dispatch.backend("torch"):
+        want = paged_attention.paged_attention_decode(q, k_cache, v_cache, table, lens)
+        ms_ref = _median_ms(lambda: paged_attention.paged_attention_decode(q, k_cache, v_cache, table, lens),
+                            max(1, repeats // 5), cuda)
+    if cuda:
+        with dispatch.backend("triton"):
+            got = paged_attention.paged_attention_decode(q, k_cache, v_cache, table, lens)
+            ms = _median_ms(lambda: paged_attention.paged_attention_decode(q, k_cache, v_cache, table, lens),
+                            repeats, cuda)
+        err = _rel(got, want)
+        report.row(label, _check(report, err < 1e-2, f"rel {err:.1e}"), ms, nbytes, flops)
+    report.row(f"  torch ref: {label[13:]}", "-", ms_ref, nbytes, flops)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="smaller shapes")
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    small = args.quick or not cuda
+    if cuda:
+        print(f"device: {torch.cuda.get_device_name()}; median of {args.repeats} runs (CUDA events)")
+        copy_gbs, _ = ceilings(dev, args.repeats)
+    else:
+        print(f"device: CPU ({torch.get_num_threads()} threads): no GPU, so the Triton kernels are not run; "
+              "timing the torch references only (wall clock), on smaller shapes")
+        copy_gbs = None
+    report = Report(copy_gbs)
+    repeats = args.repeats if cuda else 3
+    bench_mxfp4(report, dev, cuda, repeats, *((1024, 4096) if small else (16384, 8192)))
+    if small:
+        bench_moe(report, dev, cuda, repeats, E=16, H=512, I=256, k=4, tokens=[8, 256])
+        bench_paged(report, dev, cuda, repeats, B=4, ctx=1000, Hq=8, Hkv=2, D=64, block_size=16)
+    else:  # Qwen3-30B-A3B-shaped experts; decode (64 tokens) and prefill (4096 tokens)
+        bench_moe(report, dev, cuda, repeats, E=128, H=2048, I=768, k=8, tokens=[64, 4096])
+        bench_paged(report, dev, cuda, repeats, B=64, ctx=4096, Hq=32, Hkv=4, D=128, block_size=16)
+    print("KDA chunk / DSA kernels: not implemented yet (issue #4); no fla comparison")
+    if report.failed:
+        print("FAILED: a kernel disagreed with its reference (rows marked FAIL)")
+    return int(report.failed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
