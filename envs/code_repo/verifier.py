@@ -50,11 +50,15 @@ RESTORE_FAILED_EXIT = 90  # the restore step failed: no test ran
 
 
 def pytest_argv(test_files: list[str], *, rootdir: str = "/work") -> list[str]:
-    """The pytest command line the verifier runs (also used on the host by ``build_instances``)."""
+    """The pytest command line the verifier runs (also used on the host by ``build_instances``).
+
+    The repository's root and its ``src/`` are put on ``sys.path`` once pytest is imported
+    (``-o pythonpath``), so both layouts import without installing the package.
+    """
     if not test_files:
         raise ValueError("pytest_argv needs at least one test file")
     return ["/usr/bin/python3", "-P", "-m", "pytest", "-c", "/dev/null", f"--rootdir={rootdir}",
-            "-o", f"pythonpath={rootdir}", "-p", "no:cacheprovider", "-p", "jointrl_verdict",
+            "-o", f"pythonpath={rootdir} {rootdir}/src", "-p", "no:cacheprovider", "-p", "jointrl_verdict",
             "-q", "-rfE", "--tb=short", "--", *test_files]
 
 
