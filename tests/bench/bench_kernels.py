@@ -14,7 +14,8 @@ bandwidth; decode-shaped MXFP4 MoE matmul >= 50% of copy bandwidth on the weight
 On CPU (no GPU), it runs only the torch references on smaller shapes and says so: Triton
 kernels need CUDA (or the interpreter, which is a correctness tool, not a benchmark).
 
-Not benchmarked yet: KDA chunk forward/backward and DSA (issue #4: not implemented).
+Not benchmarked yet: KDA chunk forward/backward and DSA (issue #4: not implemented), so the
+"no slower than fla's chunk_kda" target cannot be checked by this script.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from jointrl.kernels import dispatch, moe_matmul, mxfp4, paged_attention
+from jointrl.kernels import dispatch, kda, moe_matmul, mxfp4, paged_attention
 
 
 def _median_ms(fn: Callable[[], object], repeats: int, cuda: bool) -> float:
@@ -168,6 +169,28 @@ def bench_paged(report: Report, dev: torch.device, cuda: bool, repeats: int, B: 
     report.row(f"  torch ref: {label[13:]}", "-", ms_ref, nbytes, flops)
 
 
+def bench_kda_decode(report: Report, dev: torch.device, cuda: bool, repeats: int, B: int, N: int, K: int) -> None:
+    g = torch.Generator(device=dev).manual_seed(2)
+    q, k = (torch.nn.functional.normalize(torch.randn(B, 1, N, K, device=dev, generator=g), dim=-1).to(torch.bfloat16)
+            for _ in range(2))
+    v = torch.randn(B, 1, N, K, device=dev, generator=g).to(torch.bfloat16)
+    gate = (-torch.rand(B, 1, N, K, device=dev, generator=g) * 0.1).to(torch.bfloat16)
+    beta = torch.rand(B, 1, N, device=dev, generator=g).to(torch.bfloat16)
+    s0 = torch.randn(B, N, K, K, device=dev, generator=g)
+    nbytes = 2 * s0.numel() * 4  # the fp32 state, read and written
+    label = f"kda decode step B{B} N{N} K=V={K}"
+    with dispatch.backend("torch"):
+        want = kda.kda_recurrent(q, k, v, gate, beta, s0)
+        ms_ref = _median_ms(lambda: kda.kda_recurrent(q, k, v, gate, beta, s0), repeats, cuda)
+    if cuda:
+        with dispatch.backend("triton"):
+            got = kda.kda_recurrent(q, k, v, gate, beta, s0)
+            ms = _median_ms(lambda: kda.kda_recurrent(q, k, v, gate, beta, s0), repeats, cuda)
+        err = max(_rel(got[0], want[0]), _rel(got[1], want[1]))
+        report.row(label, _check(report, err < 1e-4, f"rel {err:.1e}"), ms, nbytes)
+    report.row(f"  torch ref: {label}", "-", ms_ref, nbytes)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
@@ -189,10 +212,12 @@ def main() -> int:
     if small:
         bench_moe(report, dev, cuda, repeats, E=16, H=512, I=256, k=4, tokens=[8, 256])
         bench_paged(report, dev, cuda, repeats, B=4, ctx=1000, Hq=8, Hkv=2, D=64, block_size=16)
+        bench_kda_decode(report, dev, cuda, repeats, B=4, N=4, K=64)
     else:  # Qwen3-30B-A3B-shaped experts; decode (64 tokens) and prefill (4096 tokens)
         bench_moe(report, dev, cuda, repeats, E=128, H=2048, I=768, k=8, tokens=[64, 4096])
         bench_paged(report, dev, cuda, repeats, B=64, ctx=4096, Hq=32, Hkv=4, D=128, block_size=16)
-    print("KDA chunk / DSA kernels: not implemented yet (issue #4); no fla comparison")
+        bench_kda_decode(report, dev, cuda, repeats, B=64, N=16, K=128)
+    print("KDA chunk forward/backward and DSA kernels: not implemented yet (issue #4); no fla comparison")
     if report.failed:
         print("FAILED: a kernel disagreed with its reference (rows marked FAIL)")
     return int(report.failed)

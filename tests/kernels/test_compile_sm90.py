@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jointrl.kernels import moe_matmul, mxfp4, paged_attention
+from jointrl.kernels import kda, moe_matmul, mxfp4, paged_attention
 
 def _has_sass_or_ptx(compiled) -> bool:
     return "cubin" in compiled.asm and len(compiled.asm["cubin"]) > 0
@@ -68,6 +68,17 @@ def test_paged_decode_compiles(sm90, hq, hkv, d, dtype):
     c = sm90(paged_attention._paged_decode_kernel, _paged_args(dtype),
              {"BLOCK_G": block_g, "BLOCK_D": block_d, "BLOCK_N": cfg.block_n, "DOT_FP32": dtype == torch.float32},
              num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    assert _has_sass_or_ptx(c)
+
+
+@pytest.mark.parametrize(("dtype", "has_state"), [(torch.bfloat16, True), (torch.float32, False)])
+def test_kda_recurrent_compiles(sm90, dtype, has_state):
+    cfg = kda.RECURRENT_CONFIG
+    c = sm90(kda._kda_recurrent_kernel,
+             {"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "g_ptr": dtype, "beta_ptr": dtype,
+              "s0_ptr": torch.float32, "o_ptr": torch.float32, "s_ptr": torch.float32,
+              "T": "i32", "N": "i32", "K": "i32", "V": "i32", "scale": "fp32"},
+             {"HAS_STATE": has_state, "BLOCK_K": 128, "BLOCK_V": cfg.block_v}, num_warps=cfg.num_warps)
     assert _has_sass_or_ptx(c)
 
 

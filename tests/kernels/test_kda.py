@@ -1,0 +1,61 @@
+"""KDA recurrent form: the torch reference against the matrix form of the delta rule and
+against the model's own reference layer (model/kda.py) where it exists.
+
+The Triton kernel is compared with this reference in tests/kernels/interpreted/ and compiled
+for sm_90 in test_compile_sm90.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from jointrl.kernels import dispatch
+from jointrl.kernels.kda import kda_recurrent
+
+
+def _inputs(B, T, N, K, V, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(B, T, N, K, generator=g, dtype=dtype), dim=-1)
+    k = F.normalize(torch.randn(B, T, N, K, generator=g, dtype=dtype), dim=-1)
+    v = torch.randn(B, T, N, V, generator=g, dtype=dtype)
+    gate = -torch.rand(B, T, N, K, generator=g, dtype=dtype) * 0.5
+    beta = torch.rand(B, T, N, generator=g, dtype=dtype)
+    s0 = torch.randn(B, N, K, V, generator=g, dtype=dtype)
+    return q, k, v, gate, beta, s0
+
+
+def test_reference_equals_the_matrix_form():
+    B, T, N, K, V = 2, 5, 3, 6, 4
+    q, k, v, gate, beta, s0 = _inputs(B, T, N, K, V, seed=0)
+    with dispatch.backend("torch"):
+        o, s = kda_recurrent(q, k, v, gate, beta, s0)
+    for b in range(B):
+        for n in range(N):
+            S = s0[b, n]
+            for t in range(T):
+                kt = k[b, t, n][:, None]
+                S = (torch.eye(K, dtype=S.dtype) - beta[b, t, n] * kt @ kt.T) @ torch.diag(gate[b, t, n].exp()) @ S \
+                    + beta[b, t, n] * kt @ v[b, t, n][None, :]
+                torch.testing.assert_close(o[b, t, n], S.T @ q[b, t, n] * K**-0.5, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(s[b, n], S, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_equals_the_model_layers_forms():
+    model_kda = pytest.importorskip("jointrl.model.kda")
+    q, k, v, gate, beta, s0 = _inputs(2, 9, 2, 8, 8, seed=1)
+    with dispatch.backend("torch"):
+        o, s = kda_recurrent(q, k, v, gate, beta, s0)
+    for form in (model_kda.kda_recurrent, model_kda.kda_chunked):
+        o_m, s_m = form(q, k, v, gate, beta, s0)
+        torch.testing.assert_close(o, o_m, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(s, s_m, rtol=1e-10, atol=1e-10)
+
+
+def test_input_validation():
+    q, k, v, gate, beta, s0 = _inputs(1, 2, 2, 4, 4, seed=2)
+    with pytest.raises(ValueError, match="beta"):
+        kda_recurrent(q, k, v, gate, beta[..., :1])
+    with pytest.raises(ValueError, match="state"):
+        kda_recurrent(q, k, v, gate, beta, s0[:, :1])
