@@ -1,4 +1,6 @@
-"""Group-relative advantages (GRPO) under the failure rule of docs/architecture.md.
+"""Advantages: group-relative (GRPO/GSPO), GAE (PPO), and per-domain reward normalisation.
+
+Group-relative, under the failure rule of docs/architecture.md.
 
 For a group of samples of one task with rewards r_1..r_G::
 
@@ -7,13 +9,28 @@ For a group of samples of one task with rewards r_1..r_G::
 
 ``std`` is the population standard deviation. ``env_error`` members are excluded (not
 scored 0); a group with fewer than 2 remaining members is dropped; a group whose rewards are
-all equal carries no signal and is dropped (DAPO's dynamic sampling, Yu et al. 2025).
+all equal carries no signal and is dropped (DAPO's dynamic sampling, Yu et al. 2025); the
+driver refills the batch with fresh groups (``rl/train.py``).
+
+GAE (PPO; Schulman et al. 2016) over the T sampled tokens of one trajectory, the reward
+arriving at the last one (r_t = 0 before), V_T = 0 after it::
+
+    delta_t = r_t + gamma * V_{t+1} - V_t
+    A_t     = delta_t + gamma * lam * A_{t+1}          returns R_t = A_t + V_t
+
+Per-domain normalisation (joint batches): a domain's rewards are standardised over that
+domain's trajectories in the step, r' = (r - mean_d) / (std_d + eps), so a domain with large
+or offset rewards does not dominate; ``env_error`` trajectories are left out of the stats.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+
+import dataclasses
+
+import torch
 
 from jointrl.rl.types import FinishReason, Trajectory
 
@@ -54,3 +71,41 @@ def grpo_advantages(trajs: list[Trajectory], scale_by_std: bool = True, eps: flo
         stats={"env_error": n_env_error, "groups": len(groups), "groups_dropped_small": dropped_small,
                "groups_dropped_zero_variance": dropped_flat, "trajectories_kept": len(kept)},
     )
+
+
+def token_gae(reward: float, values_T: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages_T, returns_T) for one trajectory's T sampled tokens (module docstring)."""
+    if not (0 <= gamma <= 1 and 0 <= lam <= 1):
+        raise ValueError(f"GAE needs gamma and lam in [0, 1], got gamma={gamma}, lam={lam}")
+    T = values_T.shape[0]
+    adv_T = torch.zeros_like(values_T)
+    next_value, next_adv = 0.0, 0.0
+    for t in range(T - 1, -1, -1):
+        r = reward if t == T - 1 else 0.0
+        delta = r + gamma * next_value - values_T[t]
+        next_adv = delta + gamma * lam * next_adv
+        adv_T[t] = next_adv
+        next_value = values_T[t]
+    return adv_T, adv_T + values_T
+
+
+def normalize_rewards_by_domain(trajs: list[Trajectory], eps: float = 1e-6) -> list[Trajectory]:
+    """Copies of ``trajs`` with each domain's rewards standardised (module docstring); the raw
+    reward is kept in ``reward_info["raw_reward"]``. A domain with one trajectory gets 0."""
+    by_domain: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        if t.finish_reason != FinishReason.ENV_ERROR:
+            by_domain[t.domain].append(t.reward)
+    stats = {}
+    for d, r in by_domain.items():
+        mean = sum(r) / len(r)
+        stats[d] = (mean, (sum((x - mean) ** 2 for x in r) / len(r)) ** 0.5)
+    out = []
+    for t in trajs:
+        if t.finish_reason == FinishReason.ENV_ERROR:
+            out.append(t)
+            continue
+        mean, std = stats[t.domain]
+        out.append(dataclasses.replace(t, reward=(t.reward - mean) / (std + eps),
+                                       reward_info={**t.reward_info, "raw_reward": t.reward}))
+    return out

@@ -59,6 +59,7 @@ async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: Cha
         traj.loss_mask += out.sampled
         traj.logprobs += out.logprobs
         traj.policy_version += [out.policy_version if s else -1 for s in out.sampled]
+        _record_routes(traj, out)
         traj.num_turns += 1
         turn = parse_turn(out.token_ids, tok)
         ended = turn.ended
@@ -81,12 +82,28 @@ async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: Cha
         traj.logprobs += [0.0] * len(cont)
         traj.policy_version += [-1] * len(cont)
     traj.finish_reason = finish
+    if traj.routed_experts is not None:
+        traj.routed_experts += [None] * (len(traj.token_ids) - len(traj.routed_experts))
     episode = Episode(messages=traj.messages, final_answer=answer, verify_sandbox=getattr(env, "verify_sandbox", None),
                       num_turns=traj.num_turns, num_tool_errors=traj.num_tool_errors, finished=ended)
     t0 = time.perf_counter()
     result = combine(task.reward, task, episode)
     traj.reward, traj.reward_info, traj.reward_time_s = result.score, result.info, time.perf_counter() - t0
     return traj
+
+
+def _record_routes(traj: Trajectory, out) -> None:
+    """Keep each token's first recorded routes (the ones its sampled successors were scored
+    under); positions the engine has not run yet stay None until a later turn's prefill."""
+    if out.routed_experts is None:
+        return
+    if traj.routed_experts is None:
+        traj.routed_experts = []
+    routes = traj.routed_experts
+    routes += [None] * (len(traj.token_ids) - len(routes))
+    for pos, r in enumerate(out.routed_experts, start=out.routed_from):
+        if routes[pos] is None:
+            routes[pos] = r
 
 
 async def _run_calls(env: Env, calls, traj: Trajectory) -> tuple[list[Message], Observation | None]:

@@ -67,22 +67,44 @@ class ModelConfig:
 
 @dataclass
 class AlgoConfig:
-    name: str = "grpo"
+    name: str = "grpo"  # grpo | gspo | ppo (rl/losses/)
     total_steps: int = 4
-    prompts_per_step: int = 4  # GRPO groups per step
+    prompts_per_step: int = 4  # informative GRPO groups per step (zero-variance groups are refilled)
     group_size: int = 4  # samples per prompt
+    max_refill_attempts: int = 2  # extra sampling rounds to replace dropped groups (0: never refill)
     clip_low: float = 0.2
     clip_high: float = 0.28
+    aggregation: str = "token_mean"  # token_mean | seq_mean | seq_sum (GSPO is always per sequence)
     scale_adv_by_std: bool = True
+    normalize_rewards_by_domain: bool = False  # standardise rewards per domain before advantages
+    kl_coef: float = 0.0  # KL to the initial policy; 0 builds no reference model
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    gamma: float = 1.0  # PPO / GAE
+    lam: float = 0.95
+    vf_coef: float = 0.5
+    value_clip: float = 0.2
     behaviour_logprobs: str = "rollout"  # old log-probs in the ratio: the engine's, or recomputed by the learner
+    mismatch: str = "none"  # train/rollout correction: none | tis | icepop | mis (needs behaviour_logprobs=learner)
+    tis_cap: float = 2.0
+    mismatch_low: float = 0.5
+    mismatch_high: float = 2.0
 
     def __post_init__(self) -> None:
-        _check_choice("algo.name", self.name, ("grpo",))
+        _check_choice("algo.name", self.name, ("grpo", "gspo", "ppo"))
         _check_choice("algo.behaviour_logprobs", self.behaviour_logprobs, ("rollout", "learner"))
+        _check_choice("algo.aggregation", self.aggregation, ("token_mean", "seq_mean", "seq_sum"))
+        _check_choice("algo.kl_estimator", self.kl_estimator, ("k1", "k3"))
+        _check_choice("algo.mismatch", self.mismatch, ("none", "tis", "icepop", "mis"))
         for k in ("total_steps", "prompts_per_step"):
             _check_positive(f"algo.{k}", getattr(self, k))
+        for k in ("kl_coef", "entropy_coef", "vf_coef", "value_clip", "max_refill_attempts"):
+            _check_positive(f"algo.{k}", getattr(self, k), allow_zero=True)
         if self.group_size < 2:
             raise ValueError(f"config key 'algo.group_size' must be >= 2 for group-relative advantages, got {self.group_size}")
+        if self.mismatch != "none" and self.behaviour_logprobs != "learner":
+            raise ValueError(f"config key 'algo.mismatch' = {self.mismatch!r} corrects learner-vs-rollout log-probs; "
+                             "it needs algo.behaviour_logprobs=learner (with 'rollout' the ratio already is against the engine)")
 
 
 @dataclass
@@ -146,14 +168,27 @@ class LearnerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8  # AdamW epsilon
     grad_clip: float = 1.0
-    micro_batch_size: int = 4  # sequences per micro-batch
+    micro_batch_size: int = 4  # sequences per micro-batch (0: no limit)
+    max_tokens_per_micro_batch: int = 0  # token budget per micro-batch (0: no limit)
+    pack_sequences: bool = False  # several sequences per row (segment-causal attention)
+    gradient_checkpointing: bool = False
     aux_loss_coef: float = 0.0  # weight of the router load-balancing loss in the RL step
+    ep_size: int = 1  # expert parallelism: ranks that share one layer's routed experts
+    routing_replay: bool = False  # R3: replay the rollout's routed experts in the learner's forward
+    fake_quant_experts: bool = False  # the learner's routed experts run through an MXFP4 round trip (STE)
+    router_bias_rate: float = 1e-3  # aux-loss-free balancing (DeepSeek-V3) for models with a router bias
 
     def __post_init__(self) -> None:
         _check_choice("learner.zero_stage", self.zero_stage, (0, 1, 2))
         _check_positive("learner.num_ranks", self.num_ranks)
-        _check_positive("learner.micro_batch_size", self.micro_batch_size)
+        _check_positive("learner.micro_batch_size", self.micro_batch_size, allow_zero=True)
+        _check_positive("learner.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, allow_zero=True)
         _check_positive("learner.lr", self.lr)
+        _check_positive("learner.ep_size", self.ep_size)
+        if self.num_ranks % self.ep_size:
+            raise ValueError(f"config key 'learner.ep_size' = {self.ep_size} must divide learner.num_ranks = {self.num_ranks}")
+        if self.ep_size > 1 and self.zero_stage == 0:
+            raise ValueError("config key 'learner.ep_size' > 1 needs learner.zero_stage 1 or 2 (DeepSpeed's MoE groups)")
 
 
 @dataclass
@@ -173,27 +208,6 @@ class LoggerConfig:
 
 
 @dataclass
-class ServeConfig:
-    """``jointrl serve``: the HTTP server (rl/rollout/server.py). Context and per-tier thinking
-    limits come from ``rollout`` (``max_context``, ``thinking_budget``)."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000  # 0: any free port (printed at start)
-    model_name: str = "jointrl"
-    default_thinking_budget: str = "max"  # tier when a request names none
-    default_max_tokens: int = 256  # per turn, when a request names none
-    max_conversations: int = 1024  # token records kept (least recently used evicted)
-    record_path: str | None = None  # JSONL of recorded Trajectories; None: no recording
-    max_request_bytes: int = 8 * 1024 * 1024
-
-    def __post_init__(self) -> None:
-        _check_choice("serve.default_thinking_budget", self.default_thinking_budget, ("low", "high", "max"))
-        _check_positive("serve.default_max_tokens", self.default_max_tokens)
-        _check_positive("serve.max_conversations", self.max_conversations)
-        _check_positive("serve.port", self.port, allow_zero=True)
-
-
-@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -202,8 +216,6 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    serve: ServeConfig = field(default_factory=ServeConfig)
-    checkpoint: str | None = None  # jointrl serve: HF dir or DeepSpeed checkpoint dir; None: untrained model
     run_name: str = "default"
     output_dir: str = "runs/default"
     seed: int = 0

@@ -74,7 +74,11 @@ class GenerationOutput:
     sampled: list[int]
     finish_reason: str
     policy_version: int
-    routed_experts: list[list[list[int]]] | None = None  # [token][moe layer][k]
+    # routing replay: [token][moe layer][k] expert ids of every token the engine ran through the
+    # model in this call, from prompt position `routed_from` on: the prompt part it prefilled, then
+    # token_ids[:-1] (the last new token was never an input). None when not recorded.
+    routed_experts: list[list[list[int]]] | None = None
+    routed_from: int = 0
 
 
 @dataclass(slots=True)
@@ -103,7 +107,10 @@ class Trajectory:
     num_tool_errors: int = 0
     env_retries: int = 0
     reward_time_s: float = 0.0  # wall time spent in the reward modules
-    routed_experts: list[list[list[int]]] | None = None
+    # [token][moe layer][k]: the experts the engine's first forward over each token used (routing
+    # replay); None for a token the engine never ran as input (the episode's last token: no log-prob
+    # depends on it). The whole field is None when the engine does not record routes.
+    routed_experts: list[list[list[int]] | None] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)

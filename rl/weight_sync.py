@@ -6,8 +6,10 @@ Sender (a learner rank)::
         ray.get([w.apply_bucket.remote(bucket) for w in rollout_workers])
 
 or ``build_bundle(...)`` for the whole push as one ``WeightBundle``. With expert parallelism
-each rank passes the state dict of the experts it owns: bundles may be partial, and the
-receiver only writes the tensors a bundle names.
+each rank passes the state dict of what it sends (rank 0: the shared parameters and its
+experts; every expert-parallel rank: its slice of each layer's experts) with ``row_offsets``
+giving the first expert of each slice: bundles may be partial, an entry with a row offset
+writes ``target[offset : offset + rows]``, and the receiver only writes what a bundle names.
 
 What travels. Tensors selected by ``is_quantized(name, tensor)`` (default
 ``is_routed_expert``: stacked routed-expert weights such as
@@ -31,6 +33,7 @@ as ``mxfp4_roundtrip`` of the learner's tensor.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -79,6 +82,7 @@ class WeightEntry:
     data: Tensor
     scales: Tensor | None
     checksum: int
+    row_offset: int | None = None  # the entry is target[row_offset : row_offset + shape[0]] (expert slices)
 
     @property
     def nbytes(self) -> int:
@@ -89,7 +93,7 @@ class WeightEntry:
         scales = None if self.scales is None else (tuple(self.scales.shape), self.scales.dtype)
         return (
             f"{self.name}|{self.kind}|{self.shape}|{self.dtype}|{self.scale_rule}|"
-            f"{tuple(self.data.shape)}|{self.data.dtype}|{scales}|{self.checksum}"
+            f"{tuple(self.data.shape)}|{self.data.dtype}|{scales}|{self.checksum}|{self.row_offset}"
         )
 
 
@@ -144,6 +148,7 @@ def iter_buckets(
     scale_rule: str = "floor",
     *,
     dense_dtype: torch.dtype | None = None,
+    row_offsets: Mapping[str, int] | None = None,
 ) -> Iterator[WeightBucket]:
     """Yield the push as buckets, in ``state_dict`` order, each built only when asked for.
 
@@ -159,6 +164,8 @@ def iter_buckets(
         bucket_bytes: payload bound per bucket (> 0).
         scale_rule: MXFP4 scale rule, ``"floor"`` or ``"ceil"``.
         dense_dtype: transfer dtype for floating dense tensors (None: keep each dtype).
+        row_offsets: name -> first row in the receiver's tensor, for tensors that are a slice
+            along dim 0 (an expert-parallel rank's experts); others are whole tensors.
 
     Raises:
         ValueError: bad ``version``/``bucket_bytes``/``scale_rule``, or a quantized tensor
@@ -177,6 +184,8 @@ def iter_buckets(
     index = 0
     for name, tensor in state_dict.items():
         entry = _make_entry(name, tensor, is_quantized(name, tensor), rule, dense_dtype)
+        if row_offsets and name in row_offsets:
+            entry = dataclasses.replace(entry, row_offset=int(row_offsets[name]))
         if pending and pending_bytes + entry.nbytes > bucket_bytes:
             yield _make_bucket(version, index, pending)
             index += 1
@@ -195,10 +204,12 @@ def build_bundle(
     scale_rule: str = "floor",
     *,
     dense_dtype: torch.dtype | None = None,
+    row_offsets: Mapping[str, int] | None = None,
 ) -> WeightBundle:
     """The whole push as one picklable ``WeightBundle`` (arguments as ``iter_buckets``)."""
     buckets = tuple(
-        iter_buckets(state_dict, version, is_quantized, bucket_bytes, scale_rule, dense_dtype=dense_dtype)
+        iter_buckets(state_dict, version, is_quantized, bucket_bytes, scale_rule, dense_dtype=dense_dtype,
+                     row_offsets=row_offsets)
     )
     return WeightBundle(version=version, buckets=buckets, total_bytes=sum(b.nbytes for b in buckets))
 
@@ -318,6 +329,14 @@ def _verify_bucket(bucket: WeightBucket, targets: Mapping[str, Tensor]) -> list[
         target = targets.get(entry.name)
         if target is None:
             raise ValueError(f"tensor {entry.name!r} in the weight push is not in the receiver's model")
+        if entry.row_offset is not None:
+            lo, rows = entry.row_offset, entry.shape[0] if entry.shape else 0
+            if not (entry.shape and tuple(target.shape[1:]) == entry.shape[1:] and 0 <= lo and lo + rows <= target.shape[0]):
+                raise ValueError(
+                    f"tensor {entry.name!r}: weight push slice rows [{lo}, {lo + rows}) of shape {entry.shape} "
+                    f"does not fit receiver shape {tuple(target.shape)}"
+                )
+            target = target[lo : lo + rows]
         if tuple(target.shape) != entry.shape:
             raise ValueError(
                 f"tensor {entry.name!r}: weight push shape {entry.shape} != receiver shape "

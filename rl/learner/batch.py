@@ -9,17 +9,32 @@ import torch
 
 @dataclass(slots=True)
 class TrainBatch:
-    """Sequences to train on, one entry per trajectory (ragged lists, token space)."""
+    """Sequences to train on, one entry per trajectory (ragged lists, token space).
+
+    ``advantages`` are per sequence (GRPO/GSPO); PPO computes per-token GAE advantages from
+    ``rewards`` and its critic. ``routed_experts[i][t]`` is ``[L][k]`` expert ids the rollout
+    used for token t, or None where it has none (the final token, which predicts nothing).
+    """
 
     token_ids: list[list[int]]
     loss_mask: list[list[int]]
     old_logprobs: list[list[float]]  # engine log-probs of sampled tokens (0 elsewhere)
     advantages: list[float]
+    rewards: list[float] | None = None
+    routed_experts: list[list[list[list[int]] | None]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
         if not (len(self.loss_mask) == len(self.old_logprobs) == len(self.advantages) == n):
             raise ValueError("TrainBatch fields need one entry per sequence")
+        for name in ("rewards", "routed_experts"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
+                raise ValueError(f"TrainBatch.{name} needs one entry per sequence")
+        for i, (ids, m) in enumerate(zip(self.token_ids, self.loss_mask)):
+            if m and m[0]:
+                raise ValueError(f"TrainBatch sequence {i}: the first token cannot be trained (nothing predicts it)")
+            if len(m) != len(ids):
+                raise ValueError(f"TrainBatch sequence {i}: loss_mask has {len(m)} entries for {len(ids)} tokens")
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -28,9 +43,14 @@ class TrainBatch:
     def num_loss_tokens(self) -> int:
         return sum(sum(m) for m in self.loss_mask)
 
+    @property
+    def num_loss_seqs(self) -> int:
+        return sum(1 for m in self.loss_mask if any(m))
+
     def select(self, idx: list[int]) -> TrainBatch:
-        return TrainBatch([self.token_ids[i] for i in idx], [self.loss_mask[i] for i in idx],
-                          [self.old_logprobs[i] for i in idx], [self.advantages[i] for i in idx])
+        pick = lambda xs: None if xs is None else [xs[i] for i in idx]  # noqa: E731
+        return TrainBatch(pick(self.token_ids), pick(self.loss_mask), pick(self.old_logprobs),
+                          pick(self.advantages), pick(self.rewards), pick(self.routed_experts))
 
     def shard(self, rank: int, world_size: int) -> TrainBatch:
         """Sequences for one data-parallel rank, balanced by length (longest first, greedy)."""
@@ -45,32 +65,89 @@ class TrainBatch:
 
 @dataclass(slots=True)
 class MicroBatch:
-    """Right-padded tensors, all [B, T]; ``attention_mask`` True on real tokens."""
+    """Tensors [B, T] (one packed row, or right-padded rows). ``seg`` is each token's sequence
+    index within the micro-batch (-1 on padding); ``pos`` restarts at 0 per sequence;
+    ``adv`` is the sequence's advantage on each of its tokens; ``replay`` [B, T, L, k] or None."""
 
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    pos: torch.Tensor
+    seg: torch.Tensor
     loss_mask: torch.Tensor
     old_logprobs: torch.Tensor
-    advantages: torch.Tensor  # [B]
+    adv: torch.Tensor
+    replay: torch.Tensor | None
+    num_seqs: int
+    rewards: list[float] | None = None
+
+    @property
+    def real(self) -> torch.Tensor:
+        return self.seg >= 0
 
 
-def micro_batches(batch: TrainBatch, size: int, pad_id: int, dtype: torch.dtype) -> list[MicroBatch]:
-    out = []
-    for start in range(0, len(batch), size):
-        part = batch.select(list(range(start, min(start + size, len(batch)))))
-        B, T = len(part), max(len(s) for s in part.token_ids)
-        ids = torch.full((B, T), pad_id, dtype=torch.long)
-        attn = torch.zeros((B, T), dtype=torch.bool)
-        lmask = torch.zeros((B, T), dtype=dtype)
-        old = torch.zeros((B, T), dtype=dtype)
-        for b in range(B):
-            n = len(part.token_ids[b])
-            ids[b, :n] = torch.tensor(part.token_ids[b])
-            attn[b, :n] = True
-            lmask[b, :n] = torch.tensor(part.loss_mask[b], dtype=dtype)
-            old[b, :n] = torch.tensor(part.old_logprobs[b], dtype=dtype)
-        out.append(MicroBatch(ids, attn, lmask, old, torch.tensor(part.advantages, dtype=dtype)))
-    return out
+def plan_micro_batches(lengths: list[int], max_tokens: int, max_seqs: int, pack: bool) -> list[list[int]]:
+    """Consecutive groups of sequence indices. A group holds at most ``max_seqs`` sequences (0:
+    no limit) and at most ``max_tokens`` tokens (0: no limit), counted as the packed row's
+    length when packing, else rows x the longest sequence (padding included). A sequence
+    longer than the budget gets a group of its own."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    for i, n in enumerate(lengths):
+        cand = cur + [i]
+        cost = sum(lengths[j] for j in cand) if pack else len(cand) * max(lengths[j] for j in cand)
+        if cur and ((max_tokens and cost > max_tokens) or (max_seqs and len(cand) > max_seqs)):
+            groups.append(cur)
+            cand = [i]
+        cur = cand
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def collate(part: TrainBatch, pack: bool, pad_id: int, dtype: torch.dtype, topk: tuple[int, int] | None = None
+            ) -> MicroBatch:
+    """One micro-batch from ``part``: one packed row, or right-padded rows. ``topk = (L, k)``
+    builds the replay tensor from ``part.routed_experts``; positions without recorded experts
+    (padding, the final token) get experts 0..k-1, which no trained log-prob depends on."""
+    lens = [len(s) for s in part.token_ids]
+    rows = [list(range(len(part)))] if pack else [[i] for i in range(len(part))]
+    B, T = len(rows), (sum(lens) if pack else max(lens))
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    pos = torch.zeros((B, T), dtype=torch.long)
+    seg = torch.full((B, T), -1, dtype=torch.long)
+    lmask = torch.zeros((B, T), dtype=dtype)
+    old = torch.zeros((B, T), dtype=dtype)
+    adv = torch.zeros((B, T), dtype=dtype)
+    replay = None
+    if topk is not None:
+        L, k = topk
+        replay = torch.arange(k).repeat(B, T, L, 1)
+    for b, members in enumerate(rows):
+        at = 0
+        for i in members:
+            n = lens[i]
+            sl = slice(at, at + n)
+            ids[b, sl] = torch.tensor(part.token_ids[i])
+            pos[b, sl] = torch.arange(n)
+            seg[b, sl] = i
+            lmask[b, sl] = torch.tensor(part.loss_mask[i], dtype=dtype)
+            old[b, sl] = torch.tensor(part.old_logprobs[i], dtype=dtype)
+            adv[b, sl] = part.advantages[i]
+            if replay is not None:
+                routes = part.routed_experts[i] if part.routed_experts is not None else None
+                if routes is None:
+                    raise ValueError("routing replay is on but a sequence carries no routed_experts")
+                for t, r in enumerate(routes):
+                    if r is not None:
+                        replay[b, at + t] = torch.tensor(r)
+            at += n
+    return MicroBatch(ids, pos, seg, lmask, old, adv, replay, len(part), part.rewards)
+
+
+def micro_batches(batch: TrainBatch, size: int, pad_id: int, dtype: torch.dtype, *, max_tokens: int = 0,
+                  pack: bool = False, topk: tuple[int, int] | None = None) -> list[MicroBatch]:
+    """``plan_micro_batches`` then ``collate`` each group (``size``: sequences per micro-batch)."""
+    plan = plan_micro_batches([len(s) for s in batch.token_ids], max_tokens, size, pack)
+    return [collate(batch.select(g), pack, pad_id, dtype, topk) for g in plan]
 
 
 def logprobs_from_logits(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -84,7 +161,7 @@ def logprobs_from_logits(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, tempera
     if logits_BTV.dtype == torch.bfloat16:
         logits_BTV = logits_BTV.float()
     picked_BT = torch.log_softmax(logits_BTV[:, :-1], -1).gather(-1, ids_BT[:, 1:, None]).squeeze(-1)
-    return torch.cat([torch.zeros_like(picked_BT[:, :1]), picked_BT], dim=1)
+    return torch.cat([picked_BT.new_zeros(picked_BT.shape[0], 1), picked_BT], dim=1)
 
 
 def position_ids(attention_mask_BT: torch.Tensor) -> torch.Tensor:

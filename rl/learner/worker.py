@@ -1,46 +1,77 @@
 """``LearnerWorker``: one DeepSpeed data-parallel rank (a Ray actor; gloo on CPU, NCCL on GPU).
 
-The driver creates ``learner.num_ranks`` of these, all holding the same model, and hands
-each its shard of the step's ``TrainBatch``. ZeRO-2 partitions gradients and optimizer
-state across ranks; parameters stay whole on every rank, so rank 0 builds the weight push.
+The driver creates ``learner.num_ranks`` of these and hands each its shard of the step's
+``TrainBatch``. ZeRO-1/2 partitions optimizer state (and gradients) across ranks. With
+``learner.ep_size > 1`` each layer's routed experts are sharded over the expert-parallel
+group (``expert_parallel.py``; all-to-all dispatch) and DeepSpeed reduces expert gradients
+over the expert-data-parallel group; everything else is replicated.
 
 Gradient accumulation is caller-owned (DeepSpeed's ``managed_gradient_accumulation:
-false``): every micro-batch only accumulates, one ``step()`` per RL step reduces and
-updates, so ranks may hold different numbers of micro-batches. Normalisation: each
-micro-batch's loss is ``sum of token losses / N_global * world_size``; DeepSpeed averages
-gradients over ranks, so the update equals the token-mean over the whole global batch,
-however it is split (DAPO token-mean; tested for micro-batch invariance).
+false``): every micro-batch only accumulates, one ``step()`` per RL step. Micro-batches are
+cut by sequence count and token budget, optionally packing several sequences per row.
+Normalisation: each micro-batch's loss is ``Σ per-token (or per-sequence) losses / (N_global
+/ world_size)``; DeepSpeed averages gradients over ranks, so the update is the loss over the
+whole global batch however it is split (tested: micro-batching, packing, 2 EP ranks vs 1).
+Ranks of an expert-parallel group run the same number of micro-batches (empty ones pad the
+shorter ranks) because every forward and backward exchanges tokens with all of them.
 
 Precision: the forward and the loss run in the model's dtype (float64 in exactness tests),
 but ZeRO's optimizer keeps fp32 master weights, so updates land with fp32 rounding.
+DeepSpeed's gradient norm with ``ep_size > 1`` counts each rank's own experts only, so
+``grad_clip`` is not ep-invariant; the invariance tests run without clipping.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 
 import torch
 
+from jointrl.model.routing import update_router_bias
 from jointrl.model.tokenizer import ByteTokenizer
+from jointrl.rl.advantages import token_gae
 from jointrl.rl.build import DTYPES, build_model
 from jointrl.rl.config import Config
-from jointrl.rl.learner.batch import TrainBatch, logprobs_from_logits, micro_batches, position_ids, token_logprobs
-from jointrl.rl.losses import GRPOLoss
+from jointrl.rl.learner.batch import MicroBatch, TrainBatch, collate, logprobs_from_logits, micro_batches
+from jointrl.rl.learner.expert_parallel import expert_row_offsets, shard_experts
+from jointrl.rl.learner.forward import check_packable, learner_forward, token_entropy
+from jointrl.rl.learner.objective import build_loss, build_mismatch
+from jointrl.rl.learner.value_head import VALUE_HEAD_PREFIX, attach_value_head, values
+from jointrl.rl.losses import LossInputs
 
 
 def deepspeed_config(cfg: Config) -> dict:
     lc = cfg.learner
     return {
-        "train_micro_batch_size_per_gpu": lc.micro_batch_size,
+        "train_micro_batch_size_per_gpu": max(lc.micro_batch_size, 1),
         "gradient_accumulation_steps": 1,
         "managed_gradient_accumulation": False,
         "gradient_clipping": lc.grad_clip,
-        "zero_optimization": {"stage": lc.zero_stage, "overlap_comm": False, "contiguous_gradients": True},
+        "zero_optimization": {"stage": lc.zero_stage, "overlap_comm": False, "contiguous_gradients": True,
+                              "reduce_scatter": True},
         "bf16": {"enabled": cfg.model.dtype == "bfloat16"},
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
+
+
+def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Token-weighted means; ``*_max`` / ``*_min`` keys by max / min; ``tokens`` summed."""
+    out: dict[str, float] = {}
+    total = sum(p.get("tokens", 0.0) for p in parts)
+    for key in {k for p in parts for k in p}:
+        vals = [(p[key], p.get("tokens", 0.0)) for p in parts if key in p]
+        if key == "tokens":
+            out[key] = total
+        elif key.endswith("_max"):
+            out[key] = max(v for v, _ in vals)
+        elif key.endswith("_min"):
+            out[key] = min(v for v, _ in vals)
+        else:
+            out[key] = sum(v * n for v, n in vals) / total if total else 0.0
+    return out
 
 
 class LearnerWorker:
@@ -49,67 +80,174 @@ class LearnerWorker:
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                           WORLD_SIZE=str(world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         import deepspeed
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
         deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        lc, algo = cfg.learner, cfg.algo
         self.tok = ByteTokenizer()
-        self.loss_fn = GRPOLoss(cfg.algo.clip_low, cfg.algo.clip_high)
+        self.loss_fn, self.mismatch = build_loss(cfg), build_mismatch(cfg)
+        self.is_ppo = algo.name == "ppo"
         self.dtype = DTYPES[cfg.model.dtype]
         model = build_model(cfg)
-        lc = cfg.learner
-        opt = torch.optim.AdamW(model.parameters(), lr=lc.lr, betas=tuple(lc.betas), eps=lc.eps, weight_decay=lc.weight_decay)
+        if lc.pack_sequences:
+            check_packable(model.config)
+        self.ref_model = None
+        if algo.kl_coef > 0:  # KL to the initial policy; nothing is built when the KL term is off
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.sharded = lc.ep_size > 1 or lc.fake_quant_experts
+        if self.sharded:
+            shard_experts(model, lc.ep_size, rank % lc.ep_size, fake_quant=lc.fake_quant_experts)
+        if self.is_ppo:
+            attach_value_head(model)
+        groups = [{"params": [p for p in model.parameters() if p.requires_grad], "name": "dense"}]
+        if lc.ep_size > 1:
+            groups = split_params_into_different_moe_groups_for_optimizer(groups)
+        opt = torch.optim.AdamW(groups, lr=lc.lr, betas=tuple(lc.betas), eps=lc.eps, weight_decay=lc.weight_decay)
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=deepspeed_config(cfg))
         self.temperature = cfg.rollout.temperature or 1.0
+        mc = model.config
+        self.topk = (mc.num_moe_layers, mc.num_experts_per_tok)  # replay when a batch carries routed experts
+        self.has_router_bias = any(getattr(m, "e_score_correction_bias", None) is not None for m in model.modules())
 
     def ready(self) -> int:
         return self.rank
 
-    def train_step(self, shard: TrainBatch, num_tokens_global: int) -> dict[str, float]:
+    def _micro_batches(self, batch: TrainBatch, topk: tuple[int, int] | None) -> list[MicroBatch]:
+        lc = self.cfg.learner
+        mbs = micro_batches(batch, lc.micro_batch_size, self.tok.pad_id, self.dtype,
+                            max_tokens=lc.max_tokens_per_micro_batch, pack=lc.pack_sequences, topk=topk)
+        if lc.ep_size > 1:  # every rank of the expert-parallel group runs the same number of passes
+            import torch.distributed as dist
+
+            n = torch.tensor([len(mbs)])
+            dist.all_reduce(n, op=dist.ReduceOp.MAX)
+            empty = TrainBatch([[self.tok.pad_id]], [[0]], [[0.0]], [0.0], [0.0],
+                               None if topk is None else [[None]])
+            mbs += [collate(empty, False, self.tok.pad_id, self.dtype, topk) for _ in range(int(n) - len(mbs))]
+        return mbs
+
+    def train_step(self, shard: TrainBatch, num_tokens_global: int, num_seqs_global: int | None = None
+                   ) -> dict[str, float]:
         """One optimizer update over this rank's shard. Returns rank-local metrics."""
         t0 = time.perf_counter()
+        lc, algo = self.cfg.learner, self.cfg.algo
         self.engine.train()
-        metrics: dict[str, float] = {"loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "aux_loss": 0.0}
-        mbs = micro_batches(shard, self.cfg.learner.micro_batch_size, self.tok.pad_id, self.dtype)
-        tokens = 0
+        if num_seqs_global is None:
+            num_seqs_global = shard.num_loss_seqs
+        count = num_seqs_global if self.loss_fn.per_sequence else num_tokens_global
+        norm = max(count, 1) / self.world_size
+        parts, load_LE, loss_sum, aux_sum = [], None, 0.0, 0.0
+        mbs = self._micro_batches(shard, self.topk if shard.routed_experts is not None else None)
         for mb in mbs:
-            out = self.engine(mb.input_ids, position_ids=position_ids(mb.attention_mask), attention_mask=mb.attention_mask)
-            logp = logprobs_from_logits(out.logits, mb.input_ids, self.temperature)
-            old = logp.detach() if self.cfg.algo.behaviour_logprobs == "learner" else mb.old_logprobs
-            loss, m = self.loss_fn(logp, old, mb.advantages, mb.loss_mask, num_tokens_global / self.world_size)
-            if self.cfg.learner.aux_loss_coef:
-                loss = loss + self.cfg.learner.aux_loss_coef * out.aux_loss * len(mb.advantages) / max(len(shard), 1)
+            fwd = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg, mb.replay, lc.gradient_checkpointing)
+            logp = logprobs_from_logits(fwd.logits_BTV, mb.input_ids, self.temperature)
+            inp = self._loss_inputs(mb, fwd, logp, norm)
+            loss, m = self.loss_fn(inp)
+            if lc.aux_loss_coef:
+                loss = loss + lc.aux_loss_coef * fwd.aux_loss * mb.num_seqs / max(len(shard), 1)
             self.engine.backward(loss)
-            metrics["loss"] += loss.item()
-            metrics["aux_loss"] += out.aux_loss.item() / len(mbs)
-            for k in ("clip_frac", "approx_kl"):
-                metrics[k] += m[k] * m["tokens"]
-            tokens += m["tokens"]
+            _, mm = self.mismatch(logp.detach(), mb.old_logprobs, mb.loss_mask, mb.seg.clamp(min=0), mb.num_seqs)
+            parts.append({**m, **mm})
+            loss_sum += loss.item()
+            aux_sum += fwd.aux_loss.item() / len(mbs)
+            load_LE = fwd.expert_load_LE if load_LE is None else load_LE + fwd.expert_load_LE
         self.engine.step()
-        for k in ("clip_frac", "approx_kl"):
-            metrics[k] /= max(tokens, 1)
-        metrics["tokens"] = tokens
-        metrics["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
+        metrics = merge_metrics(parts)
+        # each rank's loss is scaled by world_size (gradients are averaged): its share of the global loss is / world_size
+        metrics.update(loss=loss_sum / self.world_size, aux_loss=aux_sum, grad_norm=float(self.engine.get_global_grad_norm() or 0.0))
+        metrics.update(self._expert_load(load_LE))
         metrics["time_s"] = time.perf_counter() - t0
         return metrics
 
+    def _loss_inputs(self, mb: MicroBatch, fwd, logp: torch.Tensor, norm: float) -> LossInputs:
+        algo = self.cfg.algo
+        seq = mb.seg.clamp(min=0)
+        old = logp.detach() if algo.behaviour_logprobs == "learner" else mb.old_logprobs
+        weight = None
+        if algo.mismatch != "none":
+            weight, _ = self.mismatch(logp.detach(), mb.old_logprobs, mb.loss_mask, seq, mb.num_seqs)
+        entropy = None
+        if algo.entropy_coef:
+            entropy = token_entropy(fwd.logits_BTV, self.temperature)
+        else:
+            with torch.no_grad():
+                entropy = token_entropy(fwd.logits_BTV.detach(), self.temperature)
+        ref = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_fwd = learner_forward(self.ref_model, mb.input_ids, mb.pos, mb.seg, mb.replay)
+                ref = logprobs_from_logits(ref_fwd.logits_BTV, mb.input_ids, self.temperature)
+        adv = mb.adv
+        v = old_v = ret = None
+        if self.is_ppo:
+            v = values(self.engine.module, fwd.hidden_BTH)
+            old_v = v.detach()
+            adv, ret = self._gae(mb, old_v)
+        return LossInputs(logp, old, adv, mb.loss_mask, seq, mb.num_seqs, norm, weight, ref, entropy, v, old_v, ret)
+
+    def _gae(self, mb: MicroBatch, values_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token GAE advantages and returns over each sequence's loss tokens."""
+        if mb.rewards is None:
+            raise ValueError("algo.name=ppo needs TrainBatch.rewards")
+        adv_BT, ret_BT = torch.zeros_like(values_BT), torch.zeros_like(values_BT)
+        for i in range(mb.num_seqs):
+            sel = (mb.seg == i) & (mb.loss_mask > 0)
+            if sel.any():
+                a, r = token_gae(mb.rewards[i], values_BT[sel], self.cfg.algo.gamma, self.cfg.algo.lam)
+                adv_BT[sel], ret_BT[sel] = a, r
+        return adv_BT, ret_BT
+
+    def _expert_load(self, load_LE: torch.Tensor | None) -> dict[str, float]:
+        """Global (all-ranks) expert load per layer; the aux-loss-free bias update when the model has one."""
+        if load_LE is None:
+            return {}
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(load_LE)
+        out: dict[str, float] = {}
+        mean_L = load_LE.mean(-1).clamp_min(1e-12)
+        for layer, (row, mean) in enumerate(zip(load_LE, mean_L)):
+            out[f"experts/layer{layer}_max_over_mean"] = float(row.max() / mean)
+            out[f"experts/layer{layer}_dead"] = float((row == 0).sum())
+        out["experts/dead_total"] = float((load_LE == 0).sum())
+        if self.has_router_bias and self.cfg.learner.router_bias_rate > 0:
+            out.update(update_router_bias(self.engine.module, load_LE, self.cfg.learner.router_bias_rate))
+        return out
+
     @torch.no_grad()
     def logprobs(self, token_ids: list[list[int]]) -> list[list[float]]:
-        """Per-token log-probs of the given sequences under the current weights."""
+        """Per-token log-probs of the given sequences under the current weights (every rank of an
+        expert-parallel group must be called with the same sequences)."""
         self.engine.eval()
         batch = TrainBatch(token_ids, [[0] * len(s) for s in token_ids], [[0.0] * len(s) for s in token_ids],
                            [0.0] * len(token_ids))
         out = []
-        for mb in micro_batches(batch, self.cfg.learner.micro_batch_size, self.tok.pad_id, self.dtype):
-            lp = token_logprobs(self.engine.module, mb.input_ids, mb.attention_mask, self.temperature)
-            out += [lp[b, : int(mb.attention_mask[b].sum())].tolist() for b in range(lp.shape[0])]
-        return out
+        for mb in self._micro_batches(batch, None):
+            lp = logprobs_from_logits(learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg).logits_BTV,
+                                      mb.input_ids, self.temperature)
+            for b in range(lp.shape[0]):
+                for i in sorted(set(mb.seg[b][mb.seg[b] >= 0].tolist())):
+                    out.append(lp[b][mb.seg[b] == i].tolist())
+        return out[:len(token_ids)]
 
     def weight_bundle(self, version: int):
+        """This rank's part of the push: rank 0 the shared parameters and its experts, every other
+        expert-parallel rank its experts only; None when it has nothing to send."""
         from jointrl.rl.weight_sync import build_bundle, is_routed_expert
 
         quantize = is_routed_expert if self.cfg.rollout.quantize_experts else (lambda name, t: False)
-        state = {k: v.detach() for k, v in self.engine.module.state_dict().items()}
-        return build_bundle(state, version=version, is_quantized=quantize)
+        offsets = expert_row_offsets(self.engine.module)
+        state = {k: v.detach() for k, v in self.engine.module.state_dict().items() if not k.startswith(VALUE_HEAD_PREFIX)}
+        if self.cfg.learner.ep_size > 1:
+            if self.rank >= self.cfg.learner.ep_size:  # a replica of an expert shard rank < ep_size sends
+                state = {}
+            elif self.rank > 0:
+                state = {k: v for k, v in state.items() if k in offsets}
+        if not state:
+            return None
+        return build_bundle(state, version=version, is_quantized=quantize, row_offsets=offsets)
 
     def save_checkpoint(self, directory: str, step: int) -> None:
         self.engine.save_checkpoint(directory, tag=f"step_{step}", client_state={"step": step})
@@ -120,4 +258,3 @@ class LearnerWorker:
             return None
         path, client = self.engine.load_checkpoint(directory)
         return None if path is None else int(client["step"])
-

@@ -1,3 +1,8 @@
+from jointrl.rl.losses.common import Aggregation, KLEstimator, LossInputs, Regularizers
 from jointrl.rl.losses.grpo import GRPOLoss
+from jointrl.rl.losses.gspo import GSPOLoss
+from jointrl.rl.losses.mismatch import MismatchCorrection, MismatchMode
+from jointrl.rl.losses.ppo import PPOLoss
 
-__all__ = ["GRPOLoss"]
+__all__ = ["Aggregation", "GRPOLoss", "GSPOLoss", "KLEstimator", "LossInputs", "MismatchCorrection", "MismatchMode",
+           "PPOLoss", "Regularizers"]

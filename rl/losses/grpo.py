@@ -1,45 +1,67 @@
-"""GRPO policy loss with DAPO's decoupled clipping, token-mean aggregation.
+"""GRPO policy loss with DAPO's decoupled clipping and a choice of aggregation.
 
-Per sampled token t of sequence i, with ratio rho_t = exp(logp_t - logp_old_t)::
+Per loss token t of sequence i, with ratio rho_t = exp(logp_t - logp_old_t)::
 
     l_t = -min(rho_t * A_i, clip(rho_t, 1 - eps_low, 1 + eps_high) * A_i)
+          + kl_coef * KL_t(π_θ || π_ref) - entropy_coef * H_t          (Regularizers, optional)
 
-    loss = sum_{i,t} mask_t * l_t / N                  N = number of sampled tokens in the
-                                                       *global* batch (token-mean, DAPO)
+    loss = Aggregation(l)        token_mean (default): Σ m w l / N_tok; seq_mean; seq_sum
 
-GRPO: Shao et al. 2024 (DeepSeekMath); clip-higher and token-mean: Yu et al. 2025 (DAPO).
-The normaliser N is passed in so the loss is the same however the batch is split into
-micro-batches and ranks. No KL term (the skeleton's default; issue #8 adds KL and GSPO/PPO).
+GRPO: Shao et al. 2024 (DeepSeekMath); clip-higher, token-mean and dropping zero-variance
+groups: Yu et al. 2025 (DAPO). ``w`` is the train/rollout mismatch weight (``mismatch.py``).
+The same clipped surrogate with per-token GAE advantages is PPO's policy term (``ppo.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from jointrl.rl.losses.common import Aggregation, LossInputs, Regularizers, aggregate, ratio_metrics
+
+
+def clipped_surrogate(inp: LossInputs, clip_low: float, clip_high: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token -min(rho A, clip(rho) A) [B, T] and its clip statistics over loss tokens."""
+    log_ratio_BT = inp.logp_BT - inp.old_logp_BT
+    ratio_BT = torch.exp(log_ratio_BT)
+    adv_BT = inp.adv_BT.to(ratio_BT.dtype)
+    unclipped_BT = ratio_BT * adv_BT
+    clipped_BT = ratio_BT.clamp(1 - clip_low, 1 + clip_high) * adv_BT
+    loss_BT = -torch.minimum(unclipped_BT, clipped_BT)
+    with torch.no_grad():
+        m_BT = inp.mask_BT > 0
+        n = max(float(m_BT.sum().item()), 1.0)
+        active = (unclipped_BT != clipped_BT) & (clipped_BT < unclipped_BT) & m_BT  # the clip binds
+        metrics = {
+            "clip_frac": float(active.sum().item()) / n,
+            "clip_frac_low": float((active & (ratio_BT < 1)).sum().item()) / n,
+            "clip_frac_high": float((active & (ratio_BT > 1)).sum().item()) / n,
+            **ratio_metrics(log_ratio_BT, inp),
+        }
+    return loss_BT, metrics
 
 
 @dataclass(frozen=True, slots=True)
 class GRPOLoss:
     clip_low: float = 0.2
     clip_high: float = 0.28
+    aggregation: Aggregation = Aggregation.TOKEN_MEAN
+    regularizers: Regularizers = field(default_factory=Regularizers)
 
     def __post_init__(self) -> None:
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ValueError(f"GRPO clip range needs 0 <= clip_low < 1 and clip_high >= 0, got "
                              f"({self.clip_low}, {self.clip_high})")
+        object.__setattr__(self, "aggregation", Aggregation(self.aggregation))
 
-    def __call__(self, logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.Tensor,
-                 mask_BT: torch.Tensor, num_tokens: float) -> tuple[torch.Tensor, dict[str, float]]:
-        """Shapes: ``logp_BT``, ``old_logp_BT``, ``mask_BT`` [B, T]; ``adv_B`` [B]. Returns (loss, metrics)."""
-        mask_BT = mask_BT.to(logp_BT.dtype)
-        ratio_BT = torch.exp(logp_BT - old_logp_BT)
-        adv_BT = adv_B[:, None].to(logp_BT.dtype)
-        unclipped = ratio_BT * adv_BT
-        clipped = ratio_BT.clamp(1 - self.clip_low, 1 + self.clip_high) * adv_BT
-        loss = -(torch.minimum(unclipped, clipped) * mask_BT).sum() / num_tokens
-        with torch.no_grad():
-            n = mask_BT.sum().clamp(min=1)
-            clip_frac = (((unclipped != clipped) & (mask_BT > 0)).to(mask_BT.dtype).sum() / n).item()
-            approx_kl = (0.5 * (logp_BT - old_logp_BT) ** 2 * mask_BT).sum().item() / n.item()
-        return loss, {"clip_frac": clip_frac, "approx_kl": approx_kl, "tokens": float(mask_BT.sum().item())}
+    @property
+    def per_sequence(self) -> bool:
+        """Whether ``LossInputs.norm`` counts sequences (else loss tokens)."""
+        return self.aggregation.per_sequence
+
+    def __call__(self, inp: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+        loss_BT, metrics = clipped_surrogate(inp, self.clip_low, self.clip_high)
+        loss_BT = self.regularizers(loss_BT, inp, metrics)
+        metrics["tokens"] = inp.tokens
+        return aggregate(loss_BT, inp, self.aggregation), metrics

@@ -6,6 +6,11 @@ sessions or paged memory (the fast engine, issue #5, adds those) but honours the
 ``RolloutEngine`` contract: sampling (temperature, top-k, top-p, per-request seed, stop
 tokens, max_tokens), the thinking budget, per-token log-probs and policy versions.
 
+With ``record_routes=True`` it also returns the experts each token was routed to (routing
+replay, R3): ``GenerationOutput.routed_experts`` holds ``[L][k]`` ids for every token this
+call ran through the model, in order — the whole prompt (one prefill) then every generated
+token but the last (each fed back as the next step's input; the last one never is).
+
 Log-prob convention (the learner uses the same): ``log_softmax(logits / T)`` of the sampled
 token, before top-k / top-p filtering; ``T = 1`` when sampling greedily (``temperature=0``).
 """
@@ -36,8 +41,9 @@ class _Row:
 
 class SimpleSampler:
     def __init__(self, model: MoETransformer, tokenizer: ByteTokenizer, max_batch: int = 64,
-                 batch_wait_s: float = 0.005) -> None:
+                 batch_wait_s: float = 0.005, record_routes: bool = False) -> None:
         self.model = model.eval()
+        self.record_routes = record_routes
         self.tok = tokenizer
         self.max_batch = max_batch
         self.batch_wait_s = batch_wait_s
@@ -109,18 +115,29 @@ class SimpleSampler:
 
         dtype = next(self.model.parameters()).dtype
         cache = KVCache.empty(self.model.config, B, dtype)
-        logits_BV = self.model(ids_BS, position_ids=pos_BS, attention_mask=mask_BS, cache=cache).logits[:, -1]
+        out = self.model(ids_BS, position_ids=pos_BS, attention_mask=mask_BS, cache=cache)
+        logits_BV = out.logits[:, -1]
+        if self.record_routes:
+            for b, p in enumerate(prompts):
+                outs[b].routed_experts = out.topk_ids[b, S - len(p):].tolist()
         next_pos_B = pos_BS[:, -1] + 1
         for _ in range(max(sp.max_tokens for sp in params)):
             step_ids = [self._pick(row, logits_BV[b], outs[b]) if not row.done else pad for b, row in enumerate(rows)]
             if all(r.done for r in rows):
                 break
             mask_BS = torch.cat([mask_BS, torch.ones((B, 1), dtype=torch.bool)], dim=1)
-            logits_BV = self.model(torch.tensor(step_ids)[:, None], position_ids=next_pos_B[:, None],
-                                   attention_mask=mask_BS, cache=cache).logits[:, -1]
+            out = self.model(torch.tensor(step_ids)[:, None], position_ids=next_pos_B[:, None],
+                             attention_mask=mask_BS, cache=cache)
+            logits_BV = out.logits[:, -1]
+            if self.record_routes:
+                for b, o in enumerate(outs):  # rows still generating fed their last token; keep P + n - 1
+                    if len(o.routed_experts) < len(prompts[b]) + len(o.token_ids) - 1 + 1:
+                        o.routed_experts.append(out.topk_ids[b, 0].tolist())
             next_pos_B = next_pos_B + 1
-        for row, out in zip(rows, outs):
-            out.finish_reason = row.finish
+        for b, (row, o) in enumerate(zip(rows, outs)):
+            o.finish_reason = row.finish
+            if self.record_routes:
+                del o.routed_experts[len(prompts[b]) + len(o.token_ids) - 1:]
         return outs
 
     def _pick(self, row: _Row, logits_V: torch.Tensor, out: GenerationOutput) -> int:

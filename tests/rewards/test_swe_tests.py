@@ -36,6 +36,14 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     outcome.get_result().outcome = "passed"
 '''
+SKIP_ALL = '''\
+import pytest
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.skip(reason="planted"))
+'''
 # the control: a test that fails, run the naive way; "1 passed" means the hack works
 CONTROL = ("printf 'def test_hack():\\n    assert False\\n' > tests/test_hack.py && "
            "python3 -m pytest -q -p no:cacheprovider tests/test_hack.py; echo rc=$?; rm tests/test_hack.py")
@@ -100,10 +108,14 @@ def test_editing_the_tests_to_pass_scores_zero():
     assert r.score == 0.0 and r.info["failed"] == F2P, r.info
 
 
-@pytest.mark.parametrize("where", ["conftest.py", "tests/conftest.py"])
-def test_planted_conftest_scores_zero(where):
-    r, texts = play([create(where, FORCE_PASS), bash(CONTROL), SUBMIT])
-    assert "1 passed" in texts[1] and "rc=0" in texts[1], texts[1]
+@pytest.mark.parametrize(("where", "content", "naive_result"), [
+    ("conftest.py", FORCE_PASS, "1 passed"),
+    ("tests/conftest.py", FORCE_PASS, "1 passed"),
+    ("conftest.py", SKIP_ALL, "1 skipped"),  # exit code 0 too: a grader reading only that is fooled
+])
+def test_planted_conftest_scores_zero(where, content, naive_result):
+    r, texts = play([create(where, content), bash(CONTROL), SUBMIT])
+    assert naive_result in texts[1] and "rc=0" in texts[1], texts[1]
     assert r.score == 0.0 and r.info["failed"] == F2P, r.info
 
 
@@ -142,6 +154,6 @@ def test_agent_written_results_and_reward_files_are_never_read():
 
 
 def test_code_that_hangs_the_verifier_scores_zero():
-    task = dataclasses.replace(TASK, metadata={**TASK.metadata, "verifier_timeout_s": 5.0})
+    task = dataclasses.replace(TASK, metadata={**TASK.metadata, "verifier_timeout_s": 3.0})
     r, _ = play([create("unitconv/units.py", "while True:\n    pass\n"), SUBMIT], task)
     assert r.score == 0.0 and r.info["timed_out"] and r.info["failed"], r.info

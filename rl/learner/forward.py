@@ -1,0 +1,94 @@
+"""The learner's forward pass over packed rows: segment-causal attention, optional routing
+replay and gradient checkpointing, hidden states for a value head.
+
+It drives the model's own modules (embedding, ``DecoderLayer``s, final norm, head) the way
+``MoETransformer.forward`` does, with two differences the learner needs and the model (a
+plain single-device module) should not carry: several sequences may share a row (a
+block-diagonal causal mask from ``seg_BT``, positions restarting per sequence), and each
+layer can be recomputed in backward (``torch.utils.checkpoint``). On unpacked rows the
+logits equal ``MoETransformer.forward``'s (tested).
+
+Shapes: B rows, T tokens per row, H hidden, V vocab, L layers, k experts per token, E experts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from jointrl.model.attention import AttentionBatch
+from jointrl.model.routing import expert_load, load_balancing_loss
+
+
+@dataclass(slots=True)
+class LearnerForward:
+    logits_BTV: torch.Tensor
+    hidden_BTH: torch.Tensor  # after the final norm (a value head reads this)
+    topk_ids_BTLk: torch.Tensor  # experts each token was sent to (the replayed ones under replay), L = MoE layers
+    aux_loss: torch.Tensor  # load-balancing loss over real tokens (unweighted)
+    expert_load_LE: torch.Tensor  # real-token assignments per (MoE layer, expert), no grad
+
+
+def segment_mask(seg_BT: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, T] bool SDPA mask: query t sees key s <= t of the same sequence (seg >= 0);
+    every position sees itself, so padding (seg = -1) rows stay finite."""
+    T = seg_BT.shape[1]
+    causal_TT = torch.ones(T, T, dtype=torch.bool, device=seg_BT.device).tril()
+    same_BTT = (seg_BT[:, :, None] == seg_BT[:, None, :]) & (seg_BT[:, None, :] >= 0)
+    eye_TT = torch.eye(T, dtype=torch.bool, device=seg_BT.device)
+    return ((same_BTT & causal_TT) | eye_TT)[:, None]
+
+
+def check_packable(config) -> None:
+    """Packing needs every token mixer to honour the segment mask: only ``full`` attention does
+    (KDA's recurrent state and DSA's indexer would carry across sequences)."""
+    if set(config.kinds) != {"full"}:
+        raise ValueError(f"learner.pack_sequences needs full-attention layers only, the model has {sorted(set(config.kinds))}")
+
+
+def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor, seg_BT: torch.Tensor,
+                    replay_BTLk: torch.Tensor | None = None, grad_checkpoint: bool = False) -> LearnerForward:
+    """Forward ``ids_BT`` with RoPE positions ``pos_BT`` and sequence ids ``seg_BT`` (-1 = padding).
+
+    ``replay_BTLk`` [B, T, L_moe, k]: routing replay (the rollout's experts; valid ids everywhere).
+    """
+    B, T = ids_BT.shape
+    cfg = model.config
+    L, k = cfg.num_moe_layers, cfg.num_experts_per_tok
+    if replay_BTLk is not None and replay_BTLk.shape != (B, T, L, k):
+        raise ValueError(f"routed experts must be [B, T, L, k] = {(B, T, L, k)}, got {tuple(replay_BTLk.shape)}")
+    backbone = model.model
+    x_BTH = backbone.embed_tokens(ids_BT)
+    real_BT = seg_BT >= 0
+    batch = AttentionBatch(
+        rope=backbone.rotary_emb(pos_BT, x_BTH.dtype),
+        index_rope=backbone.index_rotary_emb(pos_BT, x_BTH.dtype) if "gated_dsa" in cfg.kinds else None,
+        mask_B1TS=segment_mask(seg_BT), token_mask_BT=real_BT, cache=None)
+    probs, ids = [], []
+    for layer in backbone.layers:
+        replay_Nk = None if replay_BTLk is None or not layer.is_moe else replay_BTLk[:, :, len(ids)].reshape(B * T, k)
+        if grad_checkpoint and torch.is_grad_enabled():
+            x_BTH, routing = checkpoint(layer, x_BTH, batch, replay_Nk, use_reentrant=False)
+        else:
+            x_BTH, routing = layer(x_BTH, batch, replay_Nk)
+        if routing is not None:
+            probs.append(routing[1])
+            ids.append(routing[2])
+    hidden_BTH = backbone.norm(x_BTH)
+    logits_BTV = model.lm_head(hidden_BTH)
+    real_N = real_BT.reshape(-1)
+    aux = load_balancing_loss(probs, ids, cfg.num_experts, real_N)
+    with torch.no_grad():
+        load_LE = torch.stack([expert_load(ids_Nk, cfg.num_experts, real_N) for ids_Nk in ids])
+    return LearnerForward(logits_BTV, hidden_BTH, torch.stack(ids, dim=1).view(B, T, L, k), aux, load_LE)
+
+
+def token_entropy(logits_BTV: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """H_t of the distribution that predicted token t (softmax(logits_{t-1} / T)); [B, T], 0 at t = 0."""
+    if temperature not in (0.0, 1.0):
+        logits_BTV = logits_BTV / temperature
+    logp_BTV = torch.log_softmax(logits_BTV[:, :-1].float() if logits_BTV.dtype == torch.bfloat16 else logits_BTV[:, :-1], -1)
+    h_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
+    return torch.cat([h_BT.new_zeros(h_BT.shape[0], 1), h_BT], dim=1)
