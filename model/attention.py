@@ -1,4 +1,5 @@
-"""Full (global) GQA attention with q/k-norm and RoPE, as transformers' Qwen3MoeAttention.
+"""Full (global) GQA attention with q/k-norm and RoPE, as transformers' Qwen3MoeAttention, with an
+optional sigmoid output gate; and `AttentionBatch`, what every token mixer of one forward reads.
 
 Tensor names carry their shape: B batch, T new tokens, S keys (cached + new), H hidden,
 Hq/Hkv query/key-value heads, D head_dim.
@@ -6,26 +7,59 @@ Hq/Hkv query/key-value heads, D head_dim.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from jointrl.model.config import MoEConfig
-from jointrl.model.kv_cache import KVCache
 from jointrl.model.norm import qk_norm
 from jointrl.model.rope import apply_rope
+from jointrl.model.state import AttentionState
+
+
+@dataclass(slots=True)
+class AttentionBatch:
+    """Built once per model forward and passed to every layer's token mixer."""
+
+    rope: tuple[torch.Tensor, torch.Tensor]               # cos, sin [B, T, head_dim]
+    index_rope: tuple[torch.Tensor, torch.Tensor] | None  # cos, sin [B, T, index_head_dim] (gated_dsa)
+    # bool SDPA mask [B|1, 1, T, S], True = attend. None: built from `past` and `key_mask_BS` on first
+    # use by a `full` layer; `gated_dsa` builds only its query chunk's rows, so prefill memory stays
+    # linear in S. An explicit mask (e.g. the learner's block-diagonal packing mask) is used as given.
+    mask_B1TS: torch.Tensor | None
+    token_mask_BT: torch.Tensor | None                    # bool, False at padding among the new tokens
+    cache: AttentionState | None
+    # gated_dsa layers append (Σ over real queries of KL(attention ‖ indexer), number of real queries)
+    # when the caller asked for the indexer loss; None: not asked, the indexer runs without grad.
+    indexer_losses: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    past: int = 0                                         # cached tokens before the new ones
+    key_mask_BS: torch.Tensor | None = None               # bool [B, past + T], False at padding keys
+
+    def mask(self, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """The mask of all new tokens, or of new tokens a..b-1 only ([B|1, 1, b-a, S])."""
+        if self.mask_B1TS is not None:
+            return self.mask_B1TS if rows is None else self.mask_B1TS[:, :, rows[0]:rows[1]]
+        T, device = self.rope[0].shape[1], self.rope[0].device
+        if rows is not None:
+            return build_attention_mask(self.past, T, self.key_mask_BS, device, rows)
+        self.mask_B1TS = build_attention_mask(self.past, T, self.key_mask_BS, device)
+        return self.mask_B1TS
 
 
 def build_attention_mask(past: int, T: int, key_mask_BS: torch.Tensor | None,
-                         device: torch.device) -> torch.Tensor:
+                         device: torch.device, rows: tuple[int, int] | None = None) -> torch.Tensor:
     """Boolean SDPA mask, True = attend: [B, 1, T, S] (or [1, 1, T, S] without `key_mask_BS`).
 
     New token t sits at cache slot past+t and sees slots s <= past+t that are real tokens. Its own
     slot is always visible, so a padding query (left padding masks every earlier key) attends to
     itself instead of producing NaN; real queries are unaffected, their own slot being causal anyway.
+    `rows=(a, b)`: only new tokens a..b-1, [B, 1, b-a, S] (query-chunked layers stay linear in S).
     """
     S = past + T
-    q_slot_T1 = torch.arange(past, S, device=device)[:, None]
+    a, b = (0, T) if rows is None else rows
+    q_slot_T1 = torch.arange(past + a, past + b, device=device)[:, None]
     k_slot_1S = torch.arange(S, device=device)[None, :]
     causal_TS = k_slot_1S <= q_slot_T1
     if key_mask_BS is None:
@@ -38,9 +72,13 @@ def build_attention_mask(past: int, T: int, key_mask_BS: torch.Tensor | None,
 
 
 class Attention(nn.Module):
-    """softmax(q kᵀ / √D + mask) v over grouped heads; q, k RMS-normed per head before RoPE."""
+    """softmax(q kᵀ / √D + mask) v over grouped heads; q, k RMS-normed per head before RoPE.
 
-    def __init__(self, config: MoEConfig, layer_idx: int) -> None:
+    With `output_gate` (config `attn_output_gate`; always on in gated DSA) the per-head output is
+    multiplied by sigmoid(gate_proj(x)) before o_proj, as in Qwen3-Next's gated attention.
+    """
+
+    def __init__(self, config: MoEConfig, layer_idx: int, output_gate: bool | None = None) -> None:
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
@@ -53,18 +91,33 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * D, H, bias=False)
         self.q_norm = qk_norm(config.qk_norm, self.num_heads, D, config.rms_norm_eps)
         self.k_norm = qk_norm(config.qk_norm, self.num_kv_heads, D, config.rms_norm_eps)
+        gated = config.attn_output_gate if output_gate is None else output_gate
+        self.gate_proj = nn.Linear(H, self.num_heads * D, bias=False) if gated else None
 
-    def forward(self, x_BTH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                mask_B1TS: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+    def qkv(self, x_BTH: torch.Tensor, batch: AttentionBatch
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """→ q [B, Hq, T, D], and k, v [B, Hkv, S, D] including the cached ones (cache appended)."""
         B, T, _ = x_BTH.shape
         q_BHTD = self.q_norm(self.q_proj(x_BTH).view(B, T, self.num_heads, self.head_dim)).transpose(1, 2)
         k_BHTD = self.k_norm(self.k_proj(x_BTH).view(B, T, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v_BHTD = self.v_proj(x_BTH).view(B, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rope
+        cos, sin = batch.rope
         q_BHTD, k_BHTD = apply_rope(q_BHTD, cos, sin), apply_rope(k_BHTD, cos, sin)
-        if cache is not None:
-            k_BHTD, v_BHTD = cache.update(self.layer_idx, k_BHTD, v_BHTD)
+        if batch.cache is not None:
+            k_BHTD, v_BHTD = batch.cache.update(self.layer_idx, k_BHTD, v_BHTD)
+        return q_BHTD, k_BHTD, v_BHTD
+
+    def output(self, x_BTH: torch.Tensor, out_BHTD: torch.Tensor) -> torch.Tensor:
+        """Heads → hidden: o_proj(out ⊙ sigmoid(gate_proj(x))) (no gate without gate_proj)."""
+        B, T, _ = x_BTH.shape
+        out_BTF = out_BHTD.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)
+        if self.gate_proj is not None:
+            out_BTF = out_BTF * torch.sigmoid(self.gate_proj(x_BTH))
+        return self.o_proj(out_BTF)
+
+    def forward(self, x_BTH: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        q_BHTD, k_BHSD, v_BHSD = self.qkv(x_BTH, batch)
         out_BHTD = F.scaled_dot_product_attention(
-            q_BHTD, k_BHTD, v_BHTD, attn_mask=mask_B1TS, scale=self.head_dim ** -0.5,
+            q_BHTD, k_BHSD, v_BHSD, attn_mask=batch.mask(), scale=self.head_dim ** -0.5,
             enable_gqa=self.num_heads != self.num_kv_heads)
-        return self.o_proj(out_BHTD.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim))
+        return self.output(x_BTH, out_BHTD)

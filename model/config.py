@@ -1,9 +1,9 @@
 """`MoEConfig`: the shape of the MoE transformer, with transformers' Qwen3-MoE field names.
 
 Field names follow `transformers.Qwen3MoeConfig` so that `to_hf_dict()` / `from_hf_dict()` are a
-rename-free round trip and a `tiny_moe`-shaped checkpoint loads in plain transformers. Fields that
-only later layer kinds need (`layer_types`, KDA, gated DSA, shared experts) are added with those
-layers, not here.
+rename-free round trip and a `tiny_moe`-shaped checkpoint loads in plain transformers. The hybrid's
+attention fields take their names from transformers' `kimi_linear` (KDA: `linear_*`) and
+`deepseek_v32` (indexer: `index_*`); they stay out of the Qwen3-MoE dict while every layer is `full`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,12 @@ from typing import Any
 
 # The byte tokenizer: 256 byte ids followed by the chat template's special tokens.
 BYTE_VOCAB_SIZE = 256 + 8
+
+LAYER_TYPES = ("full", "kda", "gated_dsa")
+# MoEConfig fields of the hybrid's attention: not Qwen3-MoE fields, so `to_hf_dict` leaves them out.
+HYBRID_FIELDS = ("layer_types", "attn_output_gate", "linear_num_heads", "linear_head_dim",
+                 "linear_conv_kernel_dim", "linear_lower_bound", "kda_chunk_size", "index_n_heads",
+                 "index_head_dim", "index_topk", "dsa_mode", "dsa_query_chunk")
 
 # MoE options beyond Qwen3-MoE, with the value that makes them Qwen3-MoE: `to_hf_dict` requires
 # exactly these values and leaves the fields out; `from_hf_dict` rejects them as Qwen3-MoE fields.
@@ -73,8 +79,47 @@ class MoEConfig:
     topk_group: int = 1                   #   topk_group of n_group expert groups (DeepSeek-V3)
     routed_scaling_factor: float = 1.0    # routed experts' weights times this (after norm_topk_prob)
     qk_norm: str = "head"                 # "head": RMSNorm per head (Qwen3); "full": over all heads (OLMoE); "none"
+    # ---- hybrid attention (model/attention.py, kda.py, dsa.py) ----
+    # One kind per layer: "full" (GQA + RoPE), "kda" (Kimi Delta Attention), "gated_dsa" (indexer
+    # top-k sparse attention with a sigmoid output gate). None = every layer "full" (Qwen3-MoE).
+    layer_types: tuple[str, ...] | None = None
+    attn_output_gate: bool = False      # sigmoid output gate on "full" layers ("gated_dsa" always has one)
+    linear_num_heads: int = 4           # KDA heads
+    linear_head_dim: int = 16           # KDA key = value head dim
+    linear_conv_kernel_dim: int = 4     # KDA short causal conv width
+    linear_lower_bound: float | None = None  # KDA safe gate: g = lb·sigmoid(exp(A_log)·(f + dt_bias)), lb < 0
+    kda_chunk_size: int = 64            # KDA chunked form: tokens per chunk
+    index_n_heads: int = 4              # DSA lightning-indexer heads
+    index_head_dim: int = 16            # DSA indexer head dim (RoPE over all of it)
+    index_topk: int = 32                # DSA keys attended per query
+    dsa_mode: str = "sparse"            # "sparse": attend the indexer's top-k; "dense": all keys (warm-up)
+    dsa_query_chunk: int = 256          # DSA queries scored per chunk: prefill memory O(chunk · S)
 
     def __post_init__(self) -> None:
+        if self.layer_types is not None:
+            if isinstance(self.layer_types, str) or not all(isinstance(t, str) for t in self.layer_types):
+                raise ValueError(f"MoEConfig.layer_types must be a list of strings, got {self.layer_types!r}")
+            self.layer_types = tuple(self.layer_types)  # lists from YAML/JSON compare equal to presets
+            bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            if bad:
+                raise ValueError(f"MoEConfig.layer_types has unknown kind(s) {bad}; allowed: {list(LAYER_TYPES)}")
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ValueError(f"MoEConfig.layer_types has {len(self.layer_types)} entries, "
+                                 f"num_hidden_layers is {self.num_hidden_layers}")
+        for name in ("linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim", "kda_chunk_size",
+                     "index_n_heads", "index_head_dim", "index_topk", "dsa_query_chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"MoEConfig.{name} must be a positive int, got {value!r}")
+        if self.index_head_dim % 2:
+            raise ValueError(f"MoEConfig.index_head_dim must be even for RoPE, got {self.index_head_dim}")
+        if self.linear_lower_bound is not None and (
+                isinstance(self.linear_lower_bound, bool) or not self.linear_lower_bound < 0):
+            raise ValueError(f"MoEConfig.linear_lower_bound must be None or < 0, got {self.linear_lower_bound!r}")
+        if self.dsa_mode not in ("sparse", "dense"):
+            raise ValueError(f"MoEConfig.dsa_mode must be 'sparse' or 'dense', got {self.dsa_mode!r}")
+        if not isinstance(self.attn_output_gate, bool):
+            raise ValueError(f"MoEConfig.attn_output_gate must be True or False, got {self.attn_output_gate!r}")
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                     "num_key_value_heads", "head_dim", "moe_intermediate_size", "num_experts",
                     "num_experts_per_tok", "max_position_embeddings")
@@ -139,6 +184,16 @@ class MoEConfig:
         """Layers with a routed MoE FFN: all but the first `first_k_dense_replace`."""
         return self.num_hidden_layers - self.first_k_dense_replace
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The attention kind of every layer (`layer_types`, or all "full")."""
+        return self.layer_types or ("full",) * self.num_hidden_layers
+
+    @property
+    def is_hybrid(self) -> bool:
+        """True when a layer is not plain Qwen3-MoE attention (exported with remote code, not as qwen3_moe)."""
+        return any(k != "full" for k in self.kinds) or self.attn_output_gate
+
     # ---- presets -------------------------------------------------------------------------------
 
     @classmethod
@@ -152,7 +207,11 @@ class MoEConfig:
 
     def to_hf_dict(self) -> dict[str, Any]:
         """Keyword arguments for `transformers.Qwen3MoeConfig(**d)` (also a valid config.json body)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "rope_theta"}
+        if self.is_hybrid:
+            raise ValueError("to_hf_dict writes Qwen3-MoE configs; a config with layer_types "
+                             f"{list(self.kinds)} / attn_output_gate exports through model.hf_hybrid")
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.name != "rope_theta" and f.name not in HYBRID_FIELDS}
         for name, qwen3_value in QWEN3_MOE_VALUES.items():
             if getattr(self, name) != qwen3_value:
                 raise ValueError(f"to_hf_dict writes Qwen3-MoE configs, which have no {name}="
@@ -232,4 +291,9 @@ PRESETS: dict[str, MoEConfig] = {
         num_experts_per_tok=8, norm_topk_prob=True, rope_theta=50000.0, max_position_embeddings=131072,
         intermediate_size=18432, first_k_dense_replace=1, n_shared_experts=1, scoring_func="sigmoid",
         n_group=1, topk_group=1, routed_scaling_factor=2.827, qk_norm="none"),
+    # The hybrid at test scale: 3 KDA : 1 gated DSA (top-32, so sparsity bites beyond 32 tokens),
+    # one shared expert and the sigmoid router; trains and samples on 2 CPU cores.
+    "tiny_hybrid": MoEConfig(
+        num_hidden_layers=4, layer_types=("kda", "kda", "kda", "gated_dsa"), index_topk=32,
+        n_shared_experts=1, scoring_func="sigmoid"),
 }

@@ -1,5 +1,8 @@
-"""`MoETransformer`: the decoder-only MoE language model, state-dict-identical to transformers'
-`Qwen3MoeForCausalLM` (5.x fused-expert layout), single-device and plain PyTorch.
+"""`MoETransformer`: the decoder-only MoE language model, single-device and plain PyTorch.
+
+Each layer's token mixer is chosen by `config.layer_types`: `full` (model/attention.py), `kda`
+(model/kda.py) or `gated_dsa` (model/dsa.py). With every layer `full` (the default) and Qwen3-MoE's
+FFN options the model is state-dict-identical to transformers' `Qwen3MoeForCausalLM` (5.x layout).
 
 Shapes: B batch, T new tokens, S = past + T key positions, H hidden, V vocab, E experts,
 k experts per token, L layers, N = B·T.
@@ -7,14 +10,17 @@ k experts per token, L layers, N = B·T.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from jointrl.model.attention import Attention, build_attention_mask
+from jointrl.model.attention import Attention, AttentionBatch
 from jointrl.model.config import MoEConfig
-from jointrl.model.kv_cache import KVCache
+from jointrl.model.dsa import GatedDSAAttention, indexer_loss
+from jointrl.model.kda import KimiDeltaAttention
+from jointrl.model.state import AttentionState
 from jointrl.model.moe import MLP, SparseMoeBlock
 from jointrl.model.routing import expert_load, load_balancing_loss
 from jointrl.model.norm import RMSNorm
@@ -28,6 +34,12 @@ class ModelOutput:
     aux_loss: torch.Tensor             # scalar load-balancing loss (unweighted; coef in config)
     topk_ids: torch.Tensor             # [B, T, L_moe, k] int64: experts each token was sent to
     expert_load: torch.Tensor          # [L_moe, E] float32: real-token assignments per expert (no grad)
+    # gated_dsa indexer loss (mean KL per real query, averaged over gated_dsa layers), only when the
+    # forward was asked for it; gradients reach the indexers only (model/dsa.py).
+    indexer_loss: torch.Tensor | None = None
+
+
+MIXERS = {"full": Attention, "kda": KimiDeltaAttention, "gated_dsa": GatedDSAAttention}
 
 
 class DecoderLayer(nn.Module):
@@ -35,19 +47,19 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, config: MoEConfig, layer_idx: int) -> None:
         super().__init__()
-        # Registration order = HF's, so state_dict() lists keys in the same order.
-        self.self_attn = Attention(config, layer_idx)
+        # Registration order = HF's, so state_dict() lists keys in the same order. The token mixer
+        # (`self_attn` whatever its kind) is the layer's `layer_types` entry.
+        self.self_attn = MIXERS[config.kinds[layer_idx]](config, layer_idx)
         # The first `first_k_dense_replace` layers have a dense SwiGLU MLP (DeepSeek-V3), no router.
         self.is_moe = layer_idx >= config.first_k_dense_replace
         self.mlp = SparseMoeBlock(config) if self.is_moe else MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x_BTH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask_B1TS: torch.Tensor,
-                cache: KVCache | None, replay_ids_Nk: torch.Tensor | None
+    def forward(self, x_BTH: torch.Tensor, batch: AttentionBatch, replay_ids_Nk: torch.Tensor | None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
         """→ (x_BTH, (router logits_NE, probs_NE, ids_Nk) or None for a dense layer)."""
-        x_BTH = x_BTH + self.self_attn(self.input_layernorm(x_BTH), rope, mask_B1TS, cache)
+        x_BTH = x_BTH + self.self_attn(self.input_layernorm(x_BTH), batch)
         h_BTH = self.post_attention_layernorm(x_BTH)
         if not self.is_moe:
             return x_BTH + self.mlp(h_BTH), None
@@ -64,6 +76,7 @@ class MoEBackbone(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.index_rotary_emb = RotaryEmbedding(config.index_head_dim, config.rope_theta)  # no parameters
 
 
 class MoETransformer(nn.Module):
@@ -87,20 +100,34 @@ class MoETransformer(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, seed: int = 0) -> None:
-        """Norm weights 1; every other weight N(0, initializer_range), drawn in float32 from one
+        """Norm weights 1, norm biases 0; KDA's decay parameters as fla (A_log = log U(1, 16), or 0 with
+        a safe lower bound; dt_bias = softplus⁻¹(dt), log dt ~ U(log 1e-3, log 0.1)) and its conv
+        N(0, 1/W); every other weight N(0, initializer_range). All drawn in float32 from one
         generator in `named_parameters()` order."""
         gen = torch.Generator().manual_seed(seed)
         std = self.config.initializer_range
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
+            elif name.endswith("norm.bias"):
+                p.zero_()
+            elif name.endswith("A_log"):
+                u = torch.rand(p.shape, generator=gen, dtype=torch.float32)
+                p.copy_(torch.zeros_like(u) if self.config.linear_lower_bound is not None else (1 + 15 * u).log())
+            elif name.endswith("dt_bias"):
+                u = torch.rand(p.shape, generator=gen, dtype=torch.float32)
+                dt = torch.exp(math.log(1e-3) + u * (math.log(0.1) - math.log(1e-3)))
+                p.copy_(dt + torch.log(-torch.expm1(-dt)))
+            elif name.endswith("conv1d.weight"):
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * p.shape[-1] ** -0.5)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, cache: KVCache | None = None,
-                routed_experts: torch.Tensor | None = None) -> ModelOutput:
-        """Logits for `input_ids` [B, T], continuing `cache` (appended in place) when given.
+                attention_mask: torch.Tensor | None = None, cache: AttentionState | None = None,
+                routed_experts: torch.Tensor | None = None, return_indexer_loss: bool = False) -> ModelOutput:
+        """Logits for `input_ids` [B, T], continuing `cache` (a `KVCache` or another `AttentionState`,
+        updated in place) when given.
 
         position_ids [B, T]: RoPE positions. Default: each token's index among the real tokens
             of `attention_mask` (so left padding is transparent), else past + arange(T).
@@ -110,6 +137,8 @@ class MoETransformer(nn.Module):
             have no router): routing replay; these experts replace the router's top-k, weighted by
             the router's (renormalised) scores at those ids. Ids must be valid experts at every
             position, padding included.
+        return_indexer_loss: compute `ModelOutput.indexer_loss` (gated_dsa layers; their attention
+            is then computed explicitly, chunk by chunk, to get its probabilities).
         """
         cfg = self.config
         if input_ids.dim() != 2:
@@ -133,18 +162,28 @@ class MoETransformer(nn.Module):
                              f"got {tuple(routed_experts.shape)}")
 
         x_BTH = self.model.embed_tokens(input_ids)
-        rope = self.model.rotary_emb(position_ids, x_BTH.dtype)
-        mask_B1TS = build_attention_mask(past, T, attention_mask, device)
+        has_dsa = "gated_dsa" in cfg.kinds
+        key_mask_BS = None if attention_mask is None else attention_mask.to(device, torch.bool)
+        batch = AttentionBatch(
+            rope=self.model.rotary_emb(position_ids, x_BTH.dtype),
+            index_rope=self.model.index_rotary_emb(position_ids, x_BTH.dtype) if has_dsa else None,
+            mask_B1TS=None, token_mask_BT=None if key_mask_BS is None else key_mask_BS[:, past:],
+            cache=cache, indexer_losses=[] if return_indexer_loss else None, past=past, key_mask_BS=key_mask_BS)
+        if attention_mask is not None and attention_mask.shape[1] != past + T:
+            raise ValueError(f"attention_mask must cover past + new tokens = {past + T} positions, "
+                             f"got shape {tuple(attention_mask.shape)}")
         router_logits, probs, ids = [], [], []
         for layer in self.model.layers:
             j = len(ids)  # index among MoE layers
             replay_Nk = None if routed_experts is None or not layer.is_moe else routed_experts[:, :, j].reshape(B * T, k)
-            x_BTH, routing = layer(x_BTH, rope, mask_B1TS, cache, replay_Nk)
+            x_BTH, routing = layer(x_BTH, batch, replay_Nk)
             if routing is not None:
                 router_logits.append(routing[0])
                 probs.append(routing[1])
                 ids.append(routing[2])
         logits_BTV = self.lm_head(self.model.norm(x_BTH))
+        if cache is not None:
+            cache.advance(T)
 
         token_mask_N = None if attention_mask is None else attention_mask[:, past:].reshape(-1)
         aux_loss = load_balancing_loss(probs, ids, cfg.num_experts, token_mask_N)
@@ -152,4 +191,5 @@ class MoETransformer(nn.Module):
         with torch.no_grad():
             load_LE = torch.stack([expert_load(ids_Nk, cfg.num_experts, token_mask_N) for ids_Nk in ids])
         return ModelOutput(logits=logits_BTV, router_logits=router_logits, aux_loss=aux_loss,
-                           topk_ids=topk_ids_BTLk, expert_load=load_LE)
+                           topk_ids=topk_ids_BTLk, expert_load=load_LE,
+                           indexer_loss=indexer_loss(batch.indexer_losses) if return_indexer_loss else None)

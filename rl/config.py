@@ -58,9 +58,25 @@ class ModelConfig:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     qk_norm: str = "head"
+    # hybrid attention (model/config.py documents each; kinds: full | kda | gated_dsa; null = all full)
+    layer_types: list[str] | None = None
+    attn_output_gate: bool = False
+    linear_num_heads: int = 4
+    linear_head_dim: int = 16
+    linear_conv_kernel_dim: int = 4
+    linear_lower_bound: float | None = None
+    kda_chunk_size: int = 64
+    index_n_heads: int = 4
+    index_head_dim: int = 16
+    index_topk: int = 32
+    dsa_mode: str = "sparse"
+    dsa_query_chunk: int = 256
 
     def __post_init__(self) -> None:
         _check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float64"))
+        _check_choice("model.dsa_mode", self.dsa_mode, ("sparse", "dense"))
+        for kind in self.layer_types or ():
+            _check_choice("model.layer_types", kind, ("full", "kda", "gated_dsa"))
         _check_choice("model.scoring_func", self.scoring_func, ("softmax", "sigmoid"))
         _check_choice("model.qk_norm", self.qk_norm, ("head", "full", "none"))
 

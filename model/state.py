@@ -1,0 +1,93 @@
+"""The engine-facing attention state: what a forward reads and writes per layer, and what it costs.
+
+A sequence's state has two parts, by layer kind:
+
+- `full` and `gated_dsa` layers keep **per-token** keys and values (post-norm, post-RoPE), which a
+  paged engine stores in fixed-size blocks; `gated_dsa` also keeps one indexer key per token.
+- `kda` layers keep a **fixed-size** state: the conv window (the last W−1 projected [q; k; v] inputs)
+  and the delta-rule matrix S per head, whatever the context length.
+
+Bytes per sequence of T tokens (b = bytes of the model dtype, s = bytes of the state dtype, float32
+for a bf16/fp32 model; `state_bytes_per_sequence` computes it):
+
+    Σ_{full, gated_dsa layers} T · 2·Hkv·D·b  +  Σ_{gated_dsa layers} T · Di·b
+  + Σ_{kda layers} (3·N·K·(W−1)·b + N·K·K·s)
+
+with Hkv/D the key-value heads and head dim, Di the indexer head dim, N/K the KDA heads and head
+dim, W the conv width. A paged engine rounds T up to its block size for the per-token part.
+
+`AttentionState` is the protocol the layers call; `model.kv_cache.KVCache` implements it with
+growing contiguous tensors (the skeleton sampler and the exactness tests). A paged store for the
+engine (issue #5) implements the same five methods over its block tables and state slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from jointrl.model.config import MoEConfig
+from jointrl.model.norm import compute_dtype
+
+
+class AttentionState(Protocol):
+    """Per-layer state for one batch of sequences; layers call it in layer order during a forward."""
+
+    @property
+    def batch(self) -> int:
+        """Sequences held (the forward's B)."""
+
+    @property
+    def length(self) -> int:
+        """Tokens already consumed (the position of the next token), read before a forward."""
+
+    def update(self, layer: int, k_BHTD: torch.Tensor, v_BHTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new tokens' keys/values; return all of them, [B, Hkv, S, D] each."""
+
+    def update_index(self, layer: int, k_BTD: torch.Tensor) -> torch.Tensor:
+        """Append the new tokens' indexer keys; return all of them, [B, S, Di]."""
+
+    def recurrent(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The KDA layer's (conv window [B, 3NK, W−1], delta state [B, N, K, K]); None = zeros."""
+
+    def set_recurrent(self, layer: int, conv_BCw: torch.Tensor, state_BNKV: torch.Tensor) -> None:
+        """Store the KDA layer's state after the new tokens."""
+
+    def advance(self, num_tokens: int) -> None:
+        """Called once by the model after every layer consumed `num_tokens` new tokens."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateBytes:
+    """A sequence's attention state: `per_token` bytes grow with its length, `fixed` bytes do not."""
+
+    per_token: int
+    fixed: int
+
+    def total(self, num_tokens: int) -> int:
+        return self.per_token * num_tokens + self.fixed
+
+
+def state_layout(config: MoEConfig, dtype: torch.dtype = torch.bfloat16) -> StateBytes:
+    """The formula of the module docstring, for a model run in `dtype`."""
+    b = torch.empty((), dtype=dtype).element_size()
+    s = torch.empty((), dtype=compute_dtype(dtype)).element_size()
+    per_token = fixed = 0
+    for kind in config.kinds:
+        if kind in ("full", "gated_dsa"):
+            per_token += 2 * config.num_key_value_heads * config.head_dim * b
+        if kind == "gated_dsa":
+            per_token += config.index_head_dim * b
+        if kind == "kda":
+            N, K, W = config.linear_num_heads, config.linear_head_dim, config.linear_conv_kernel_dim
+            fixed += 3 * N * K * (W - 1) * b + N * K * K * s
+    return StateBytes(per_token=per_token, fixed=fixed)
+
+
+def state_bytes_per_sequence(config: MoEConfig, num_tokens: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of attention state one sequence of `num_tokens` tokens holds (see the module docstring)."""
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    return state_layout(config, dtype).total(num_tokens)
