@@ -89,7 +89,8 @@ def _start_ray(cfg: Config) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    ray.init(address=cfg.cluster.ray_address, num_cpus=cfg.cluster.num_cpus, include_dashboard=False,
+    # address None means a new local instance: never attach to a cluster `ray start` left behind
+    ray.init(address=cfg.cluster.ray_address or "local", num_cpus=cfg.cluster.num_cpus, include_dashboard=False,
              log_to_driver=True, runtime_env={"env_vars": {"DS_ACCELERATOR": "cpu"}})
 
 
