@@ -14,8 +14,8 @@ bandwidth; decode-shaped MXFP4 MoE matmul >= 50% of copy bandwidth on the weight
 On CPU (no GPU), it runs only the torch references on smaller shapes and says so: Triton
 kernels need CUDA (or the interpreter, which is a correctness tool, not a benchmark).
 
-Not benchmarked yet: KDA chunk forward/backward and DSA (issue #4: not implemented), so the
-"no slower than fla's chunk_kda" target cannot be checked by this script.
+Not benchmarked: KDA chunk forward/backward (issue #4: no kernel yet), so the "no slower than
+fla's chunk_kda" target cannot be checked by this script; top-k selection is torch.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from jointrl.kernels import dispatch, kda, moe_matmul, mxfp4, paged_attention
+from jointrl.kernels import dispatch, dsa, kda, moe_matmul, mxfp4, paged_attention
 
 
 def _median_ms(fn: Callable[[], object], repeats: int, cuda: bool) -> float:
@@ -191,6 +191,55 @@ def bench_kda_decode(report: Report, dev: torch.device, cuda: bool, repeats: int
     report.row(f"  torch ref: {label}", "-", ms_ref, nbytes)
 
 
+def bench_dsa(report: Report, dev: torch.device, cuda: bool, repeats: int, T: int, Hq: int, Hkv: int, D: int,
+              topk: int, n_idx: int) -> None:
+    g = torch.Generator(device=dev).manual_seed(3)
+    bf = torch.bfloat16
+    iq = torch.randn(1, T, n_idx, 128, device=dev, generator=g).to(bf)
+    iw = torch.randn(1, T, n_idx, device=dev, generator=g).to(bf)
+    ik = torch.randn(1, T, 128, device=dev, generator=g).to(bf)
+    label = f"dsa indexer T=S={T} n{n_idx} Di128"
+    flops = 2 * T * T * n_idx * 128
+    with dispatch.backend("torch"):
+        want = dsa.indexer_scores(iq, iw, ik)
+        ms_ref = _median_ms(lambda: dsa.indexer_scores(iq, iw, ik), max(1, repeats // 5), cuda)
+    if cuda:
+        with dispatch.backend("triton"):
+            got = dsa.indexer_scores(iq, iw, ik)
+            ms = _median_ms(lambda: dsa.indexer_scores(iq, iw, ik), repeats, cuda)
+        err = _rel(got, want)
+        report.row(label, _check(report, err < 1e-2, f"rel {err:.1e}"), ms, 4 * T * T, flops)
+    report.row(f"  torch ref: {label}", "-", ms_ref, 4 * T * T, flops)
+
+    visible = torch.ones(T, T, dtype=torch.bool, device=dev).tril()[None]
+    ids = dsa.select_topk(want, visible, topk)
+    q = torch.randn(1, T, Hq, D, device=dev, generator=g).to(bf).requires_grad_()
+    k = torch.randn(1, T, Hkv, D, device=dev, generator=g).to(bf).requires_grad_()
+    v = torch.randn(1, T, Hkv, D, device=dev, generator=g).to(bf).requires_grad_()
+    do = torch.randn(1, T, Hq, D, device=dev, generator=g).to(bf)
+    n_sel = int((ids >= 0).sum())
+    flops = 4 * n_sel * Hq * D
+    label = f"dsa sparse attn T={T} top{topk} Hq{Hq}/Hkv{Hkv} D{D}"
+
+    def fwd_bwd():
+        torch.autograd.grad(dsa.sparse_attention(q, k, v, ids), (q, k, v), do)
+
+    with dispatch.backend("torch"):
+        o_ref = dsa.sparse_attention(q, k, v, ids)
+        g_ref = torch.autograd.grad(o_ref, (q, k, v), do)
+        ms_ref = _median_ms(fwd_bwd, max(1, repeats // 5), cuda)
+    if cuda:
+        with dispatch.backend("triton"):
+            o = dsa.sparse_attention(q, k, v, ids)
+            grads = torch.autograd.grad(o, (q, k, v), do)
+            ms_f = _median_ms(lambda: dsa.sparse_attention(q.detach(), k.detach(), v.detach(), ids), repeats, cuda)
+            ms_fb = _median_ms(fwd_bwd, repeats, cuda)
+        err = max([_rel(o, o_ref)] + [_rel(a, b) for a, b in zip(grads, g_ref)])
+        report.row(label + " fwd", _check(report, err < 2e-2, f"rel {err:.1e}"), ms_f, 0, flops)
+        report.row(label + " fwd+bwd", "(same)", ms_fb, 0, 3.5 * flops)
+    report.row(f"  torch ref: fwd+bwd", "-", ms_ref, 0, 3.5 * flops)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
@@ -213,11 +262,13 @@ def main() -> int:
         bench_moe(report, dev, cuda, repeats, E=16, H=512, I=256, k=4, tokens=[8, 256])
         bench_paged(report, dev, cuda, repeats, B=4, ctx=1000, Hq=8, Hkv=2, D=64, block_size=16)
         bench_kda_decode(report, dev, cuda, repeats, B=4, N=4, K=64)
+        bench_dsa(report, dev, cuda, repeats, T=256, Hq=4, Hkv=1, D=64, topk=64, n_idx=4)
     else:  # Qwen3-30B-A3B-shaped experts; decode (64 tokens) and prefill (4096 tokens)
         bench_moe(report, dev, cuda, repeats, E=128, H=2048, I=768, k=8, tokens=[64, 4096])
         bench_paged(report, dev, cuda, repeats, B=64, ctx=4096, Hq=32, Hkv=4, D=128, block_size=16)
         bench_kda_decode(report, dev, cuda, repeats, B=64, N=16, K=128)
-    print("KDA chunk forward/backward and DSA kernels: not implemented yet (issue #4); no fla comparison")
+        bench_dsa(report, dev, cuda, repeats, T=2048, Hq=32, Hkv=4, D=128, topk=1024, n_idx=16)
+    print("KDA chunk forward/backward: no kernel yet (issue #4), so no comparison with fla's chunk_kda")
     if report.failed:
         print("FAILED: a kernel disagreed with its reference (rows marked FAIL)")
     return int(report.failed)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jointrl.kernels import kda, moe_matmul, mxfp4, paged_attention
+from jointrl.kernels import dsa, kda, moe_matmul, mxfp4, paged_attention
 
 def _has_sass_or_ptx(compiled) -> bool:
     return "cubin" in compiled.asm and len(compiled.asm["cubin"]) > 0
@@ -79,6 +79,34 @@ def test_kda_recurrent_compiles(sm90, dtype, has_state):
               "s0_ptr": torch.float32, "o_ptr": torch.float32, "s_ptr": torch.float32,
               "T": "i32", "N": "i32", "K": "i32", "V": "i32", "scale": "fp32"},
              {"HAS_STATE": has_state, "BLOCK_K": 128, "BLOCK_V": cfg.block_v}, num_warps=cfg.num_warps)
+    assert _has_sass_or_ptx(c)
+
+
+def test_dsa_indexer_compiles(sm90):
+    cfg = dsa.INDEXER_CONFIG
+    c = sm90(dsa._indexer_kernel,
+             {"q_ptr": torch.bfloat16, "w_ptr": torch.bfloat16, "k_ptr": torch.bfloat16, "out_ptr": torch.float32,
+              "T": "i32", "S": "i32", "NH": "i32", "Di": "i32", "scale": "fp32"},
+             {"BLOCK_T": cfg.block_t, "BLOCK_S": cfg.block_s, "BLOCK_D": 128, "DOT_FP32": False},
+             num_warps=cfg.num_warps)
+    assert _has_sass_or_ptx(c)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_dsa_sparse_attention_compiles(sm90, direction):
+    cfg = dsa.SPARSE_CONFIG
+    block_g, block_d = dsa._tiles_gd(32, 4, 128)
+    bf16 = torch.bfloat16
+    args = {"q_ptr": bf16, "k_ptr": bf16, "v_ptr": bf16, "ids_ptr": torch.int32, "o_ptr": bf16,
+            "T": "i32", "S": "i32", "Hq": "i32", "Hkv": "i32", "D": "i32", "NK": "i32", "scale": "fp32"}
+    if direction == "fwd":
+        kernel, args = dsa._sparse_fwd_kernel, {**args, "lse_ptr": torch.float32}
+    else:
+        kernel = dsa._sparse_bwd_kernel
+        args = {**args, "do_ptr": bf16, "lse_ptr": torch.float32, "dq_ptr": bf16, "dk_ptr": torch.float32,
+                "dv_ptr": torch.float32}
+    c = sm90(kernel, args, {"BLOCK_G": block_g, "BLOCK_D": block_d, "BLOCK_N": cfg.block_n, "DOT_FP32": False},
+             num_warps=cfg.num_warps)
     assert _has_sass_or_ptx(c)
 
 
