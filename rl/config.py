@@ -125,9 +125,9 @@ class AlgoConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = "simple"
+    backend: str = "engine"  # engine (rl/rollout/llm_engine.py) | simple (the skeleton's SimpleSampler)
     num_workers: int = 1
-    max_batch: int = 64
+    max_batch: int = 64  # sequences decoded together
     max_tokens_per_turn: int = 96
     max_context: int = 2048
     temperature: float = 1.0
@@ -135,10 +135,19 @@ class RolloutConfig:
     top_k: int = 0
     quantize_experts: bool = True  # push routed experts as MXFP4 (the rollout runs the quantized weights)
     thinking_budget: dict[str, Any] = field(default_factory=lambda: {"low": 32, "high": 64, "max": None})
+    # engine backend only (rl/rollout/llm_engine.EngineConfig documents each)
+    num_blocks: int = 4096  # KV memory budget: num_blocks x block_size token slots
+    block_size: int = 16
+    max_num_batched_tokens: int = 512  # tokens per forward (decodes + prefill chunks)
+    session_ttl_s: float = 60.0  # idle sessions are evicted after this (and under memory pressure)
+    live_sessions: str = "keep"  # on a weight update: keep session caches, or reprefill
 
     def __post_init__(self) -> None:
-        _check_choice("rollout.backend", self.backend, ("simple",))
-        _check_positive("rollout.num_workers", self.num_workers)
+        _check_choice("rollout.backend", self.backend, ("engine", "simple"))
+        _check_choice("rollout.live_sessions", self.live_sessions, ("keep", "reprefill"))
+        for k in ("num_workers", "num_blocks", "block_size", "max_num_batched_tokens"):
+            _check_positive(f"rollout.{k}", getattr(self, k))
+        _check_positive("rollout.session_ttl_s", self.session_ttl_s, allow_zero=True)
         _check_positive("rollout.max_tokens_per_turn", self.max_tokens_per_turn)
         if set(self.thinking_budget) != {"low", "high", "max"}:
             raise ValueError(f"config key 'rollout.thinking_budget' needs exactly the tiers ['low', 'high', 'max'], "

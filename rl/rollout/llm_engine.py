@@ -53,7 +53,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 512      # tokens per forward: decodes + prefill chunks
     session_ttl_s: float = 60.0            # idle sessions older than this are evicted (0: no sessions)
     live_sessions: str = "keep"            # on update_weights: keep caches, or reprefill
-    return_routed_experts: bool = False    # record each computed position's expert ids
+    return_routed_experts: bool = False    # GenerationOutput.routed_experts / routed_from (routing replay)
+    ignore_eos: bool = False               # benchmarks: <|im_end|> does not end a turn
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -100,7 +101,7 @@ class LLMEngine:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return self.runner.kv_LPCHD.numel() * self.runner.kv_LPCHD.element_size()
+        return self.runner.cache_bytes
 
     # -- requests ---------------------------------------------------------------------------
     def make_sequence(self, prompt_ids: list[int], params: SamplingParams, waiter=None) -> Sequence:
@@ -115,7 +116,8 @@ class LLMEngine:
             gen = torch.Generator().manual_seed(params.seed)
         self.stats.prompt_tokens += len(prompt_ids)
         return Sequence(seq_id=next(self._ids), token_ids=list(prompt_ids), params=params,
-                        stops=frozenset((self.tok.im_end_id, *params.stop_token_ids)), gen=gen,
+                        stops=frozenset(params.stop_token_ids if self.config.ignore_eos
+                                        else (self.tok.im_end_id, *params.stop_token_ids)), gen=gen,
                         in_think=prompt_ids[-1] == self.tok.think_id,
                         out=GenerationOutput([], [], [], "length", -1), waiter=waiter)
 
@@ -140,7 +142,10 @@ class LLMEngine:
             row = 0
             for seq, n in batch:
                 if routed_NLk is not None:
-                    seq.routed = (seq.routed or [])[:seq.num_computed] + routed_NLk[row:row + n].tolist()
+                    c = seq.num_computed
+                    known = (seq.routed or [])[:c]
+                    seq.routed = known + [None] * (c - len(known)) + routed_NLk[row:row + n].tolist()
+                    seq.routed_from = c if seq.routed_from < 0 else min(seq.routed_from, c)
                 row += n
                 seq.num_computed += n
                 self.scheduler.register_computed(seq)
@@ -177,6 +182,9 @@ class LLMEngine:
                 continue
             if out.policy_version < 0:
                 out.policy_version = self._version
+            if seq.routed is not None:  # routing replay: positions routed_from .. len - 2
+                out.routed_from = seq.routed_from
+                out.routed_experts = seq.routed[seq.routed_from:len(seq) - 1]
             self.scheduler.finish(seq, now)
             done.append(seq)
         return done

@@ -9,7 +9,9 @@ through its block table: the decoding sequences in one batched SDPA call (keys p
 the longest context and masked), each prefill chunk in its own call.
 
 Cache layout: ``kv_LPCHD`` [layers, num_blocks·block_size slots, 2 (k, v), kv heads, D];
-block b holds slots [b·bs, (b+1)·bs). Keys are stored after q/k-norm and RoPE.
+block b holds slots [b·bs, (b+1)·bs). Keys are stored after q/k-norm and RoPE. Decode
+attention reads them in place (``kernels/paged_attention_cpu.paged_decode``: a gather in
+torch would copy the whole cache every step); a prefill chunk gathers its sequence's keys.
 
 Shapes: N new tokens, Bd decoding sequences, S keys of a sequence, Hq/Hkv heads, D head_dim,
 V vocab, L layers, k experts per token.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from jointrl.kernels.paged_attention_cpu import paged_decode
 from jointrl.model import MoETransformer
 from jointrl.model.rope import rotate_half
 from jointrl.rl.rollout.sequence import Sequence
@@ -39,8 +42,8 @@ class ModelRunner:
                                     dtype=self.dtype)
 
     @property
-    def bytes_per_block(self) -> int:
-        return self.kv_LPCHD[:, :self.bs].numel() * self.kv_LPCHD.element_size()
+    def cache_bytes(self) -> int:
+        return self.kv_LPCHD.numel() * self.kv_LPCHD.element_size()
 
     def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
         pos = torch.arange(start, end)
@@ -93,8 +96,7 @@ class ModelRunner:
                 seq = batch[i][0]
                 blocks = seq.block_table[:M]
                 table_BM[b, :len(blocks)] = torch.tensor(blocks)
-            dec_slots_BS = (table_BM[:, :, None] * bs + torch.arange(bs)).view(n_dec, M * bs)[:, :S]
-            dec_mask_B11S = (torch.arange(S)[None, :] < ctx_B[:, None])[:, None, None, :]
+            dec_slots_BS = (table_BM[:, :, None] * bs + torch.arange(bs)).view(n_dec, M * bs)[:, :S].contiguous()
 
         m = self.model
         x_NH = m.model.embed_tokens(ids_N)
@@ -114,17 +116,14 @@ class ModelRunner:
             kv_PCHD.index_copy_(0, slot_N, torch.stack((k_NHD, v_NHD), dim=1))
             out_NHD = torch.empty_like(q_NHD)
             if n_dec:
-                kv_BSCHD = kv_PCHD[dec_slots_BS]
-                out_NHD[:n_dec] = F.scaled_dot_product_attention(
-                    q_NHD[:n_dec, :, None], kv_BSCHD[:, :, 0].transpose(1, 2), kv_BSCHD[:, :, 1].transpose(1, 2),
-                    attn_mask=dec_mask_B11S, scale=self.D ** -0.5, enable_gqa=self.Hq != self.Hkv)[:, :, 0]
+                out_NHD[:n_dec] = paged_decode(q_NHD[:n_dec], kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
             for r0, n, c, key_slots_S in prefill:
-                kv_SCHD = kv_PCHD[key_slots_S]
-                q_1HTD = q_NHD[r0:r0 + n].transpose(0, 1)[None]
+                kv_SCHD = kv_PCHD.index_select(0, key_slots_S)
                 mask_TS = torch.arange(c + n)[None, :] <= torch.arange(c, c + n)[:, None]
                 out_1HTD = F.scaled_dot_product_attention(
-                    q_1HTD, kv_SCHD[None, :, 0].transpose(1, 2), kv_SCHD[None, :, 1].transpose(1, 2),
-                    attn_mask=mask_TS, scale=self.D ** -0.5, enable_gqa=self.Hq != self.Hkv)
+                    q_NHD[r0:r0 + n].transpose(0, 1)[None], kv_SCHD[None, :, 0].transpose(1, 2),
+                    kv_SCHD[None, :, 1].transpose(1, 2), attn_mask=mask_TS, scale=self.D ** -0.5,
+                    enable_gqa=self.Hq != self.Hkv)
                 out_NHD[r0:r0 + n] = out_1HTD[0].transpose(0, 1)
             out_NF = out_NHD.reshape(N, self.Hq * self.D)
             if getattr(attn, "gate_proj", None) is not None:  # sigmoid output gate

@@ -42,7 +42,8 @@ class Sequence:
     cache_version: int = 0             # weights that computed block 0 (the prefix-cache key's root)
     think_used: int = 0
     last_used: float = 0.0             # monotonic time the session went idle
-    routed: list[list[list[int]]] | None = None  # per position: [layer][k] expert ids
+    routed: list[list[list[int]] | None] | None = None  # per position: [layer][k] expert ids (None: not run here)
+    routed_from: int = -1              # first position this turn ran through the model
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -174,15 +174,19 @@ def test_requests_join_the_running_batch_between_steps(model):
     assert_matches(model, short_p, second, 3)
 
 
-def test_routed_experts_recorded_per_position(model):
+def test_routed_experts_equal_the_full_forward_across_turns(model):
     eng = engine(model, return_routed_experts=True)
     p = prompts(9)[0]
-    out = eng.generate_batch([p], [GREEDY])[0]
-    seq_routed = next(iter(eng.scheduler.idle.values())).routed
-    ids = torch.tensor([p + out.token_ids])
+    out1 = eng.generate_batch([p], [GREEDY])[0]
+    turn2 = p + out1.token_ids + [257, 4, 5]
+    out2 = eng.generate_batch([turn2], [GREEDY])[0]
     with torch.no_grad():
-        ref = model(ids).topk_ids[0]
-    assert torch.equal(torch.tensor(seq_routed), ref[:len(seq_routed)])
+        ref = model(torch.tensor([turn2 + out2.token_ids])).topk_ids[0].tolist()
+    assert (out1.routed_from, len(out1.routed_experts)) == (0, len(p) + len(out1.token_ids) - 1)
+    assert out1.routed_experts == ref[:len(out1.routed_experts)]
+    # turn 2 ran only its new positions: the last sampled token of turn 1 onwards
+    assert out2.routed_from == len(p) + len(out1.token_ids) - 1
+    assert out2.routed_experts == ref[out2.routed_from:len(turn2) + len(out2.token_ids) - 1]
 
 
 def test_bad_requests_name_the_input(model):
