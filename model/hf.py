@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints: `load_hf` reads Qwen3-MoE, Mixtral and OLMoE directories; `save_hf`
+"""Hugging Face checkpoints: `load_hf` reads Qwen3-MoE, Mixtral, OLMoE and kimi_linear directories; `save_hf`
 writes `tiny_moe`-shaped models as plain Qwen3-MoE (local files only, no hub).
 
 A directory is what `transformers.AutoModelForCausalLM.from_pretrained(dir)` reads: `config.json`
@@ -9,6 +9,10 @@ plus `model.safetensors` (or sharded `model.safetensors.index.json`). Per archit
 | qwen3_moe  | per head (`qk_norm=head`) | softmax, `norm_topk_prob`       | —                                 |
 | mixtral    | none                      | softmax, always renormalised    | `block_sparse_moe.` → `mlp.`; w1/w3/w2 → gate/up/down_proj |
 | olmoe      | over all heads (`full`)   | softmax, `norm_topk_prob`       | —                                 |
+| kimi_linear| (KDA layers only)         | sigmoid + bias, groups, shared  | as mixtral; KDA: q/k/v_conv1d → conv1d, f_a/f_b/dt_bias/A_log → forget_gate |
+
+kimi_linear's full-attention layers are MLA, which we do not implement: only all-KDA checkpoints
+load (a `full_attention` layer is a ValueError naming `layer_types`).
 
 transformers 5.x holds experts fused (`mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I])
 but `save_pretrained` writes the hub's per-expert layout (`experts.{e}.{gate,up,down}_proj.weight`,
@@ -60,7 +64,10 @@ _KEY_REWRITES: dict[str, list[tuple[re.Pattern[str], str]]] = {
                 (re.compile(r"(\.experts\.\d+)\.w1\.weight$"), r"\1.gate_proj.weight"),
                 (re.compile(r"(\.experts\.\d+)\.w3\.weight$"), r"\1.up_proj.weight"),
                 (re.compile(r"(\.experts\.\d+)\.w2\.weight$"), r"\1.down_proj.weight")],
+    "kimi_linear": [(re.compile(r"\.self_attn\.(f_a_proj|f_b_proj|dt_bias|A_log)\b"), r".self_attn.forget_gate.\1")],
 }
+_KEY_REWRITES["kimi_linear"] += _KEY_REWRITES["mixtral"]
+_CONV = re.compile(r"^(model\.layers\.\d+\.self_attn)\.(q|k|v)_conv1d\.weight$")
 
 
 def config_from_hf(d: dict[str, Any]) -> MoEConfig:
@@ -68,8 +75,10 @@ def config_from_hf(d: dict[str, Any]) -> MoEConfig:
     model_type = d.get("model_type")
     if model_type == "qwen3_moe":
         return MoEConfig.from_hf_dict(d)
+    if model_type == "kimi_linear":
+        return _kimi_linear_config(d)
     if model_type not in _ARCHS:
-        raise ValueError(f"unsupported model_type {model_type!r}; supported: {['qwen3_moe', *_ARCHS]}")
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: {['qwen3_moe', 'kimi_linear', *_ARCHS]}")
     arch = _ARCHS[model_type]
     d = {**arch["defaults"], **{k: v for k, v in d.items() if k != "model_type"}}
     for key, allowed in arch["required"].items():
@@ -101,6 +110,81 @@ def config_from_hf(d: dict[str, Any]) -> MoEConfig:
     return MoEConfig(**fields)
 
 
+# kimi_linear config.json key (hub or transformers name) → MoEConfig field.
+_KIMI_FIELDS = {
+    "vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_hidden_layers",
+    "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_key_value_heads",
+    "intermediate_size": "intermediate_size", "moe_intermediate_size": "moe_intermediate_size",
+    "num_experts": "num_experts", "num_local_experts": "num_experts",
+    "num_experts_per_token": "num_experts_per_tok", "num_experts_per_tok": "num_experts_per_tok",
+    "num_shared_experts": "n_shared_experts", "n_shared_experts": "n_shared_experts",
+    "num_expert_group": "n_group", "n_group": "n_group", "topk_group": "topk_group",
+    "moe_renormalize": "norm_topk_prob", "norm_topk_prob": "norm_topk_prob",
+    "routed_scaling_factor": "routed_scaling_factor", "rms_norm_eps": "rms_norm_eps",
+    "tie_word_embeddings": "tie_word_embeddings", "initializer_range": "initializer_range",
+    "router_aux_loss_coef": "router_aux_loss_coef", "model_max_length": "max_position_embeddings",
+    "max_position_embeddings": "max_position_embeddings", "linear_num_heads": "linear_num_heads",
+    "linear_head_dim": "linear_head_dim", "linear_conv_kernel_dim": "linear_conv_kernel_dim",
+}
+# Fields only full-attention (MLA) layers read; meaningless in an all-KDA model.
+_KIMI_MLA_KEYS = frozenset({"kv_lora_rank", "q_lora_rank", "qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim",
+                            "v_head_dim", "head_dim", "rope_parameters", "rope_theta", "rope_scaling",
+                            "mla_use_nope"})
+
+
+def _kimi_linear_config(d: dict[str, Any]) -> MoEConfig:
+    """An all-KDA kimi_linear config: KDA layers, sigmoid router with groups, shared and dense layers."""
+    d = {k: v for k, v in d.items() if k != "model_type"}
+    for key, allowed in (("hidden_act", "silu"), ("attention_bias", False), ("attention_dropout", 0.0),
+                         ("pretraining_tp", 1), ("moe_router_activation_func", "sigmoid"), ("moe_layer_freq", 1)):
+        value = d.pop(key, allowed)
+        if value != allowed and value is not None:
+            raise ValueError(f"unsupported kimi_linear config field {key}={value!r}; allowed: {allowed!r}")
+    linear = dict(d.pop("linear_attn_config", None) or {})
+    for key, field in (("num_heads", "linear_num_heads"), ("head_dim", "linear_head_dim"),
+                       ("short_conv_kernel_size", "linear_conv_kernel_dim")):
+        if key in linear:
+            d.setdefault(field, linear[key])
+    L = d["num_hidden_layers"]
+    kinds = d.pop("layer_types", None)
+    if kinds is None and "kda_layers" in linear:  # the hub lists 1-indexed layers
+        kinds = ["linear_attention" if i + 1 in linear["kda_layers"] else "full_attention" for i in range(L)]
+    if kinds is None or any(k != "linear_attention" for k in kinds):
+        raise ValueError(f"unsupported kimi_linear config field layer_types={kinds!r}: full_attention layers "
+                         "are MLA, which jointrl does not implement; allowed: every layer 'linear_attention'")
+    mlp = d.pop("mlp_layer_types", None)
+    k_dense = d.pop("first_k_dense_replace", 1) if mlp is None else mlp.count("dense")
+    if mlp is not None and mlp != ["dense"] * k_dense + ["sparse"] * (L - k_dense):
+        raise ValueError(f"unsupported kimi_linear config field mlp_layer_types={mlp!r}; allowed: "
+                         "'dense' for the first layers, then 'sparse'")
+    unknown = sorted(k for k in d if k not in _KIMI_FIELDS and k not in _KIMI_MLA_KEYS and k not in _HF_IGNORED_KEYS)
+    if unknown:
+        raise ValueError(f"unsupported kimi_linear config field(s) {unknown}")
+    fields = {_KIMI_FIELDS[k]: v for k, v in d.items() if k in _KIMI_FIELDS}
+    if fields.get("num_key_value_heads") is None:
+        fields["num_key_value_heads"] = fields["num_attention_heads"]
+    fields.update(layer_types=("kda",) * L, scoring_func="sigmoid", first_k_dense_replace=k_dense,
+                  head_dim=2 * max(1, fields["hidden_size"] // fields["num_attention_heads"] // 2))  # unused: no full layers
+    return MoEConfig(**fields)
+
+
+def _fuse_kda_conv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """kimi_linear's `q_conv1d`, `k_conv1d`, `v_conv1d` [NK, 1, W] → our `conv1d` [3NK, 1, W] (q, k, v)."""
+    convs: dict[str, dict[str, torch.Tensor]] = {}
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in state.items():
+        m = _CONV.match(key)
+        if m is None:
+            out[key] = tensor
+        else:
+            convs.setdefault(m[1], {})[m[2]] = tensor
+    for prefix, parts in convs.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise ValueError(f"{prefix}: q/k/v_conv1d weights are incomplete")
+        out[f"{prefix}.conv1d.weight"] = torch.cat((parts["q"], parts["k"], parts["v"]))
+    return out
+
+
 def save_hf(model: MoETransformer, directory: str | Path) -> Path:
     """Write `config.json` + `model.safetensors` (the model's dtype; tied lm_head stored once).
 
@@ -119,7 +203,7 @@ def save_hf(model: MoETransformer, directory: str | Path) -> Path:
 
 def load_hf(directory: str | Path, dtype: torch.dtype | None = None,
             device: torch.device | str | None = None) -> MoETransformer:
-    """Load a Qwen3-MoE, Mixtral or OLMoE checkpoint directory; `dtype` None keeps the stored dtype.
+    """Load a Qwen3-MoE, Mixtral, OLMoE or (all-KDA) kimi_linear checkpoint directory; `dtype` None keeps the stored dtype.
 
     Raises ValueError naming an unsupported model_type or config field, or missing/unexpected keys.
     """
@@ -129,7 +213,7 @@ def load_hf(directory: str | Path, dtype: torch.dtype | None = None,
     state = _read_safetensors(src)
     for pattern, replacement in _KEY_REWRITES.get(raw.get("model_type"), []):
         state = {pattern.sub(replacement, k): v for k, v in state.items()}
-    state = _fuse_per_expert(state)
+    state = _fuse_kda_conv(_fuse_per_expert(state))
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
         if "model.embed_tokens.weight" in state:
@@ -145,7 +229,9 @@ def load_hf(directory: str | Path, dtype: torch.dtype | None = None,
             raise ValueError(f"checkpoint {src}: {key} has shape {tuple(state[key].shape)}, expected {tuple(shape)}")
     if dtype is None:
         dtype = state["model.embed_tokens.weight"].dtype
-    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
+    # The selection bias stays at least float32 (see TopKRouter._apply), as transformers keeps it.
+    state = {k: v.to(device=device, dtype=torch.promote_types(dtype, torch.float32)
+                     if k.endswith("e_score_correction_bias") else dtype) for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

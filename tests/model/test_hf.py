@@ -89,6 +89,45 @@ def test_unsupported_config_fields_are_named(tmp_path, make, field, value):
         load_hf(tmp_path)
 
 
+def _kimi_linear():
+    """All-KDA kimi_linear (its full-attention layers are MLA, which we do not implement): a dense
+    first layer, then sigmoid routing over 2 groups of 4 experts with a shared expert."""
+    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    torch.manual_seed(3)
+    config = KimiLinearConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, num_local_experts=8,
+        num_experts_per_tok=2, n_group=2, topk_group=1, routed_scaling_factor=2.0,
+        layer_types=["linear_attention"] * 3, mlp_layer_types=["dense", "sparse", "sparse"],
+        linear_attn_config={"head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    hf = KimiLinearForCausalLM(config).eval()
+    with torch.no_grad():  # HF initialises router bias to 0: make selection differ from weighting
+        for layer in hf.model.layers[1:]:
+            layer.mlp.gate.weight.normal_(0.0, 0.5)
+            layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.1)
+    return hf
+
+
+def test_kimi_linear_checkpoint_loads_with_equal_logits(tmp_path):
+    hf = _kimi_linear()
+    hf.save_pretrained(tmp_path)  # hub layout: block_sparse_moe, w1/w2/w3, q/k/v_conv1d, f_a_proj, A_log
+    ours = load_hf(tmp_path)
+    assert set(ours.state_dict()) == set(hf.state_dict())
+    assert ours.config.kinds == ("kda",) * 3 and ours.config.first_k_dense_replace == 1
+    ids = torch.randint(0, 96, (2, 11), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = hf(input_ids=ids, use_cache=False).logits
+        out = ours(ids)
+    assert (out.logits - ref).abs().max() <= 1e-4
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["layer_types"] = ["linear_attention", "full_attention", "linear_attention"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="layer_types.*MLA"):
+        load_hf(tmp_path)
+
+
 def test_dense_first_layers_round_trip_through_qwen3_moe(tmp_path):
     """first_k_dense_replace=k is Qwen3-MoE's mlp_only_layers=[0..k-1]: plain transformers loads our
     export and its dense Qwen3MoeMLP gives the same logits as our dense SwiGLU layer."""
