@@ -77,7 +77,8 @@ class PersistentShell:
         if self.env_dump:
             restore = self.env_dump + b"\n"
         # Fixed high fds, whatever numbers the pipes got: 60 control, 61/62 the real stdout/stderr.
-        script = (f"exec 60>&{self.ctl_fd} {self.ctl_fd}>&- 61>&1 62>&2\n".encode() + restore
+        move = "" if self.ctl_fd == 60 else f"60>&{self.ctl_fd} {self.ctl_fd}>&- "
+        script = (f"exec {move}61>&1 62>&2\n".encode() + restore
                   + f"cd -- {shlex.quote(self.cwd)} 2>/dev/null || cd /work\n".encode()
                   + b"printf 'ready\\0' >&60\n")
         self._write(script)

@@ -11,9 +11,11 @@ uid, over a *copy* of that snapshot, with
   never had it: a ``reward.txt`` it wrote anywhere in ``/work`` is not read),
 - ``HOME=/tmp`` (a fresh tmpfs), so dotfiles the agent left in ``/work`` do not configure
   the verifier's tools; ``PATH`` is the read-only system one;
-- ``PYTHONSAFEPATH=1``, so ``python3 -m pytest`` run from ``/work`` imports the real pytest,
-  not a ``pytest.py`` the agent planted there (checked: without it, that hack scores 1);
-  ``PYTHONNOUSERSITE=1`` and no bytecode cache for the same reason.
+- ``verifier_site/sitecustomize.py`` on ``PYTHONPATH`` (mounted read-only at
+  ``/opt/jointrl-verifier``), so ``python3 -m pytest`` run from ``/work`` imports the real
+  pytest, not a ``pytest.py`` the agent planted there (checked: without it, that hack scores
+  1); ``PYTHONNOUSERSITE=1`` and no bytecode cache. A test script that sets its own
+  ``PYTHONPATH`` drops this guard.
 
 tests/rewards/test_reward_hacking.py plays each known hack (reward files, a fake pytest on
 PATH or as a module, planted conftest.py / pytest.ini, edited tests) and checks it scores 0.
@@ -34,7 +36,9 @@ TESTS_MOUNT = "/tests"
 VERIFIER_LOGS = "/logs/verifier"
 REWARD_FILE = f"{VERIFIER_LOGS}/reward.txt"
 REWARD_JSON = f"{VERIFIER_LOGS}/reward.json"  # Harbor's alternative: {"reward": 1.0, ...}
-VERIFIER_ENV = {"HOME": "/tmp", "PYTHONSAFEPATH": "1", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+SITE_DIR = Path(__file__).parent / "verifier_site"
+SITE_MOUNT = "/opt/jointrl-verifier"
+VERIFIER_ENV = {"HOME": "/tmp", "PYTHONPATH": SITE_MOUNT, "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 class FinalFiles:
@@ -69,7 +73,7 @@ class FinalFiles:
         return BwrapSandbox(
             self.config,
             workdir_from=self.snapshot,
-            ro_binds={str(self.tests_dir): TESTS_MOUNT, **self.extra_ro_binds},
+            ro_binds={str(self.tests_dir): TESTS_MOUNT, str(SITE_DIR): SITE_MOUNT, **self.extra_ro_binds},
             rw_dirs=(VERIFIER_LOGS,),
             env=VERIFIER_ENV,
             shell=False,  # the verifier runs one command, one-shot
