@@ -7,7 +7,8 @@ and ``tool_use``, user ``tool_result`` answering a ``tool_use`` of the preceding
 message), ``tools`` (``name``, ``description``, ``input_schema``), ``tool_choice``
 (``auto`` / ``any`` / ``tool`` / ``none``), ``thinking`` (``{"type": "enabled",
 "budget_tokens": n}`` -> n thinking tokens per turn; ``disabled`` -> 0, a ``</think>`` forced
-at once), ``temperature``, ``top_p``, ``top_k``, ``stream``. ``stop_sequences`` are refused.
+at once), ``temperature``, ``top_p``, ``top_k``, ``stream``, ``conversation_id`` (``recorder.py``).
+``stop_sequences`` are refused.
 
 Mapping onto the chat template: a user message's ``tool_result`` blocks become ``tool`` turns
 (in order) and its text a ``user`` turn after them; an assistant message's ``thinking`` blocks
@@ -179,7 +180,8 @@ def parse_request(body: Any, tiers: dict[str, int | None]) -> tuple[ChatRequest,
                       max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                       seed=_field(body, "seed", int, "", default=None),
                       max_think_tokens=_thinking(body.get("thinking"), tiers, body),
-                      stream=_field(body, "stream", bool, "", default=False))
+                      stream=_field(body, "stream", bool, "", default=False),
+                      conversation_id=_field(body, "conversation_id", str, "", default=None))
     return req, {"model": _field(body, "model", str, "", default="")}
 
 

@@ -52,6 +52,7 @@ class ChatRequest:
     seed: int | None = None
     max_think_tokens: int | None | str = "default"  # None: unlimited; "default": the server's tier
     stream: bool = False
+    conversation_id: str | None = None  # match only this recorded conversation
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,11 @@ class ChatService:
 
     async def complete(self, req: ChatRequest) -> ChatReply:
         tools = [] if req.tool_choice == "none" else req.tools
-        prep = self.store.prepare(req.messages, tools)
+        try:
+            prep = self.store.prepare(req.messages, tools, req.conversation_id)
+        except KeyError:
+            raise RequestError(f"'conversation_id' {req.conversation_id!r} names no open conversation",
+                               "conversation_id", 404, "not_found_error") from None
         room = self.limits.max_context - len(prep.prompt_ids)
         if room < 1:
             raise RequestError(f"the conversation renders to {len(prep.prompt_ids)} tokens, over this server's "

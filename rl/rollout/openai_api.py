@@ -6,7 +6,8 @@ Accepted: ``messages`` (system/developer/user/assistant/tool; string or text-par
 assistant ``tool_calls`` and ``reasoning_content``; tool results must answer a call made
 earlier), ``tools``, ``tool_choice``, ``max_tokens`` / ``max_completion_tokens``,
 ``temperature``, ``top_p``, ``top_k``, ``seed``, ``n`` (1 only), ``stream``,
-``stream_options.include_usage``, ``logprobs``, ``top_logprobs`` and ``thinking_budget``
+``stream_options.include_usage``, ``logprobs``, ``top_logprobs``, ``conversation_id`` (the
+recorded conversation to continue, ``recorder.py``) and ``thinking_budget``
 (``low`` / ``high`` / ``max`` -> the configured per-turn limit, or a token count; the
 articles' ``extra_body={"thinking_budget": "max"}``). ``stop`` strings are refused (400):
 the engine stops on token ids only. Other fields are ignored, as OpenAI-compatible servers do.
@@ -187,7 +188,8 @@ def parse_request(body: Any, tiers: dict[str, int | None]) -> tuple[ChatRequest,
                       max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                       seed=_field(body, "seed", int, "", default=None),
                       max_think_tokens=think,
-                      stream=_field(body, "stream", bool, "", default=False))
+                      stream=_field(body, "stream", bool, "", default=False),
+                      conversation_id=_field(body, "conversation_id", str, "", default=None))
     opts = {"logprobs": _field(body, "logprobs", bool, "", default=False),
             "include_usage": bool(stream_options.get("include_usage", False)),
             "model": _field(body, "model", str, "", default="")}

@@ -13,10 +13,14 @@ re-tokenized -- and renders only the new messages with ``ChatTemplate.continuati
 which is what ``rl/agent_loop.run_episode`` does between turns, so a conversation driven
 through the server records the same ``Trajectory`` as the agent loop (tested).
 
-Matching. Messages compare by role, content and tool calls (name + arguments); an assistant
-message sent back without its reasoning matches the recorded one (many scaffolds drop
-``reasoning_content``), and the recorded thinking stays in context. The conversation with
-the longest matching prefix wins (ties: one the request extends fully, then the most recent);
+Matching. Messages compare by role, content and tool calls (name, arguments, and the call
+ids the server handed out); an assistant message sent back without its reasoning matches the
+recorded one (many scaffolds drop ``reasoning_content``), and the recorded thinking stays in
+context. A client may name the conversation (``conversation_id``, returned with every reply)
+to match against it alone; otherwise a conversation the request extends entirely wins, then
+the longest matching prefix, then the most recent -- text alone cannot tell apart two
+samples that wrote the same words with different log-probs, so agents that record training
+data should send the id;
 a request that extends a conversation fully continues it under the same id, one that
 diverges inside it starts a new conversation (a fork) sharing the prefix tokens. A generated
 turn that did not end with ``<|im_end|>`` (cut by max_tokens) is never reused: the match
@@ -93,7 +97,10 @@ def same_message(request: Message, recorded: Message) -> bool:
         return True
     if request.reasoning and request.reasoning != recorded.reasoning:
         return False
-    return [(c.name, c.arguments) for c in request.tool_calls] == [(c.name, c.arguments) for c in recorded.tool_calls]
+    if len(request.tool_calls) != len(recorded.tool_calls):
+        return False
+    return all(a.name == b.name and a.arguments == b.arguments and (not a.id or not b.id or a.id == b.id)
+               for a, b in zip(request.tool_calls, recorded.tool_calls))
 
 
 class ConversationStore:
@@ -116,10 +123,15 @@ class ConversationStore:
         return self._convs.get(conv_id)
 
     # -- a request: resolve its prompt ids ---------------------------------------------------
-    def prepare(self, messages: list[Message], tools: list[ToolSpec]) -> Prepared:
+    def prepare(self, messages: list[Message], tools: list[ToolSpec], conversation_id: str | None = None) -> Prepared:
+        """Prompt ids for ``messages``; ``conversation_id`` restricts the match to that conversation.
+
+        Raises ``KeyError`` for an unknown ``conversation_id``."""
         key = tools_key(tools)
         with self._lock:
-            best, k = self._best_match(messages, key)
+            if conversation_id is not None and conversation_id not in self._convs:
+                raise KeyError(conversation_id)
+            best, k = self._best_match(messages, key, conversation_id)
             if best is None:
                 ends = self._render_ends(messages, tools)
                 prompt = self.template.render(messages, tools)
@@ -135,19 +147,19 @@ class ConversationStore:
                 log.debug("request extends conversation %s after message %d (token %d)", best.id, k, cut)
             return Prepared(prompt, best, best.revision, k, cut, list(messages), key, ends)
 
-    def _best_match(self, messages: list[Message], key: str) -> tuple[Conversation | None, int]:
-        best, best_rank = None, (0, False, 0.0)
+    def _best_match(self, messages: list[Message], key: str, only: str | None) -> tuple[Conversation | None, int]:
+        best, best_rank = None, (False, 0, 0.0)
         for conv in self._convs.values():
-            if conv.tools_key != key:
+            if conv.tools_key != key or (only is not None and conv.id != only):
                 continue
             k = 0
             while (k < len(messages) and k < len(conv.messages) and conv.ends[k] is not None
                    and same_message(messages[k], conv.messages[k])):
                 k += 1
-            rank = (k, k == len(conv.messages), conv.last_used)
+            rank = (k == len(conv.messages), k, conv.last_used)
             if k > 0 and rank > best_rank:
                 best, best_rank = conv, rank
-        return best, best_rank[0]
+        return best, best_rank[1]
 
     def _render_ends(self, messages: list[Message], tools: list[ToolSpec]) -> list[int | None]:
         return [len(self.template.render(messages[: i + 1], tools, add_generation_prompt=False)) - 1
