@@ -105,7 +105,7 @@ def expected_turns(budget: int | None):
              "tool_calls" if calls else "stop") for r, calls, x in cp.SCRIPT]
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("stream", [pytest.param(False, marks=pytest.mark.slow), True], ids=["plain", "stream"])
 def test_openai_client_multi_turn_tool_calls(server, stream):
     url, _ = server
     turns, _ = openai_conversation(url, "max", stream)
@@ -115,7 +115,7 @@ def test_openai_client_multi_turn_tool_calls(server, stream):
     assert all(len(r.encode()) == cp.LOW_BUDGET for r, *_ in low)
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("stream", [pytest.param(False, marks=pytest.mark.slow), True], ids=["plain", "stream"])
 def test_anthropic_client_multi_turn_tool_use(server, stream):
     url, _ = server
     client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)
