@@ -6,11 +6,12 @@
 Each episode: the terminal task's opening messages and tools (``envs/terminal``'s
 ``TerminalEnv``, a bubblewrap sandbox), then chat completions until the model stops calling
 tools, submits or the turn limit; tool calls run in the sandbox and go back as ``tool``
-messages (with the model's ``reasoning_content``, so its thinking stays in context). The
-task's reward modules (as the trainer weighs them: ``tests_pass`` + 0.1 ``format``) score it and the agent ends the conversation on the server
-(``POST /v1/conversations/{id}/finish`` with the reward and a shared ``group_id``), which
-records it as a ``Trajectory`` line: the same tokens the built-in agent loop would have
-recorded. ``examples/train_on_recorded.py`` trains on the file.
+messages (with the model's ``reasoning_content``, so its thinking stays in context, and the
+returned ``conversation_id``, so the server continues this sample's tokens). The reward
+modules, weighted as the trainer weighs them (``tests_pass`` + 0.1 ``format``), score the
+final files; the agent then ends the conversation on the server (``POST
+/v1/conversations/{id}/finish`` with the reward and a shared ``group_id``), which records it
+as a ``Trajectory`` line: the tokens the built-in agent loop would have recorded. ``examples/train_on_recorded.py`` trains on the file.
 """
 
 from __future__ import annotations

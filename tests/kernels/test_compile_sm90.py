@@ -82,6 +82,17 @@ def test_kda_recurrent_compiles(sm90, dtype, has_state):
     assert _has_sass_or_ptx(c)
 
 
+def test_kda_chunk_forward_compiles(sm90):
+    cfg = kda.CHUNK_CONFIG
+    bf16 = torch.bfloat16
+    c = sm90(kda._kda_chunk_fwd_kernel,
+             {"q_ptr": bf16, "k_ptr": bf16, "v_ptr": bf16, "g_ptr": torch.float32, "beta_ptr": bf16,
+              "s0_ptr": torch.float32, "o_ptr": torch.float32, "s_ptr": torch.float32,
+              "T": "i32", "N": "i32", "K": "i32", "V": "i32", "scale": "fp32"},
+             {"HAS_STATE": True, "CHUNK": cfg.chunk, "BLOCK_K": 128, "BLOCK_V": cfg.block_v}, num_warps=cfg.num_warps)
+    assert _has_sass_or_ptx(c)
+
+
 def test_dsa_indexer_compiles(sm90):
     cfg = dsa.INDEXER_CONFIG
     c = sm90(dsa._indexer_kernel,

@@ -29,7 +29,7 @@ def _inputs(B, T, N, K, V, seed, dtype):
     (65, 16, 64, torch.bfloat16, True),
 ])
 def test_recurrent_matches_reference(T, K, V, dtype, with_state, rel):
-    q, k, v, gate, beta, s0 = _inputs(2, T, 3, K, V, seed=T + K, dtype=dtype)
+    q, k, v, gate, beta, s0 = _inputs(1 if T > 1 else 2, T, 2, K, V, seed=T + K, dtype=dtype)
     s0 = s0 if with_state else None
     o, s = kda._kda_recurrent_triton(q, k, v, gate, beta, s0)
     o_ref, s_ref = kda._kda_recurrent_torch(q, k, v, gate, beta, s0)
@@ -46,3 +46,22 @@ def test_decode_steps_continue_a_prefill(rel):
         o_t, s = kda.kda_recurrent(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], gate[:, t:t + 1], beta[:, t:t + 1], s)
         outs.append(o_t)
     assert rel(torch.cat(outs, 1), o_all) < 1e-6 and rel(s, s_all) < 1e-6
+
+
+@pytest.mark.parametrize(("T", "K", "V", "with_state"), [
+    (63, 32, 40, True),  # T not a multiple of the 16-token chunk, V not of the value block
+    (17, 48, 32, False),
+])
+def test_chunk_forward_matches_reference(T, K, V, with_state, rel):
+    q, k, v, gate, beta, s0 = _inputs(1, T, 2, K, V, seed=T * K, dtype=torch.float32)
+    s0 = s0 if with_state else None
+    o, s = kda._kda_chunk_triton(q, k, v, gate, beta, s0)
+    o_ref, s_ref = kda._kda_recurrent_torch(q, k, v, gate, beta, s0)
+    assert rel(o, o_ref) < 1e-5 and rel(s, s_ref) < 1e-5
+
+
+def test_chunk_forward_falls_back_to_the_reference_under_autograd():
+    q, k, v, gate, beta, _ = _inputs(1, 5, 1, 16, 16, seed=9, dtype=torch.float32)
+    v.requires_grad_()
+    o, _ = kda.kda_chunk_forward(q, k, v, gate, beta)
+    assert o.grad_fn is not None  # the kernel path would have returned a leaf
