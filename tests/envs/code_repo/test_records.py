@@ -17,6 +17,7 @@ from jointrl.envs.code_repo import DATA_DIR, SweRecord, load_policy, load_tasks,
 from jointrl.envs.code_repo.build_instances import build
 from jointrl.envs.code_repo.policies import replace_calls
 from jointrl.envs.code_repo.snapshot import RepoStore, default_store
+from jointrl.envs.code_repo.specs import Bug, RepoSpec
 
 RAW = [json.loads(line) for line in (DATA_DIR / "instances.jsonl").read_text().splitlines()]
 
@@ -128,3 +129,23 @@ def test_build_reproduces_the_shipped_records(tmp_path):
     """The build script rebuilds every repository and record (same commit ids) and checks each instance."""
     build(tmp_path)
     assert (tmp_path / "instances.jsonl").read_text() == (DATA_DIR / "instances.jsonl").read_text()
+
+
+def _tiny_spec(wrong_new: str, f2p: str = "tests/test_m.py::test_f") -> RepoSpec:
+    tests = "".join(f"def test_ok{i}():\n    assert True\n\n\n" for i in range(5))
+    return RepoSpec(name="tiny", files={"pkg/__init__.py": "", "pkg/m.py": "def f():\n    return 1\n",
+                                        "tests/test_m.py": "from pkg.m import f\n\n\n" + tests},
+                    bugs=[Bug(id="tiny-1", problem="f() should be 1", breaks=[("pkg/m.py", "return 1", "return 2")],
+                              tests={"tests/test_m.py": "def test_f():\n    assert f() == 1\n"},
+                              fail_to_pass=[f2p], wrong=[("pkg/m.py", "return 2", wrong_new)])])
+
+
+@pytest.mark.slow
+def test_build_checks_every_instance_by_running_its_tests(tmp_path):
+    """A wrong patch that passes, or a FAIL_TO_PASS test that passes at the base commit, stops the build."""
+    records = build(tmp_path / "ok", [_tiny_spec("return 3")])
+    assert json.loads(records[0]["PASS_TO_PASS"]) == [f"tests/test_m.py::test_ok{i}" for i in range(5)]
+    with pytest.raises(ValueError, match="the wrong patch passes every test"):
+        build(tmp_path / "wrong", [_tiny_spec("return 1")])
+    with pytest.raises(ValueError, match="test_ok0 does not fail at the base commit"):
+        build(tmp_path / "f2p", [_tiny_spec("return 3", f2p="tests/test_m.py::test_ok0")])
