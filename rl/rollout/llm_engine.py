@@ -84,9 +84,10 @@ class LLMEngine:
         self.model = model.eval()
         self.tok = tokenizer or ByteTokenizer()
         self.block_manager = BlockManager(self.config.num_blocks, self.config.block_size)
-        self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs,
-                                   self.config.max_num_batched_tokens, self.config.session_ttl_s)
         self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size)
+        self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
+                                   self.config.session_ttl_s, prefix_cache="kda" not in getattr(
+                                       model.config, "kinds", ()))
         self.stats = EngineStats()
         self._version = 0
         self._ids = itertools.count()

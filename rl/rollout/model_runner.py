@@ -25,25 +25,29 @@ import torch.nn.functional as F
 from jointrl.kernels.paged_attention_cpu import paged_decode
 from jointrl.model import MoETransformer
 from jointrl.model.rope import rotate_half
+from jointrl.rl.rollout.paged_state import PagedState
 from jointrl.rl.rollout.sequence import Sequence
 
 
 class ModelRunner:
     def __init__(self, model: MoETransformer, num_blocks: int, block_size: int) -> None:
         cfg = model.config
-        kinds = set(getattr(cfg, "kinds", ("full",)))
-        if kinds != {"full"}:
-            raise ValueError(f"the engine runs full-attention layers only; this model has layer kinds "
-                             f"{sorted(kinds)} (KDA / gated DSA state in the engine: issue #5, after issue #3)")
+        kinds = tuple(getattr(cfg, "kinds", ("full",) * cfg.num_hidden_layers))
+        self.hybrid = set(kinds) != {"full"}  # kda / gated_dsa layers: one sequence per forward
         self.model, self.bs = model, block_size
         self.dtype = next(model.parameters()).dtype
         self.Hq, self.Hkv, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.kv_LPCHD = torch.zeros(cfg.num_hidden_layers, num_blocks * block_size, 2, self.Hkv, self.D,
-                                    dtype=self.dtype)
+        P = num_blocks * block_size
+        kv_layers = [i for i, k in enumerate(kinds) if k in ("full", "gated_dsa")]
+        index_layers = [i for i, k in enumerate(kinds) if k == "gated_dsa"]
+        self.pool_index = {layer: j for j, layer in enumerate(kv_layers)}      # layer -> kv_LPCHD row
+        self.index_pool = {layer: j for j, layer in enumerate(index_layers)}  # layer -> index_LPD row
+        self.kv_LPCHD = torch.zeros(len(kv_layers), P, 2, self.Hkv, self.D, dtype=self.dtype)
+        self.index_LPD = torch.zeros(len(index_layers), P, getattr(cfg, "index_head_dim", 1), dtype=self.dtype)
 
     @property
     def cache_bytes(self) -> int:
-        return self.kv_LPCHD.numel() * self.kv_LPCHD.element_size()
+        return (self.kv_LPCHD.numel() + self.index_LPD.numel()) * self.kv_LPCHD.element_size()
 
     def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
         pos = torch.arange(start, end)
@@ -57,6 +61,8 @@ class ModelRunner:
         → (logits_RV for the R sequences whose new tokens reach their end, in batch order;
         their batch indices; routed expert ids [N, L, k] when ``want_routed``).
         """
+        if self.hybrid:
+            return self._run_per_sequence(batch, want_routed)
         bs = self.bs
         order = [i for i, (_, n) in enumerate(batch) if n == 1] + [i for i, (_, n) in enumerate(batch) if n > 1]
         n_dec = sum(1 for _, n in batch if n == 1)
@@ -104,7 +110,7 @@ class ModelRunner:
         cos_N1D, sin_N1D = cos_ND[:, None], sin_ND[:, None]
         routed = []
         for layer_idx, layer in enumerate(m.model.layers):
-            kv_PCHD = self.kv_LPCHD[layer_idx]
+            kv_PCHD = self.kv_LPCHD[self.pool_index[layer_idx]]
             attn = layer.self_attn
             h_NH = layer.input_layernorm(x_NH)
             N = h_NH.shape[0]
@@ -145,3 +151,19 @@ class ModelRunner:
             rows = torch.cat([torch.arange(first_row[i], first_row[i] + n) for i, (_, n) in enumerate(batch)])
             routed_NLk = torch.stack(routed, dim=1)[rows]
         return logits_RV, ends, routed_NLk
+
+    def _run_per_sequence(self, batch: list[tuple[Sequence, int]], want_routed: bool
+                          ) -> tuple[torch.Tensor, list[int], torch.Tensor | None]:
+        """Hybrid models: the model's own forward per sequence, its state in a ``PagedState``."""
+        logits, ends, routed = [], [], []
+        for i, (seq, n) in enumerate(batch):
+            c = seq.num_computed
+            out = self.model(torch.tensor([seq.token_ids[c:c + n]]), position_ids=torch.arange(c, c + n)[None],
+                             cache=PagedState(self, seq, n))
+            if c + n == len(seq):
+                ends.append(i)
+                logits.append(out.logits[0, -1])
+            if want_routed:
+                routed.append(out.topk_ids[0])
+        logits_RV = torch.stack(logits) if logits else torch.empty(0, self.model.config.vocab_size, dtype=self.dtype)
+        return logits_RV, ends, torch.cat(routed) if want_routed else None

@@ -30,11 +30,12 @@ from jointrl.rl.rollout.sequence import Sequence, Status
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 session_ttl_s: float) -> None:
+                 session_ttl_s: float, prefix_cache: bool = True) -> None:
         self.bm = block_manager
         self.bs = block_manager.block_size
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.session_ttl_s = session_ttl_s
+        self.prefix_cache = prefix_cache  # off for KDA models: their state at a block boundary is not kept
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.idle: OrderedDict[int, Sequence] = OrderedDict()  # seq_id -> session, LRU first
@@ -53,8 +54,8 @@ class Scheduler:
         if session is not None:
             self._drop_idle(session)
             seq.block_table, seq.num_computed = session.block_table, session.num_computed
-            seq.num_registered, seq.cache_version, seq.routed = (
-                session.num_registered, session.cache_version, session.routed)
+            seq.num_registered, seq.cache_version, seq.routed, seq.recurrent = (
+                session.num_registered, session.cache_version, session.routed, session.recurrent)
             session.block_table = []
         self.waiting.append(seq)
 
@@ -133,6 +134,8 @@ class Scheduler:
     def _match_prefix(self, seq: Sequence) -> bool:
         """Share cached full blocks (keeping >= 1 token to compute); True = defer, a running
         sequence is computing the next block of this prompt."""
+        if not self.prefix_cache:
+            return False
         for i in range(min(len(seq.chain), (len(seq) - 1) // self.bs)):
             key = hash((self.version, seq.chain[i]))
             block = self.bm.lookup(key, tuple(seq.token_ids[i * self.bs:(i + 1) * self.bs]))

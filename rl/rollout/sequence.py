@@ -44,6 +44,7 @@ class Sequence:
     last_used: float = 0.0             # monotonic time the session went idle
     routed: list[list[list[int]] | None] | None = None  # per position: [layer][k] expert ids (None: not run here)
     routed_from: int = -1              # first position this turn ran through the model
+    recurrent: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # kda layer -> state
 
     def __len__(self) -> int:
         return len(self.token_ids)

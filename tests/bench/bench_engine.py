@@ -17,12 +17,17 @@ spin-wait on each other), float32, EOS ignored on both sides. Reports, never ass
    waits for its slowest env. Reports wall time, generated tok/s, the engine's share of
    step time in the model forward, and tokens computed / tokens in the final contexts, for
    a small KV budget (idle sessions get evicted) and a large one.
+4. long context (``--only long``): one session on ``tiny_hybrid`` (3 KDA : 1 gated DSA) grown to
+   1K then 32K tokens, beside the same shape with every layer full attention: decode ms per
+   token at each length, KV pool bytes (fixed at start: the budget), blocks in use, and the
+   KDA state bytes held by the session against ``model.state.state_layout``'s formula.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import random
 import tempfile
 import time
@@ -198,11 +203,42 @@ def agentic(model, hf, n_traj, turns, prompt_len, gen, obs, budgets) -> list[str
     return rows
 
 
+def long_context(lengths=(1024, 32768), decode=16) -> list[str]:
+    from jointrl.model.state import state_layout
+
+    hybrid = MoEConfig.preset("tiny_hybrid")
+    full = dataclasses.replace(hybrid, layer_types=("full",) * hybrid.num_hidden_layers)
+    rows = []
+    for name, cfg in (("tiny_hybrid", hybrid), ("same shape, all full attention", full)):
+        model = MoETransformer.from_config(cfg, dtype=torch.float32, seed=0).eval()
+        eng = engine(model, num_blocks=(max(lengths) + 4 * decode) // 16 + 8, chunk=2048, session_ttl_s=3600.0)
+        ids: list[int] = []
+        for length in lengths:
+            ids += rand_prompts(1, length - len(ids), seed=length)[0]
+            seq = eng.add_request(ids, SamplingParams(max_tokens=decode, temperature=0))
+            t0 = time.perf_counter()
+            while seq.num_computed < len(ids):
+                eng.step()
+            t1 = time.perf_counter()
+            while len(seq.out.token_ids) < decode:
+                eng.step()
+            t2 = time.perf_counter()
+            ids = ids + seq.out.token_ids
+            state = sum(t.numel() * t.element_size() for pair in seq.recurrent.values() for t in pair)
+            used = eng.block_manager.num_blocks - eng.block_manager.num_free
+            rows.append(f"| {name} @ {length} tokens | decode {(t2 - t1) / (decode - 1) * 1e3:.1f} ms/token | "
+                        f"prefill of new tokens {t1 - t0:.1f} s | KV pool {eng.kv_cache_bytes / 2**20:.1f} MiB "
+                        f"(fixed), {used}/{eng.block_manager.num_blocks} blocks | KDA state {state} B "
+                        f"(formula {state_layout(cfg, torch.float32).fixed} B) |")
+            print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
-    parser.add_argument("--only", default="fixed,grpo,agentic")
+    parser.add_argument("--only", default="fixed,grpo,agentic", help="comma list of fixed, grpo, agentic, long")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import Qwen3MoeForCausalLM
@@ -224,6 +260,8 @@ def main() -> None:
         n = 16 if q else 64
         agentic(model, hf, n, 4 if q else 8, 256, 32, 64,
                 [("small", n * 1024 // 16 // 4), ("large", n * 1024 // 16 + 64)])
+    if "long" in args.only:
+        long_context((1024, 4096) if q else (1024, 32768))
 
 
 if __name__ == "__main__":

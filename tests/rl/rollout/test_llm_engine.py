@@ -199,3 +199,25 @@ def test_bad_requests_name_the_input(model):
         EngineConfig(live_sessions="sometimes")
     with pytest.raises(ValueError, match="block_size"):
         EngineConfig(block_size=0)
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    cfg = MoEConfig.preset("tiny_hybrid", initializer_range=0.1)
+    return MoETransformer.from_config(cfg, dtype=torch.float64, seed=1)
+
+
+def test_hybrid_kda_dsa_model_equals_full_recompute_across_chunks_sessions_and_preemption(hybrid):
+    from jointrl.model.state import state_layout
+
+    eng = engine(hybrid, num_blocks=14, max_num_batched_tokens=8)
+    ps = prompts(5, 40, 3)
+    outs = eng.generate_batch(ps, [GREEDY] * 3)
+    assert eng.scheduler.num_preempted > 0
+    for p, out in zip(ps, outs):
+        assert_matches(hybrid, p, out)
+    turn2 = ps[0] + outs[0].token_ids + [257, 3, 4]
+    assert_matches(hybrid, turn2, eng.generate_batch([turn2], [GREEDY])[0])
+    session = eng.scheduler.idle[max(eng.scheduler.idle)]
+    state_bytes = sum(t.numel() * t.element_size() for pair in session.recurrent.values() for t in pair)
+    assert state_bytes == state_layout(hybrid.config, torch.float64).fixed
