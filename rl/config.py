@@ -233,6 +233,27 @@ class LoggerConfig:
 
 
 @dataclass
+class ServeConfig:
+    """``jointrl serve``: the HTTP server (rl/rollout/server.py). Context and per-tier thinking
+    limits come from ``rollout`` (``max_context``, ``thinking_budget``)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port (printed at start)
+    model_name: str = "jointrl"
+    default_thinking_budget: str = "max"  # tier when a request names none
+    default_max_tokens: int = 256  # per turn, when a request names none
+    max_conversations: int = 1024  # token records kept (least recently used evicted)
+    record_path: str | None = None  # JSONL of recorded Trajectories; None: no recording
+    max_request_bytes: int = 8 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        _check_choice("serve.default_thinking_budget", self.default_thinking_budget, ("low", "high", "max"))
+        _check_positive("serve.default_max_tokens", self.default_max_tokens)
+        _check_positive("serve.max_conversations", self.max_conversations)
+        _check_positive("serve.port", self.port, allow_zero=True)
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -241,6 +262,8 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    checkpoint: str | None = None  # jointrl serve: HF dir or DeepSpeed checkpoint dir; None: untrained model
     run_name: str = "default"
     output_dir: str = "runs/default"
     seed: int = 0
