@@ -25,7 +25,7 @@ def load_tasks(domain: str, task_dir: str | None = None) -> list[Task]:
         return load_code_repo(root)
     from jointrl.envs.terminal import load_tasks as load_terminal
 
-    return load_terminal(root)
+    return load_terminal(root, backend="bwrap")  # envs run on bwrap; a task needing its own image cannot
 
 
 def make_env(domain: str, envs_cfg: Any) -> Env:
@@ -39,6 +39,8 @@ def make_env(domain: str, envs_cfg: Any) -> Env:
         from jointrl.envs.code_repo import CodeRepoEnv
 
         return CodeRepoEnv(config)
+    from jointrl.envs.sandbox.pool import shared_pool
     from jointrl.envs.terminal import TerminalEnv
 
-    return TerminalEnv(config)
+    # One warm pool per env-worker process and config: reset takes a started sandbox.
+    return TerminalEnv(config, pool=shared_pool(config, getattr(envs_cfg, "warm_sandboxes", 4)))

@@ -104,17 +104,20 @@ def domain_image(domain: str) -> Path:
 
 
 class DockerSandbox:
-    """One episode's container. ``dockerfile``: the task's own image, else ``envs/images/<domain>.Dockerfile``."""
+    """One episode's container: ``image`` by name, or built from ``dockerfile`` (a task's own), else
+    from ``envs/images/<domain>.Dockerfile``. ``shell`` is accepted for the common constructor
+    signature (the emulated shell needs no process)."""
 
     def __init__(self, config: SandboxConfig | None = None, workdir_from: Path | None = None,
                  ro_binds: dict[str, str] | None = None, *, rw_dirs: tuple[str, ...] = (),
                  env: dict[str, str] | None = None, shell: bool = True, domain: str = "terminal",
-                 dockerfile: Path | None = None) -> None:
+                 dockerfile: Path | None = None, image: str | None = None) -> None:
         import docker.types
 
         self.config = c = config or SandboxConfig()
         self.cli = client()
-        image = ensure_image(self.cli, Path(dockerfile) if dockerfile else domain_image(domain))
+        if image is None:  # a prebuilt image by name (Harbor's [environment] docker_image) is used as is
+            image = ensure_image(self.cli, Path(dockerfile) if dockerfile else domain_image(domain))
         binds = {**c.ro_binds, **(ro_binds or {})}
         size = c.max_disk_bytes or (1 << 30)
         tmpfs = {"/work": f"size={size},uid=1000,gid=1000,mode=0700", "/tmp": f"size={size},mode=1777"}

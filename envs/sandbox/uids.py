@@ -83,21 +83,24 @@ def pids_of_uid(uid: int) -> list[int]:
     Zombies are left out: they hold no resources and only their parent can reap them.
     """
     pids = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{entry.name}/status", "rb") as f:
-                for line in f:
-                    if line.startswith(b"State:") and line.split()[1] in (b"Z", b"X"):
-                        break
-                    if line.startswith(b"Uid:"):
-                        real, effective = (int(x) for x in line.split()[1:3])
-                        if uid in (real, effective):
-                            pids.append(int(entry.name))
-                        break
+            fd = os.open(f"/proc/{name}/status", os.O_RDONLY)
+            try:
+                data = os.read(fd, 4096)  # State: and Uid: are in the first lines
+            finally:
+                os.close(fd)
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue  # the process exited while we looked
+        state = data.find(b"\nState:")
+        uids = data.find(b"\nUid:")
+        if state < 0 or uids < 0 or data[state + 7 :].split(None, 1)[0] in (b"Z", b"X"):
+            continue
+        real, effective = (int(x) for x in data[uids + 5 :].split(None, 2)[:2])
+        if uid in (real, effective):
+            pids.append(int(name))
     return pids
 
 

@@ -5,8 +5,9 @@ worker's warm pool when one is given, else started cold) whose ``/work`` holds t
 ``environment/`` files and runs ``environment/setup.sh`` there if the task has one; each
 ``bash`` call runs in the episode's persistent shell (cwd and environment persist) with the
 configured per-command wall-clock limit; ``submit`` ends the episode. A task that needs its
-own Docker image (``environment/Dockerfile``) cannot run on bwrap: ``reset`` raises
-``TaskNeedsImage`` (a ``ValueError``) saying so. For the verifier (``verifier.py``),
+own Docker image (``environment/Dockerfile``) runs with ``backend="docker"`` (its episode and
+its verifier in containers of that image); on bwrap ``reset`` raises ``TaskNeedsImage`` (a
+``ValueError``) saying so. For the verifier (``verifier.py``),
 ``verify_sandbox`` (before ``close()``) or ``await final_files()`` (a snapshot that outlives
 ``close()``) become ``Episode.verify_sandbox``.
 
@@ -18,9 +19,11 @@ cannot start or dies raises ``EnvError``.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec
 from jointrl.envs.base import validate_call as validate_against_schema
+from jointrl.envs.sandbox import BACKENDS, Sandbox, make_sandbox
 from jointrl.envs.sandbox.base import ExecResult, SandboxConfig
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
 from jointrl.envs.sandbox.pool import SandboxPool
@@ -94,14 +97,19 @@ class TaskNeedsImage(ValueError):
 
 class TerminalEnv:
     """``Env`` for terminal tasks. ``config`` sets the sandbox limits (per-command timeout etc.);
-    ``pool``, a warm ``SandboxPool`` of the same config, makes ``reset`` cheap."""
+    ``pool``, a warm ``SandboxPool`` of the same config, makes ``reset`` cheap (bwrap);
+    ``backend`` is ``"bwrap"`` or ``"docker"`` (``envs/sandbox/``)."""
 
-    def __init__(self, config: SandboxConfig | None = None, pool: SandboxPool | None = None) -> None:
+    def __init__(self, config: SandboxConfig | None = None, pool: SandboxPool | None = None,
+                 backend: str = "bwrap") -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown sandbox backend {backend!r}; allowed: {list(BACKENDS)}")
         self.config = config or SandboxConfig()
-        self.pool = pool
+        self.pool, self.backend = pool, backend
+        self._backend_kwargs: dict = {}
         self.tools: list[ToolSpec] = [BASH, SUBMIT]
         self.task: Task | None = None
-        self.sandbox: BwrapSandbox | None = None
+        self.sandbox: Sandbox | None = None
         self.done = False
         self.num_tool_errors = 0  # malformed calls that reached the env (the parser counts its own)
 
@@ -109,15 +117,23 @@ class TerminalEnv:
         """Open a fresh sandbox with the task's ``environment/`` in ``/work`` (closing any previous one)."""
         if task.root is None or not (task.root / "tests").is_dir():
             raise ValueError(f"terminal task {task.id!r} needs a root folder with tests/")
-        if task.metadata.get("docker_image"):
+        image = task.metadata.get("docker_image")
+        if image and self.backend == "bwrap":
             raise TaskNeedsImage(
                 f"terminal task {task.id!r} needs its own Docker image ({task.metadata['docker_image']}); "
                 "the bwrap backend cannot build it: run it on the docker backend (envs/sandbox/docker.py)")
         await self.close()
         setup = task.root / "environment"
         files = setup if setup.is_dir() else None
+        self._backend_kwargs = {}
+        if self.backend == "docker" and image:
+            self._backend_kwargs = {"dockerfile": Path(image)} if Path(image).is_file() else {"image": image}
+            files = files if files is not None and not (files / "Dockerfile").is_file() else None  # a build context
         try:
-            if self.pool is not None:
+            if self.backend == "docker":
+                self.sandbox = await asyncio.to_thread(make_sandbox, "docker", self.config, workdir_from=files,
+                                                       **self._backend_kwargs)
+            elif self.pool is not None:
                 self.sandbox = await asyncio.to_thread(self.pool.acquire, files)
             else:
                 self.sandbox = await asyncio.to_thread(BwrapSandbox, self.config, files)
@@ -149,7 +165,7 @@ class TerminalEnv:
             raise EnvError(f"sandbox failed while running a command: {e}") from e
         return Observation(format_result(result, self.config.timeout_s))
 
-    def verify_sandbox(self) -> BwrapSandbox:
+    def verify_sandbox(self) -> Sandbox:
         """A fresh verification sandbox over a copy of ``/work`` as it is now (see ``verifier.py``).
 
         For ``Episode.verify_sandbox`` when rewards are computed before ``close()``; the caller
@@ -157,7 +173,8 @@ class TerminalEnv:
         """
         if self.sandbox is None or self.task is None or self.task.root is None:
             raise RuntimeError("TerminalEnv.verify_sandbox() called before reset() or after close()")
-        final = FinalFiles.take(self.sandbox, self.task.root / "tests", self.config, self._verifier_mounts())
+        final = FinalFiles.take(self.sandbox, self.task.root / "tests", self.config, self._verifier_mounts(),
+                                self.backend, self._backend_kwargs)
         try:
             return final()
         finally:
@@ -169,7 +186,7 @@ class TerminalEnv:
             raise RuntimeError("TerminalEnv.final_files() called before reset()")
         try:
             return await asyncio.to_thread(FinalFiles.take, self.sandbox, self.task.root / "tests", self.config,
-                                           self._verifier_mounts())
+                                           self._verifier_mounts(), self.backend, self._backend_kwargs)
         except OSError as e:
             raise EnvError(f"cannot snapshot the final files of task {self.task.id!r}: {e}") from e
 

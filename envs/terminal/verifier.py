@@ -27,10 +27,12 @@ import secrets
 import shutil
 import weakref
 from pathlib import Path
+from typing import Any
 
 from jointrl.envs.base import EnvError
+from jointrl.envs.sandbox import Sandbox, make_sandbox
 from jointrl.envs.sandbox.base import SandboxConfig
-from jointrl.envs.sandbox.bwrap import BwrapSandbox, sandbox_root
+from jointrl.envs.sandbox.bwrap import sandbox_root
 
 TESTS_MOUNT = "/tests"
 VERIFIER_LOGS = "/logs/verifier"
@@ -50,33 +52,38 @@ class FinalFiles:
     """
 
     def __init__(self, snapshot: Path, tests_dir: Path, config: SandboxConfig,
-                 extra_ro_binds: dict[str, str] | None = None) -> None:
+                 extra_ro_binds: dict[str, str] | None = None, backend: str = "bwrap",
+                 backend_kwargs: dict[str, Any] | None = None) -> None:
         self.snapshot, self.tests_dir, self.config = snapshot, tests_dir, config
         self.extra_ro_binds = dict(extra_ro_binds or {})  # e.g. a TB1 task's run-tests.sh
+        self.backend, self.backend_kwargs = backend, dict(backend_kwargs or {})  # the episode's backend and image
         self._finalizer = weakref.finalize(self, shutil.rmtree, snapshot, True)
 
     @classmethod
-    def take(cls, sandbox: BwrapSandbox, tests_dir: Path, config: SandboxConfig,
-             extra_ro_binds: dict[str, str] | None = None) -> FinalFiles:
+    def take(cls, sandbox: Sandbox, tests_dir: Path, config: SandboxConfig,
+             extra_ro_binds: dict[str, str] | None = None, backend: str = "bwrap",
+             backend_kwargs: dict[str, Any] | None = None) -> FinalFiles:
         """Snapshot ``sandbox``'s ``/work`` now."""
         if not tests_dir.is_dir():
             raise ValueError(f"tests dir {str(tests_dir)!r} is not a directory")
         snapshot = sandbox_root() / f"snap-{secrets.token_hex(8)}"
         sandbox.copy_workdir_to(snapshot)
-        return cls(snapshot, tests_dir, config, extra_ro_binds)
+        return cls(snapshot, tests_dir, config, extra_ro_binds, backend, backend_kwargs)
 
-    def __call__(self) -> BwrapSandbox:
+    def __call__(self) -> Sandbox:
         if not self._finalizer.alive:
             raise RuntimeError("the episode's final files were discarded")
         if not self.snapshot.is_dir():  # removed behind our back: infrastructure, not the policy
             raise EnvError(f"the snapshot of the episode's final files is gone: {str(self.snapshot)!r}")
-        return BwrapSandbox(
+        return make_sandbox(
+            self.backend,
             self.config,
             workdir_from=self.snapshot,
             ro_binds={str(self.tests_dir): TESTS_MOUNT, str(SITE_DIR): SITE_MOUNT, **self.extra_ro_binds},
             rw_dirs=(VERIFIER_LOGS,),
             env=VERIFIER_ENV,
             shell=False,  # the verifier runs one command, one-shot
+            **self.backend_kwargs,
         )
 
     def discard(self) -> None:

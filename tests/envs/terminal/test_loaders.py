@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from jointrl.envs.sandbox.docker import unavailable_reason
 from jointrl.envs.terminal import TerminalEnv, load_policy, load_task, load_tasks, policy_names, replay
 from jointrl.envs.terminal.env import TaskNeedsImage
 from jointrl.envs.terminal.policies import render_solution
@@ -116,3 +117,35 @@ def test_loader_errors_name_the_file(tmp_path):
     write(tmp_path / "bad2", {"task.yaml": "instruction: x\n"})
     with pytest.raises(ValueError, match="lacks 'run-tests.sh'"):
         load_task(tmp_path / "bad2")
+
+
+_DOCKER_WHY = unavailable_reason()
+
+
+@pytest.mark.skipif(_DOCKER_WHY is not None, reason=f"docker backend: {_DOCKER_WHY}")
+def test_a_task_with_its_own_image_runs_on_the_docker_backend(tmp_path):
+    folder = tmp_path / "own-image"
+    write(folder, {"task.toml": "", "instruction.md": "Write /work/ok.txt containing `ok`.",
+                   "environment/Dockerfile": "FROM debian:bookworm-slim\nRUN useradd --uid 1000 agent\nWORKDIR /work\n",
+                   "solution/solve.sh": "echo ok > /work/ok.txt\n",
+                   "tests/test.sh": '[ "$(cat /work/ok.txt)" = ok ] && echo 1 > /logs/verifier/reward.txt\n'})
+    task = load_task(folder)
+
+    async def go(policy):
+        env = TerminalEnv(backend="docker")
+        try:
+            await env.reset(task)
+            for turn in load_policy(task, policy):
+                for call in turn:
+                    await env.step(call)
+            final = await env.final_files()
+        finally:
+            await env.close()
+        return reward_fn(task, Episode(messages=[], verify_sandbox=final)).score
+
+    assert asyncio.run(go("solution")) == 1.0 and asyncio.run(go("noop")) == 0.0
+
+
+def test_unknown_backend_is_a_value_error():
+    with pytest.raises(ValueError, match="allowed: \\['bwrap', 'docker'\\]"):
+        TerminalEnv(backend="podman")
