@@ -232,8 +232,11 @@ def test_twenty_malformed_requests_get_4xx_and_the_server_keeps_serving(server):
             assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
         else:
             assert set(err["error"]) >= {"message", "type", "param"}
-        code, good = _post(url, "/v1/chat/completions", {"model": "m", "messages": ok_msgs, "max_tokens": 4})
+        code, good = _post(url, "/v1/chat/completions", {"model": "m", "messages": ok_msgs, "max_tokens": 4,
+                                                          "logprobs": True})
         assert code == 200 and 1 <= good["usage"]["completion_tokens"] <= 4, good
+        lps = good["choices"][0]["logprobs"]["content"]
+        assert len(lps) == good["usage"]["completion_tokens"] and all(e["logprob"] <= 0 for e in lps)
     with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as r:
         assert json.load(r)["data"][0]["id"] == "jointrl"
     with urllib.request.urlopen(f"{url}/health", timeout=10) as r:
