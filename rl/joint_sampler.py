@@ -24,9 +24,10 @@ class JointSampler:
         total = sum(d.weight for d in domains.values())
         self.target_mix = {name: d.weight / total for name, d in domains.items()}
 
-    def sample(self, step: int, n: int) -> list[tuple[Task, str]]:
-        """``n`` (task, group_id) pairs for ``step``; group ids are unique within the run."""
-        rng = random.Random(f"{self.seed}:{step}")
+    def sample(self, step: int, n: int, attempt: int = 0) -> list[tuple[Task, str]]:
+        """``n`` (task, group_id) pairs for ``step``; group ids are unique within the run.
+        ``attempt > 0``: a refill round of the same step (fresh draws, distinct group ids)."""
+        rng = random.Random(f"{self.seed}:{step}" if attempt == 0 else f"{self.seed}:{step}:refill{attempt}")
         names = list(self.domains)
         out = []
         for i, domain in enumerate(rng.choices(names, weights=[self.domains[d].weight for d in names], k=n)):
@@ -36,7 +37,7 @@ class JointSampler:
                 task = dataclasses.replace(task, tier=rng.choices(list(tiers), weights=list(tiers.values()))[0])
             if self.domains[domain].reward:
                 task = dataclasses.replace(task, reward=dict(self.domains[domain].reward))
-            out.append((task, f"s{step}-g{i}-{task.id}"))
+            out.append((task, f"s{step}-g{i}-{task.id}" if attempt == 0 else f"s{step}-r{attempt}-g{i}-{task.id}"))
         return out
 
     @staticmethod

@@ -5,6 +5,10 @@ One linear loop, as in docs/architecture.md:
     sample tasks -> rollouts (+ rewards, in the env workers) -> advantages -> learner step
     -> weight push -> log -> checkpoint
 
+Groups whose rewards all agree carry no signal and are dropped; the step then samples fresh
+groups (up to ``algo.max_refill_attempts`` rounds) until it has ``algo.prompts_per_step``
+informative ones (DAPO's dynamic sampling). PPO keeps every scored trajectory.
+
 Synchronous: each stage waits for the previous one. ``resume=true`` continues from the
 latest checkpoint in ``<output_dir>/checkpoints`` at the step after it.
 """
@@ -21,7 +25,7 @@ import ray
 from omegaconf import DictConfig
 
 from jointrl.envs.registry import load_tasks
-from jointrl.rl.advantages import grpo_advantages
+from jointrl.rl.advantages import AdvantageResult, grpo_advantages, normalize_rewards_by_domain
 from jointrl.rl.config import Config, register_schemas, to_config
 from jointrl.rl.env_worker import spawn_env_workers
 from jointrl.rl.joint_sampler import JointSampler
@@ -58,13 +62,20 @@ def train(cfg: Config) -> dict[str, float]:
         t0 = time.perf_counter()
         groups = sampler.sample(step, cfg.algo.prompts_per_step)
         trajs = _collect(env_workers, groups, cfg.algo.group_size, step)
+        adv = _advantages(cfg, trajs)
+        for attempt in range(1, cfg.algo.max_refill_attempts + 1):  # refill dropped groups
+            missing = cfg.algo.prompts_per_step - len({t.group_id for t in adv.kept})
+            if missing <= 0 or cfg.algo.name == "ppo":
+                break
+            more = sampler.sample(step, missing, attempt)
+            groups += more
+            trajs += _collect(env_workers, more, cfg.algo.group_size, step)
+            adv = _advantages(cfg, trajs)
+        adv.stats["refill_groups"] = len(groups) - cfg.algo.prompts_per_step
         t1 = time.perf_counter()
-        adv = grpo_advantages(trajs, scale_by_std=cfg.algo.scale_adv_by_std)
         learner_metrics = {}
         if len(adv.kept) >= cfg.learner.num_ranks:
-            batch = TrainBatch([t.token_ids for t in adv.kept], [t.loss_mask for t in adv.kept],
-                               [t.logprobs for t in adv.kept], adv.advantages)
-            learner_metrics = learner.train_step(batch)
+            learner_metrics = learner.train_step(_train_batch(cfg, adv))
         t2 = time.perf_counter()
         _push(learner, rollout, version=step)
         t3 = time.perf_counter()
@@ -85,6 +96,26 @@ def train(cfg: Config) -> dict[str, float]:
     return metrics
 
 
+def _advantages(cfg: Config, trajs: list[Trajectory]) -> AdvantageResult:
+    """Group-relative advantages (GRPO, GSPO) or, for PPO, every scored trajectory (its critic and
+    GAE give per-token advantages in the learner); rewards standardised per domain if configured."""
+    scored = normalize_rewards_by_domain(trajs) if cfg.algo.normalize_rewards_by_domain else trajs
+    if cfg.algo.name == "ppo":
+        kept = [t for t in scored if t.finish_reason != FinishReason.ENV_ERROR]
+        return AdvantageResult(kept, [0.0] * len(kept), {"env_error": len(scored) - len(kept), "trajectories_kept": len(kept)})
+    return grpo_advantages(scored, scale_by_std=cfg.algo.scale_adv_by_std)
+
+
+def _train_batch(cfg: Config, adv: AdvantageResult) -> TrainBatch:
+    kept = adv.kept
+    routes = [t.routed_experts for t in kept] if cfg.learner.routing_replay else None
+    if routes is not None and any(r is None for r in routes):
+        raise ValueError("learner.routing_replay=true but the rollout recorded no routed experts "
+                         "(the rollout backend must record them: rollout.backend=simple)")
+    return TrainBatch([t.token_ids for t in kept], [t.loss_mask for t in kept], [t.logprobs for t in kept],
+                      adv.advantages, rewards=[t.reward for t in kept], routed_experts=routes)
+
+
 def _start_ray(cfg: Config) -> None:
     if ray.is_initialized():
         return
@@ -95,9 +126,10 @@ def _start_ray(cfg: Config) -> None:
 
 
 def _push(learner: LearnerGroup, rollout: list, version: int) -> None:
-    """Learner rank 0 -> every rollout worker: the versioned, MXFP4-quantized weight bundle."""
-    bundle = learner.weight_bundle(version)
-    ray.get([w.update_weights.remote(version, bundle) for w in rollout])
+    """Learner ranks -> every rollout worker: the versioned, MXFP4-quantized weight bundles (rank 0:
+    shared weights and its experts; with expert parallelism each rank adds the experts it owns)."""
+    for bundle in learner.weight_bundles(version):
+        ray.get([w.update_weights.remote(version, bundle) for w in rollout])
 
 
 def _collect(env_workers: list, groups: list[tuple[Task, str]], group_size: int, step: int) -> list[Trajectory]:
@@ -136,13 +168,29 @@ def _step_metrics(trajs: list[Trajectory], adv_stats: dict, learner_metrics: dic
     for t in ok:
         by_domain[t.domain].append(t)
     for d, ts in by_domain.items():
-        m[f"{d}/reward"] = sum(t.reward for t in ts) / len(ts)
-        m[f"{d}/turns"] = sum(t.num_turns for t in ts) / len(ts)
+        n, calls_d = len(ts), sum(t.num_tool_calls for t in ts)
+        m[f"{d}/reward"] = sum(t.reward for t in ts) / n
+        m[f"{d}/success"] = sum(_succeeded(t) for t in ts) / n
+        m[f"{d}/turns"] = sum(t.num_turns for t in ts) / n
+        m[f"{d}/tool_error_rate"] = sum(t.num_tool_errors for t in ts) / max(calls_d, 1)
+        m[f"{d}/response_tokens"] = sum(t.num_sampled for t in ts) / n
+    for d in {t.domain for t in trajs}:
+        m[f"{d}/env_error"] = sum(t.domain == d and t.finish_reason == FinishReason.ENV_ERROR for t in trajs)
     for reason in FinishReason:
         m[f"finish/{reason}"] = sum(t.finish_reason == reason for t in trajs)
     for d, share in sampler.realized_mix(groups).items():
-        m[f"mix/{d}"] = share
+        m[f"mix/{d}"] = share  # realized, beside the configured target
+    for d, share in sampler.target_mix.items():
+        m[f"mix_target/{d}"] = share
     return m
+
+
+def _succeeded(t: Trajectory) -> bool:
+    """Every outcome reward module (all but ``format``) scored 1.0; module scores sit in
+    ``reward_info`` under their names (``rewards.combine``)."""
+    scores = [v for k, v in t.reward_info.items()
+              if "/" not in k and k not in ("format", "raw_reward", "error") and isinstance(v, (int, float))]
+    return bool(scores) and all(v >= 1.0 for v in scores)
 
 
 register_schemas()

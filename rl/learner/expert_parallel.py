@@ -13,10 +13,11 @@ Router, attention, embeddings and norms stay replicated (data parallel). The exp
 parameters are marked for DeepSpeed as MoE parameters (``allreduce = False``, ``group_name =
 "ep_size_<n>"``), so ZeRO reduces their gradients over the expert-data-parallel group
 (``deepspeed.utils.groups``) and the optimizer's param groups are split by
-``split_params_into_different_moe_groups_for_optimizer``. ``ShardedExperts`` subclasses
-DeepSpeed's ``MoE`` only because that is how DeepSpeed's engine detects MoE layers
-(``isinstance(module, MoE)``); it does not run DeepSpeed's gate or experts (softmax-only,
-capacity-dropping) — ``MoE.__init__`` is deliberately not called.
+``split_params_into_different_moe_groups_for_optimizer``. With ``ep_size > 1`` the module is
+an ``ExpertParallelExperts``, which also subclasses DeepSpeed's ``MoE`` only because that is
+how DeepSpeed's engine detects MoE layers (``isinstance(module, MoE)``); it does not run
+DeepSpeed's gate or experts (softmax-only, capacity-dropping) — ``MoE.__init__`` is
+deliberately not called.
 
 ``fake_quant=True`` runs the local experts through ``fake_quantize_mxfp4`` (straight-through),
 so the learner's forward sees the MXFP4 weights the rollout runs. Works with ``ep_size=1``
@@ -67,7 +68,7 @@ def _run_experts(x_AH: torch.Tensor, counts: list[int], gate_up_EoH: torch.Tenso
     return torch.cat(outs)
 
 
-class ShardedExperts(MoE):
+class ShardedExperts(nn.Module):
     """This rank's slice of one layer's routed experts; same ``forward`` contract as ``Experts``."""
 
     def __init__(self, experts: Experts, ep_size: int, ep_rank: int, group, fake_quant: bool = False) -> None:
@@ -87,9 +88,6 @@ class ShardedExperts(MoE):
             for p in (self.gate_up_proj, self.down_proj):
                 p.allreduce = False  # DeepSpeed: an expert parameter, reduced over the expert-data-parallel group
                 p.group_name = self.expert_group_name
-
-    def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
-        """Called by DeepSpeed's engine; the groups already exist (``shard_experts`` made them)."""
 
     def forward(self, x_NH: torch.Tensor, ids_Nk: torch.Tensor, weights_Nk: torch.Tensor) -> torch.Tensor:
         N, k = ids_Nk.shape
@@ -129,6 +127,13 @@ class ShardedExperts(MoE):
         return _AllToAll.apply(y_RH, send_splits, recv_splits, self.group)
 
 
+class ExpertParallelExperts(ShardedExperts, MoE):
+    """``ShardedExperts`` that DeepSpeed's engine recognises as an MoE layer (``ep_size > 1``)."""
+
+    def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
+        """Called by DeepSpeed's engine; the groups already exist (``shard_experts`` made them)."""
+
+
 def shard_experts(model: nn.Module, ep_size: int, ep_rank: int, fake_quant: bool = False) -> None:
     """Replace each layer's ``mlp.experts`` with this rank's ``ShardedExperts`` (in place).
 
@@ -146,8 +151,10 @@ def shard_experts(model: nn.Module, ep_size: int, ep_rank: int, fake_quant: bool
             groups._create_expert_and_data_parallel(ep_size)
         group = groups._get_expert_parallel_group(name)
         ep_rank = dist.get_rank(group=group)
+    cls = ExpertParallelExperts if ep_size > 1 else ShardedExperts
     for layer in model.model.layers:
-        layer.mlp.experts = ShardedExperts(layer.mlp.experts, ep_size, ep_rank, group, fake_quant)
+        if getattr(layer, "is_moe", True):
+            layer.mlp.experts = cls(layer.mlp.experts, ep_size, ep_rank, group, fake_quant)
 
 
 def expert_row_offsets(model: nn.Module) -> dict[str, int]:

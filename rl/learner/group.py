@@ -8,7 +8,7 @@ import ray
 
 from jointrl.rl.config import Config
 from jointrl.rl.learner.batch import TrainBatch
-from jointrl.rl.learner.worker import LearnerWorker
+from jointrl.rl.learner.worker import LearnerWorker, merge_metrics
 
 
 def _free_port() -> int:
@@ -20,6 +20,7 @@ def _free_port() -> int:
 class LearnerGroup:
     def __init__(self, cfg: Config) -> None:
         n = cfg.learner.num_ranks
+        self.ep_size = cfg.learner.ep_size
         port = _free_port()
         actor = ray.remote(num_cpus=0)(LearnerWorker)
         self.workers = [actor.remote(cfg, rank, n, "127.0.0.1", port) for rank in range(n)]
@@ -29,20 +30,26 @@ class LearnerGroup:
         n = len(self.workers)
         if len(batch) < n:
             raise ValueError(f"a step needs at least one sequence per learner rank ({n}), got {len(batch)}")
-        total = batch.num_loss_tokens
-        results = ray.get([w.train_step.remote(batch.shard(r, n), total) for r, w in enumerate(self.workers)])
-        merged = {k: sum(r[k] for r in results) for k in ("loss", "tokens")}
-        for k in ("clip_frac", "approx_kl"):
-            merged[k] = sum(r[k] * r["tokens"] for r in results) / max(merged["tokens"], 1)
-        merged["grad_norm"] = results[0]["grad_norm"]
+        results = ray.get([w.train_step.remote(batch.shard(r, n), batch.num_loss_tokens, batch.num_loss_seqs)
+                           for r, w in enumerate(self.workers)])
+        merged = merge_metrics(results)
+        merged["loss"] = sum(r["loss"] for r in results)  # each rank reports its share of the global loss
         merged["aux_loss"] = sum(r["aux_loss"] for r in results) / n
+        for k, v in results[0].items():  # reduced over all ranks already, or rank 0's view
+            if k.startswith(("experts/", "router/")) or k in ("grad_norm", "time_s"):
+                merged[k] = v
         return merged
 
     def logprobs(self, token_ids: list[list[int]]) -> list[list[float]]:
-        return ray.get(self.workers[0].logprobs.remote(token_ids))
+        """Log-probs under the current weights (with expert parallelism every rank takes part)."""
+        workers = self.workers if self.ep_size > 1 else self.workers[:1]
+        return ray.get([w.logprobs.remote(token_ids) for w in workers])[0]
 
-    def weight_bundle(self, version: int):
-        return self.workers[0].weight_bundle.remote(version)  # an ObjectRef: it goes to the rollout workers as is
+    def weight_bundles(self, version: int) -> list:
+        """ObjectRefs of the bundles of ranks 0..ep_size-1 (rank 0: shared weights and its experts,
+        the others their experts; replicas beyond ep_size send nothing). They go to the rollout
+        workers as they are, rank 0's first."""
+        return [w.weight_bundle.remote(version) for w in self.workers[: self.ep_size]]
 
     def save_checkpoint(self, directory: str, step: int) -> None:
         ray.get([w.save_checkpoint.remote(directory, step) for w in self.workers])

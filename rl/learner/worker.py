@@ -95,6 +95,8 @@ class LearnerWorker:
         self.ref_model = None
         if algo.kl_coef > 0:  # KL to the initial policy; nothing is built when the KL term is off
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+            if lc.fake_quant_experts:  # the same function as the initial policy (kept whole: no all-to-all)
+                shard_experts(self.ref_model, 1, 0, fake_quant=True)
         self.sharded = lc.ep_size > 1 or lc.fake_quant_experts
         if self.sharded:
             shard_experts(model, lc.ep_size, rank % lc.ep_size, fake_quant=lc.fake_quant_experts)

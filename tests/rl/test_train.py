@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 def _train(out: Path, *overrides: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "jointrl.rl.train", f"output_dir={out}", "algo.total_steps=3",
            "algo.prompts_per_step=2", "algo.group_size=2", "checkpoint_every=1", "envs.num_workers=1",
-           "rollout.max_tokens_per_turn=48", *overrides]
+           "rollout.max_tokens_per_turn=48", "algo.max_refill_attempts=1", *overrides]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
@@ -47,7 +48,14 @@ def test_run_killed_after_checkpoint_resumes_at_next_step(tmp_path):
         assert field in line
 
     rows = [json.loads(x) for x in (tmp_path / "trajectories" / "step_000003.jsonl").read_text().splitlines()]
-    assert len(rows) == 4  # 2 prompts x group of 2
+    # 2 prompts x group of 2, plus refill groups (one round: algo.max_refill_attempts=1) sampled only while
+    # fewer than 2 groups had rewards that differ
+    gids = {r["group_id"] for r in rows}
+    assert len(rows) == 2 * len(gids)
+    refills = {g for g in gids if re.match(r"s3-r1-g", g)}
+    assert len(gids - refills) == 2
+    informative = {g for g in gids if len({r["reward"] for r in rows if r["group_id"] == g}) > 1}
+    assert not refills or len(informative - refills) < 2
     for r in rows:
         assert len(r["token_ids"]) == len(r["loss_mask"]) == len(r["logprobs"]) == len(r["policy_version"])
         assert r["domain"] == "terminal" and r["finish_reason"] in ("stop", "length", "tool_limit", "context_overflow")
