@@ -12,7 +12,8 @@ padded tensor (a copy of the whole KV cache per layer per step), which costs mor
 attention itself; this loop reads each key once, where it lies. It is compiled on first use
 with ``torch.utils.cpp_extension.load_inline`` (about a minute, cached in
 ``~/.cache/torch_extensions``); without a compiler ``paged_decode`` falls back to the torch
-reference. Scores and softmax run in the input dtype (float32, or float64 for float64).
+reference. Scores and softmax run in the input dtype (float32, or float64 for float64); the dot
+products may be summed in any order (vectorized), never with fast-math's finite-only rules.
 Parallel over (sequence, kv head) with torch's intra-op threads.
 
 Shapes: B sequences, Hq/Hkv heads, D head_dim, P cache slots, S the longest context.
@@ -49,7 +50,7 @@ static void decode(const T* q, const T* kv, T* out, const int64_t* slots, const 
       for (int64_t t = 0; t < n; ++t) {
         const T* k = kv + slots[b * S + t] * slot_stride + h * D;
         for (int64_t j = 0; j < g; ++j) {
-          const T* qj = qb + j * D;
+          const T* __restrict qj = qb + j * D;
           T s = 0;
 #pragma omp simd reduction(+ : s)
           for (int64_t d = 0; d < D; ++d) s += qj[d] * k[d];
@@ -71,7 +72,7 @@ static void decode(const T* q, const T* kv, T* out, const int64_t* slots, const 
         const T* v = kv + slots[b * S + t] * slot_stride + v_off + h * D;
         for (int64_t j = 0; j < g; ++j) {
           const T p = scores[j * n + t];
-          T* a = acc.data() + j * D;
+          T* __restrict a = acc.data() + j * D;
 #pragma omp simd
           for (int64_t d = 0; d < D; ++d) a[d] += p * v[d];
         }
@@ -105,7 +106,8 @@ def load_kernel():
         from torch.utils.cpp_extension import load_inline
 
         return load_inline(name="jointrl_paged_decode_cpu", cpp_sources=_SOURCE, functions=["paged_decode"],
-                           extra_cflags=["-O3", "-march=native", "-fopenmp-simd"], verbose=False)
+                           extra_cflags=["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno",
+                                                 "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"], verbose=False)
     except Exception as e:  # no toolchain: the torch reference still works
         warnings.warn(f"paged_decode: C++ kernel unavailable, using the torch reference ({e})")
         return None
