@@ -19,7 +19,8 @@ LAYER_TYPES = ("full", "kda", "gated_dsa")
 # MoEConfig fields of the hybrid's attention: not Qwen3-MoE fields, so `to_hf_dict` leaves them out.
 HYBRID_FIELDS = ("layer_types", "attn_output_gate", "linear_num_heads", "linear_head_dim",
                  "linear_conv_kernel_dim", "linear_lower_bound", "kda_chunk_size", "index_n_heads",
-                 "index_head_dim", "index_topk", "dsa_mode", "dsa_query_chunk")
+                 "index_head_dim", "index_topk", "dsa_mode", "dsa_query_chunk", "image_patch_dim",
+                 "image_token_id")
 
 # MoE options beyond Qwen3-MoE, with the value that makes them Qwen3-MoE: `to_hf_dict` requires
 # exactly these values and leaves the fields out; `from_hf_dict` rejects them as Qwen3-MoE fields.
@@ -94,6 +95,9 @@ class MoEConfig:
     index_topk: int = 32                # DSA keys attended per query
     dsa_mode: str = "sparse"            # "sparse": attend the indexer's top-k; "dense": all keys (warm-up)
     dsa_query_chunk: int = 256          # DSA queries scored per chunk: prefill memory O(chunk · S)
+    # ---- optional image input (model/image.py): patch features → Linear → the <image> slots ----
+    image_patch_dim: int = 0            # features per patch (C·p·p); 0 = text only, no image_proj
+    image_token_id: int = BYTE_VOCAB_SIZE - 1  # the byte tokenizer's `<image>`
 
     def __post_init__(self) -> None:
         if self.layer_types is not None:
@@ -116,6 +120,10 @@ class MoEConfig:
         if self.linear_lower_bound is not None and (
                 isinstance(self.linear_lower_bound, bool) or not self.linear_lower_bound < 0):
             raise ValueError(f"MoEConfig.linear_lower_bound must be None or < 0, got {self.linear_lower_bound!r}")
+        if isinstance(self.image_patch_dim, bool) or not isinstance(self.image_patch_dim, int) or self.image_patch_dim < 0:
+            raise ValueError(f"MoEConfig.image_patch_dim must be an int >= 0, got {self.image_patch_dim!r}")
+        if self.image_patch_dim and not 0 <= self.image_token_id < self.vocab_size:
+            raise ValueError(f"MoEConfig.image_token_id must be in 0..vocab_size-1, got {self.image_token_id!r}")
         if self.dsa_mode not in ("sparse", "dense"):
             raise ValueError(f"MoEConfig.dsa_mode must be 'sparse' or 'dense', got {self.dsa_mode!r}")
         if not isinstance(self.attn_output_gate, bool):
@@ -192,7 +200,7 @@ class MoEConfig:
     @property
     def is_hybrid(self) -> bool:
         """True when a layer is not plain Qwen3-MoE attention (exported with remote code, not as qwen3_moe)."""
-        return any(k != "full" for k in self.kinds) or self.attn_output_gate
+        return any(k != "full" for k in self.kinds) or self.attn_output_gate or self.image_patch_dim > 0
 
     # ---- presets -------------------------------------------------------------------------------
 

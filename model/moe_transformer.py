@@ -19,6 +19,7 @@ from torch import nn
 from jointrl.model.attention import Attention, AttentionBatch
 from jointrl.model.config import MoEConfig
 from jointrl.model.dsa import GatedDSAAttention, indexer_loss
+from jointrl.model.image import ImageProjector
 from jointrl.model.kda import KimiDeltaAttention
 from jointrl.model.state import AttentionState
 from jointrl.model.moe import MLP, SparseMoeBlock
@@ -77,6 +78,8 @@ class MoEBackbone(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
         self.index_rotary_emb = RotaryEmbedding(config.index_head_dim, config.rope_theta)  # no parameters
+        if config.image_patch_dim:
+            self.image_projector = ImageProjector(config.image_patch_dim, config.hidden_size, config.image_token_id)
 
 
 class MoETransformer(nn.Module):
@@ -125,7 +128,8 @@ class MoETransformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, cache: AttentionState | None = None,
-                routed_experts: torch.Tensor | None = None, return_indexer_loss: bool = False) -> ModelOutput:
+                routed_experts: torch.Tensor | None = None, return_indexer_loss: bool = False,
+                image_patches: torch.Tensor | None = None) -> ModelOutput:
         """Logits for `input_ids` [B, T], continuing `cache` (a `KVCache` or another `AttentionState`,
         updated in place) when given.
 
@@ -139,6 +143,8 @@ class MoETransformer(nn.Module):
             position, padding included.
         return_indexer_loss: compute `ModelOutput.indexer_loss` (gated_dsa layers; their attention
             is then computed explicitly, chunk by chunk, to get its probabilities).
+        image_patches [P, image_patch_dim]: one row per `<image>` token in `input_ids` (row-major),
+            projected into those positions (model/image.py); needs `config.image_patch_dim`.
         """
         cfg = self.config
         if input_ids.dim() != 2:
@@ -162,6 +168,10 @@ class MoETransformer(nn.Module):
                              f"got {tuple(routed_experts.shape)}")
 
         x_BTH = self.model.embed_tokens(input_ids)
+        if image_patches is not None:
+            if not cfg.image_patch_dim:
+                raise ValueError("image_patches given but MoEConfig.image_patch_dim is 0 (a text-only model)")
+            x_BTH = self.model.image_projector.merge(x_BTH, input_ids, image_patches)
         has_dsa = "gated_dsa" in cfg.kinds
         key_mask_BS = None if attention_mask is None else attention_mask.to(device, torch.bool)
         batch = AttentionBatch(

@@ -71,6 +71,8 @@ class ModelConfig:
     index_topk: int = 32
     dsa_mode: str = "sparse"
     dsa_query_chunk: int = 256
+    image_patch_dim: int = 0  # optional image input (model/image.py); 0 = text only
+    image_token_id: int = 263  # the byte tokenizer's <image>
 
     def __post_init__(self) -> None:
         _check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float64"))

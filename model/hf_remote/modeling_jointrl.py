@@ -49,10 +49,11 @@ class JointrlHybridForCausalLM(PreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                **kwargs) -> CausalLMOutputWithPast:
+                image_patches: torch.Tensor | None = None, **kwargs) -> CausalLMOutputWithPast:
         """Logits [B, T, V] of jointrl's forward (no cache: prefill-style scoring)."""
         mask = None if attention_mask is None else attention_mask.to(torch.bool)
-        logits = self._inner(input_ids, position_ids=position_ids, attention_mask=mask).logits
+        logits = self._inner(input_ids, position_ids=position_ids, attention_mask=mask,
+                             image_patches=image_patches).logits
         loss = None
         if labels is not None:
             loss = torch.nn.functional.cross_entropy(
