@@ -464,7 +464,10 @@ def _cleanup(lease: UidLease, private_dir: Path, shell: PersistentShell, cgroup:
     if not lease.held:
         return
     try:
-        kill_uid(lease.uid)
+        if cgroup is not None:  # every process of the sandbox is in it (moved before it ran anything)
+            cgroup.kill_all()
+        else:
+            kill_uid(lease.uid)
         shell.stop()
         if cgroup is not None:
             cgroup.remove()

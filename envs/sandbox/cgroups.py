@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -118,6 +119,20 @@ class Cgroup:
     def pids(self) -> list[int]:
         """Every process in the pids cgroup: all of the sandbox's (none can leave it: no /sys inside)."""
         return [int(x) for x in (self.dirs[-1] / "cgroup.procs").read_text().split()]
+
+    def kill_all(self, rounds: int = 200) -> None:
+        """SIGKILL every process in the cgroup until it is empty (a forking one is caught next round)."""
+        for _ in range(rounds):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.002)
+        raise OSError(f"processes survive SIGKILL in {self.dirs[-1]}: {self.pids()}")
 
     def oom_kills(self) -> int:
         """How many processes the kernel OOM-killed in this cgroup so far."""
