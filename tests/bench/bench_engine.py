@@ -243,6 +243,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import Qwen3MoeForCausalLM
 
+    from jointrl.kernels.paged_attention_cpu import load_kernel
+
+    load_kernel()  # compiled (first run) or loaded before anything is timed
+
     cfg = bench_config()
     model = MoETransformer.from_config(cfg, dtype=torch.float32, seed=0).eval()
     with tempfile.TemporaryDirectory() as d:
