@@ -13,10 +13,11 @@ same loop, synchronous.
 Weights. ``update_weights(version, bundle)`` waits for the current step, loads the bundle
 (MXFP4 experts dequantized into the model's cached dense copy on CPU) and applies the
 live-session policy: ``keep`` (default) leaves cached keys/values of live and idle
-sessions as they are -- every sampled token records the version that sampled it, in
-``GenerationOutput.policy_version`` (the version of the turn's first sampled token) and
-``Sequence.versions``; ``reprefill`` drops every cache so all sequences recompute under the
-new weights. Prefix-cache keys include the version, so new requests never share blocks
+sessions as they are, and each turn records the version that sampled it in
+``GenerationOutput.policy_version`` (the version of the turn's first sampled token: one
+version per turn, exact when updates land between turns, as in the synchronous trainer; a
+turn spanning an update is not split per token); ``reprefill`` drops every cache so all
+sequences recompute under the new weights. Prefix-cache keys include the version, so new requests never share blocks
 computed by older weights.
 """
 
