@@ -252,11 +252,41 @@ class LearnerWorker:
         return build_bundle(state, version=version, is_quantized=quantize, row_offsets=offsets)
 
     def save_checkpoint(self, directory: str, step: int) -> None:
+        if self.cfg.learner.ep_size > 1:
+            return self._save_ep_checkpoint(directory, step)
         self.engine.save_checkpoint(directory, tag=f"step_{step}", client_state={"step": step})
 
     def load_checkpoint(self, directory: str) -> int | None:
         """Load the latest checkpoint in ``directory``; the step it was saved at, or None."""
         if not os.path.exists(os.path.join(directory, "latest")):
             return None
+        if self.cfg.learner.ep_size > 1:
+            return self._load_ep_checkpoint(directory)
         path, client = self.engine.load_checkpoint(directory)
         return None if path is None else int(client["step"])
+
+    # DeepSpeed's own MoE checkpoint files assume its expert naming (deepspeed_moe.experts.*), so with
+    # expert parallelism each rank writes its module (its experts) and its ZeRO partition itself; a
+    # checkpoint loads into the same num_ranks / ep_size only.
+    def _save_ep_checkpoint(self, directory: str, step: int) -> None:
+        import torch.distributed as dist
+
+        path = os.path.join(directory, f"step_{step}")
+        os.makedirs(path, exist_ok=True)
+        torch.save({"module": self.engine.module.state_dict(), "optimizer": self.engine.optimizer.state_dict(),
+                    "step": step, "world_size": self.world_size}, os.path.join(path, f"ep_rank_{self.rank:03d}.pt"))
+        dist.barrier()
+        if self.rank == 0:
+            with open(os.path.join(directory, "latest"), "w") as f:
+                f.write(f"step_{step}")
+
+    def _load_ep_checkpoint(self, directory: str) -> int:
+        with open(os.path.join(directory, "latest")) as f:
+            tag = f.read().strip()
+        sd = torch.load(os.path.join(directory, tag, f"ep_rank_{self.rank:03d}.pt"), weights_only=False)
+        if sd["world_size"] != self.world_size:
+            raise ValueError(f"checkpoint {tag} was saved by {sd['world_size']} learner ranks with expert "
+                             f"parallelism; it loads into the same learner.num_ranks only (now {self.world_size})")
+        self.engine.module.load_state_dict(sd["module"])
+        self.engine.optimizer.load_state_dict([sd["optimizer"]] * self.world_size)  # ZeRO reads this rank's entry
+        return int(sd["step"])

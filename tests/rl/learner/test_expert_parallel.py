@@ -93,3 +93,38 @@ def test_two_ep_ranks_equal_one_rank(tmp_path):
     # step 2 really starved rank 1's experts: the global load shows experts 2 and 3 idle in every layer
     assert ranks[0]["metrics"][1]["experts/dead_total"] == 4 == ranks[1]["metrics"][1]["experts/dead_total"]
     assert ranks[0]["metrics"][0]["experts/dead_total"] == 0
+
+
+def _ckpt_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    from jointrl.rl.learner.worker import LearnerWorker
+
+    torch.set_num_threads(1)
+    cfg = load_config([*OVERRIDES, f"learner.num_ranks={world}", f"learner.ep_size={world}"])
+    worker = LearnerWorker(cfg, rank, world, "127.0.0.1", port)
+    batch = _batches()[0]
+    step = lambda: worker.train_step(batch.shard(rank, world), batch.num_loss_tokens, batch.num_loss_seqs)  # noqa: E731
+    step()
+    worker.save_checkpoint(f"{out_dir}/ckpt", 1)
+    step()
+    after_two = {k: v.clone() for k, v in worker.engine.module.state_dict().items()}
+    resumed_at = worker.load_checkpoint(f"{out_dir}/ckpt")
+    step()  # replays step 2 from the checkpoint: weights, fp32 master copy and Adam moments restored
+    replay = worker.engine.module.state_dict()
+    torch.save({"step": resumed_at, "equal": all(torch.equal(after_two[k], replay[k]) for k in replay)},
+               f"{out_dir}/ckpt_rank{rank}.pt")
+
+
+@pytest.mark.slow
+def test_ep_checkpoint_resumes_bit_for_bit(tmp_path):
+    ctx = mp.get_context("spawn")
+    port = _port()
+    procs = [ctx.Process(target=_ckpt_rank, args=(r, 2, port, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    for r in range(2):
+        res = torch.load(tmp_path / f"ckpt_rank{r}.pt")
+        assert res == {"step": 1, "equal": True}
+    assert (tmp_path / "ckpt" / "latest").read_text() == "step_1"
