@@ -25,7 +25,8 @@ class RolloutWorker:
                 live_sessions=r.live_sessions,
                 return_routed_experts=getattr(cfg.learner, "routing_replay", False)))
         else:
-            self.engine = SimpleSampler(build_model(cfg), ByteTokenizer(), max_batch=r.max_batch)
+            self.engine = SimpleSampler(build_model(cfg), ByteTokenizer(), max_batch=r.max_batch,
+                                        record_routes=cfg.learner.routing_replay)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
         return await self.engine.generate(prompt_ids, params)
