@@ -2,6 +2,7 @@
 as 1 rank on the same data and seed, including a step where rank 1's experts get no tokens."""
 
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,6 +65,14 @@ def _assemble(parts: list[dict]) -> dict[str, torch.Tensor]:
             else:
                 out.setdefault(k, {})[offset] = v
     return {k: (torch.cat([v[o] for o in sorted(v)]) if isinstance(v, dict) else v) for k, v in out.items()}
+
+
+@pytest.fixture(autouse=True)
+def _children_can_import_this_module(monkeypatch):
+    """Spawned ranks unpickle their target by module name (tests.rl.learner....) with the
+    parent's sys.path, which needs the repo root; `pytest` (unlike `python -m pytest`) does
+    not put it there."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
 
 
 def test_two_ep_ranks_equal_one_rank(tmp_path):
