@@ -42,6 +42,7 @@ from jointrl.envs.sandbox.output import Capped, Marked
 TIMEOUT_EXIT_CODE = 124
 _START_TIMEOUT_S = 15.0
 _STUCK_GRACE_S = 0.5  # after killing the children, how long the shell may take to report
+_EXIT_GRACE_S = 5.0  # after the shell ended, how long the sandbox process may take to exit
 _MAX_STATE_BYTES = 1 << 20  # a larger cwd + environment dump is not kept for a restart
 
 # -> (process, our control fd, its number in the shell, other fds of ours to close with the shell)
@@ -111,18 +112,25 @@ class PersistentShell:
             self.start()
             self._write(script)
         done = self._pump(out, err, ctl, token, time.monotonic() + timeout)
-        timed_out = not done and self.alive
+        # A closed control pipe means the shell itself ended (``exit 3``): not a timeout, even if
+        # the sandbox process is still tearing down when we look.
+        timed_out = done is False and self.alive
         if timed_out:
             self._kill_others()  # ends a foreground child; the shell then reports
             done = self._pump(out, err, ctl, token, time.monotonic() + _STUCK_GRACE_S)
         self._kill_others()  # background processes never outlive their command
         truncated = bool(out.dropped or err.dropped)
-        if done:
+        if done is True:
             code = self._parse_state(ctl, token)
             if timed_out:
                 return ExecResult(out.text(), err.text(), TIMEOUT_EXIT_CODE, True, truncated)
             return ExecResult(out.text(), err.text(), code, False, truncated)
         # The shell is gone (the command ended it) or stuck in a builtin: kill it, restart lazily.
+        if done is None:  # the shell ended: give the sandbox a moment to exit with its code
+            try:
+                self.proc.wait(timeout=_EXIT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
         if self.alive:
             self._kill_all()
         code = self.proc.wait()
@@ -133,28 +141,29 @@ class PersistentShell:
         self.stop()
         return result
 
-    def _pump(self, out: Marked, err: Marked, ctl: bytearray, token: str, deadline: float) -> bool:
-        """Read until both markers and the full status arrived (True), the shell died or the deadline."""
+    def _pump(self, out: Marked, err: Marked, ctl: bytearray, token: str, deadline: float) -> bool | None:
+        """Read until both markers and the full status arrived (True), the deadline (False), or
+        the shell ended (None: its control pipe closed before the status was complete)."""
         assert self.proc is not None
         streams = {self.proc.stdout.fileno(): out, self.proc.stderr.fileno(): err}
         sel = selectors.DefaultSelector()
         for fd in (*streams, self._ctl):
             sel.register(fd, selectors.EVENT_READ)
         prefix = token.encode() + b" "
+        shell_gone = False
         try:
             while True:
                 if out.seen and err.seen and ctl.startswith(prefix) and ctl.count(b"\0") >= 3:
                     return True
-                if not sel.get_map():
-                    return False
                 now = time.monotonic()
-                if now >= deadline:
-                    return False
+                if not sel.get_map() or now >= deadline:
+                    return None if shell_gone else False
                 for key, _ in sel.select(timeout=deadline - now):
                     chunk = os.read(key.fd, 1 << 16)
                     if not chunk:
                         sel.unregister(key.fd)
                         if key.fd == self._ctl:  # the shell is gone: read what it left, briefly
+                            shell_gone = True
                             deadline = min(deadline, time.monotonic() + 1.0)
                     elif key.fd == self._ctl:
                         if len(ctl) < _MAX_STATE_BYTES:
