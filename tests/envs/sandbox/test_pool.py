@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -24,15 +23,14 @@ def test_pool_hands_out_warm_sandboxes_once_each_with_the_task_files(tmp_path):
     pool = SandboxPool(SandboxConfig(timeout_s=10), size=2)
     try:
         assert pool.warm(timeout=30) == 2
-        t0 = time.perf_counter()
+        warm_ids = {id(sb) for sb in pool._ready}
         first = pool.acquire(tmp_path)
-        acquire_s = time.perf_counter() - t0
         second = pool.acquire()
         with first, second:
             assert first.uid != second.uid
             assert first.run("cat a.txt; pwd").stdout == "A/work\n"
             assert second.run("ls -A").stdout == ""
-            assert acquire_s < 0.5, acquire_s  # a started sandbox: no bwrap start on this path
+            assert {id(first), id(second)} == warm_ids  # the started ones: no bwrap start on this path
         assert pool.warm(timeout=30) == 2  # the filler replaced them
     finally:
         pool.close()
@@ -81,19 +79,8 @@ def test_a_command_that_ends_the_shell_reports_its_code_and_the_next_gets_a_new_
         assert after.stdout == "/tmp\n1|\n" and not after.shell_restarted  # exported vars come back, shell vars not
 
 
-def test_the_persistent_shell_is_faster_than_a_fresh_process():
-    """The point of the persistent shell (bench_sandbox.py measures it properly)."""
-    import subprocess
-
+def test_commands_run_in_one_shell_process():
+    """The point of the persistent shell: no sandbox start per command (bench_sandbox.py times it)."""
     with BwrapSandbox() as sb:
-        def per_call(fn, n=30):
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            return (time.perf_counter() - t0) / n
-
-        shell = per_call(lambda: sb.run("true"))
-        one_shot = per_call(lambda: sb.exec("true"))
-        plain = per_call(lambda: subprocess.run(["true"]))
-    assert shell < one_shot, (shell, one_shot)
-    assert shell < 5 * plain, (shell, plain)  # loose: timings are noisy on a shared 2-core host
+        shells = {sb.run("echo $$; cut -d' ' -f22 /proc/$$/stat").stdout for _ in range(5)}
+    assert len(shells) == 1, shells  # same pid, same start time
