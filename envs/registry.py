@@ -1,46 +1,41 @@
-"""Domains by name: how to load a domain's tasks and open one episode's env."""
+"""Domains by name: how to load a domain's tasks and open one episode's env.
+
+Each domain is a package under ``envs/`` that exposes two functions, and one line in
+``DOMAINS`` below names it:
+
+- ``load_tasks(task_dir: pathlib.Path | None) -> list[Task]``: the shipped tasks, or those under ``task_dir``;
+- ``make_env(envs_cfg) -> Env``: a fresh env for one episode (``envs_cfg`` is
+  ``jointrl.rl.config.EnvsConfig``, duck-typed: envs may not import rl).
+
+Modules are imported on first use, so a domain's optional dependencies cost nothing to the others.
+"""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
 from jointrl.envs.base import Env, Task
 
-DOMAINS = ("terminal", "code_repo")
+# domain name -> module exposing load_tasks / make_env
+DOMAINS: dict[str, str] = {
+    "terminal": "jointrl.envs.terminal.domain",
+    "code_repo": "jointrl.envs.code_repo.domain",
+}
 
 
-def _check(domain: str) -> None:
+def _module(domain: str) -> Any:
     if domain not in DOMAINS:
         raise ValueError(f"unknown domain {domain!r}; available: {list(DOMAINS)}")
+    return importlib.import_module(DOMAINS[domain])
 
 
 def load_tasks(domain: str, task_dir: str | None = None) -> list[Task]:
     """The domain's shipped tasks, or those under ``task_dir``."""
-    _check(domain)
-    root = Path(task_dir) if task_dir else None
-    if domain == "code_repo":
-        from jointrl.envs.code_repo import load_tasks as load_code_repo
-
-        return load_code_repo(root)
-    from jointrl.envs.terminal import load_tasks as load_terminal
-
-    return load_terminal(root, backend="bwrap")  # envs run on bwrap; a task needing its own image cannot
+    return _module(domain).load_tasks(Path(task_dir) if task_dir else None)
 
 
 def make_env(domain: str, envs_cfg: Any) -> Env:
-    """A fresh env for one episode. ``envs_cfg`` is ``jointrl.rl.config.EnvsConfig`` (duck-typed:
-    envs may not import rl)."""
-    _check(domain)
-    from jointrl.envs.sandbox import SandboxConfig
-
-    config = SandboxConfig(timeout_s=envs_cfg.command_timeout_s)
-    if domain == "code_repo":
-        from jointrl.envs.code_repo import CodeRepoEnv
-
-        return CodeRepoEnv(config)
-    from jointrl.envs.sandbox.pool import shared_pool
-    from jointrl.envs.terminal import TerminalEnv
-
-    # One warm pool per env-worker process and config: reset takes a started sandbox.
-    return TerminalEnv(config, pool=shared_pool(config, getattr(envs_cfg, "warm_sandboxes", 4)))
+    """A fresh env for one episode."""
+    return _module(domain).make_env(envs_cfg)
