@@ -9,12 +9,16 @@ values and names the allowed ones. Decide once, here; the hot loop never branche
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
+
+from jointrl.model.config import LAYER_TYPES, QK_NORMS, SCORING_FUNCS, MoEConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -29,58 +33,33 @@ def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
         raise ValueError(f"config key {key!r} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
-@dataclass
-class ModelConfig:
-    """MoE transformer shape (field names as in Hugging Face's Qwen3-MoE config)."""
+def _check_model(self: Any) -> None:
+    _check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float64"))
+    _check_choice("model.dsa_mode", self.dsa_mode, ("sparse", "dense"))
+    for kind in self.layer_types or ():
+        _check_choice("model.layer_types", kind, LAYER_TYPES)
+    _check_choice("model.scoring_func", self.scoring_func, SCORING_FUNCS)
+    _check_choice("model.qk_norm", self.qk_norm, QK_NORMS)
+    try:  # MoEConfig checks the rest (shapes, ranges); its message names the field
+        MoEConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(MoEConfig)})
+    except ValueError as e:
+        raise ValueError(f"config key 'model': {str(e).replace('MoEConfig.', 'model.')}") from None
 
-    name: str = "tiny_moe"
-    dtype: str = "float32"
-    vocab_size: int = 264
-    hidden_size: int = 64
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 16
-    moe_intermediate_size: int = 32
-    num_experts: int = 4
-    num_experts_per_tok: int = 2
-    norm_topk_prob: bool = True
-    rope_theta: float = 10000.0
-    max_position_embeddings: int = 4096
-    router_aux_loss_coef: float = 0.001
-    # MoE FFN and router (model/config.py documents each; DeepSeek-V3 names)
-    intermediate_size: int = 64
-    first_k_dense_replace: int = 0
-    n_shared_experts: int = 0
-    shared_expert_gate: bool = False
-    scoring_func: str = "softmax"
-    n_group: int = 1
-    topk_group: int = 1
-    routed_scaling_factor: float = 1.0
-    qk_norm: str = "head"
-    # hybrid attention (model/config.py documents each; kinds: full | kda | gated_dsa; null = all full)
-    layer_types: list[str] | None = None
-    attn_output_gate: bool = False
-    linear_num_heads: int = 4
-    linear_head_dim: int = 16
-    linear_conv_kernel_dim: int = 4
-    linear_lower_bound: float | None = None
-    kda_chunk_size: int = 64
-    index_n_heads: int = 4
-    index_head_dim: int = 16
-    index_topk: int = 32
-    dsa_mode: str = "sparse"
-    dsa_query_chunk: int = 256
-    image_patch_dim: int = 0  # optional image input (model/image.py); 0 = text only
-    image_token_id: int = 263  # the byte tokenizer's <image>
 
-    def __post_init__(self) -> None:
-        _check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float64"))
-        _check_choice("model.dsa_mode", self.dsa_mode, ("sparse", "dense"))
-        for kind in self.layer_types or ():
-            _check_choice("model.layer_types", kind, ("full", "kda", "gated_dsa"))
-        _check_choice("model.scoring_func", self.scoring_func, ("softmax", "sigmoid"))
-        _check_choice("model.qk_norm", self.qk_norm, ("head", "full", "none"))
+def _model_schema() -> type:
+    """``ModelConfig``: ``name`` and ``dtype``, then every ``MoEConfig`` field with its default, so
+    the Hydra schema never drifts from the model (YAML lists stand for ``layer_types``' tuple)."""
+    hints = typing.get_type_hints(MoEConfig)
+    fields = [("name", str, field(default="tiny_moe")), ("dtype", str, field(default="float32"))]
+    for f in dataclasses.fields(MoEConfig):
+        kind = typing.Optional[list[str]] if f.name == "layer_types" else hints[f.name]
+        fields.append((f.name, kind, field(default=f.default)))
+    return dataclasses.make_dataclass(
+        "ModelConfig", fields, namespace={"__post_init__": _check_model, "__module__": __name__,
+                                          "__doc__": "MoE transformer shape: MoEConfig's fields (model/config.py)."})
+
+
+ModelConfig = _model_schema()
 
 
 @dataclass
