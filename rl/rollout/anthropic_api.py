@@ -26,8 +26,8 @@ import uuid
 from typing import Any
 
 from jointrl.envs.base import Message, ToolCall, ToolSpec
-from jointrl.rl.rollout.chat import ChatReply, ChatRequest, RequestError
-from jointrl.rl.rollout.openai_api import _field, think_tokens
+from jointrl.rl.rollout.chat import ChatReply, ChatRequest, RequestError, chat_request, think_tokens
+from jointrl.rl.rollout.chat import request_field as _field
 
 
 def error_body(err: RequestError) -> dict[str, Any]:
@@ -160,28 +160,11 @@ def parse_request(body: Any, tiers: dict[str, int | None]) -> tuple[ChatRequest,
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object", None)
     max_tokens = _field(body, "max_tokens", int, "", required=True)
-    if max_tokens < 1:
-        raise RequestError(f"'max_tokens' must be >= 1, got {max_tokens}", "max_tokens")
     messages = _messages(body.get("system"), body.get("messages"))
     tools = _tools(body.get("tools"))
-    temperature = _field(body, "temperature", (int, float), "", default=None)
-    if temperature is not None and not 0 <= temperature <= 1:
-        raise RequestError(f"'temperature' must be in [0, 1], got {temperature}", "temperature")
-    top_p = _field(body, "top_p", (int, float), "", default=None)
-    if top_p is not None and not 0 < top_p <= 1:
-        raise RequestError(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
-    top_k = _field(body, "top_k", int, "", default=None)
-    if top_k is not None and top_k < 0:
-        raise RequestError(f"'top_k' must be >= 0, got {top_k}", "top_k")
-    if body.get("stop_sequences"):
-        raise RequestError("'stop_sequences' are not supported: the engine stops at the end of the turn",
-                           "stop_sequences")
-    req = ChatRequest(messages=messages, tools=tools, tool_choice=_tool_choice(body.get("tool_choice"), tools),
-                      max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                      seed=_field(body, "seed", int, "", default=None),
-                      max_think_tokens=_thinking(body.get("thinking"), tiers, body),
-                      stream=_field(body, "stream", bool, "", default=False),
-                      conversation_id=_field(body, "conversation_id", str, "", default=None))
+    req = chat_request(body, messages=messages, tools=tools, tool_choice=_tool_choice(body.get("tool_choice"), tools),
+                       max_tokens=max_tokens, max_think_tokens=_thinking(body.get("thinking"), tiers, body),
+                       max_temperature=1.0, stop_key="stop_sequences")
     return req, {"model": _field(body, "model", str, "", default="")}
 
 

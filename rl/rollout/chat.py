@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from jointrl.envs.base import Message, ToolSpec
 from jointrl.model.chat_template import ChatTemplate
@@ -53,6 +54,59 @@ class ChatRequest:
     max_think_tokens: int | None | str = "default"  # None: unlimited; "default": the server's tier
     stream: bool = False
     conversation_id: str | None = None  # match only this recorded conversation
+
+
+def request_field(obj: dict, key: str, types: type | tuple, where: str, required: bool = False,
+                  default: Any = None) -> Any:
+    """``obj[key]`` checked against ``types`` (a bool is no int), or ``default``; errors name ``where + key``."""
+    if key not in obj or obj[key] is None:
+        if required:
+            raise RequestError(f"missing required field '{where}{key}'", f"{where}{key}")
+        return default
+    value = obj[key]
+    allowed = types if isinstance(types, tuple) else (types,)
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        names = " or ".join(t.__name__ for t in allowed)
+        raise RequestError(f"'{where}{key}' must be {names}, got {type(value).__name__}", f"{where}{key}")
+    return value
+
+
+def think_tokens(raw: Any, tiers: dict[str, int | None], param: str) -> int | None | str:
+    """A tier name or a token count -> per-turn thinking tokens; ``"default"`` when absent."""
+    if raw is None:
+        return "default"
+    if isinstance(raw, str):
+        if raw not in tiers:
+            raise RequestError(f"'{param}' must be one of {sorted(tiers)} or a token count, got {raw!r}", param)
+        return tiers[raw]
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
+        return raw
+    raise RequestError(f"'{param}' must be one of {sorted(tiers)} or a token count >= 0, got {raw!r}", param)
+
+
+def chat_request(body: dict, *, messages: list[Message], tools: list[ToolSpec], tool_choice: str,
+                 max_tokens: int | None, max_think_tokens: int | None | str, max_temperature: float,
+                 stop_key: str) -> ChatRequest:
+    """The fields both APIs share (sampling, ``seed``, ``stream``, ``conversation_id``), checked,
+    around what each API parsed its own way. ``stop_key`` names the API's (refused) stop strings."""
+    if max_tokens is not None and max_tokens < 1:
+        raise RequestError(f"'max_tokens' must be >= 1, got {max_tokens}", "max_tokens")
+    temperature = request_field(body, "temperature", (int, float), "", default=None)
+    if temperature is not None and not 0 <= temperature <= max_temperature:
+        raise RequestError(f"'temperature' must be in [0, {max_temperature:g}], got {temperature}", "temperature")
+    top_p = request_field(body, "top_p", (int, float), "", default=None)
+    if top_p is not None and not 0 < top_p <= 1:
+        raise RequestError(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
+    top_k = request_field(body, "top_k", int, "", default=None)
+    if top_k is not None and top_k < 0:
+        raise RequestError(f"'top_k' must be >= 0, got {top_k}", "top_k")
+    if body.get(stop_key):
+        raise RequestError(f"'{stop_key}' is not supported: the engine stops at the end of the turn", stop_key)
+    return ChatRequest(messages=messages, tools=tools, tool_choice=tool_choice, max_tokens=max_tokens,
+                       temperature=temperature, top_p=top_p, top_k=top_k,
+                       seed=request_field(body, "seed", int, "", default=None), max_think_tokens=max_think_tokens,
+                       stream=request_field(body, "stream", bool, "", default=False),
+                       conversation_id=request_field(body, "conversation_id", str, "", default=None))
 
 
 @dataclass(frozen=True, slots=True)

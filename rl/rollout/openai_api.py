@@ -26,26 +26,14 @@ from typing import Any
 
 from jointrl.envs.base import Message, ToolCall, ToolSpec
 from jointrl.model.tokenizer import ByteTokenizer
-from jointrl.rl.rollout.chat import ChatReply, ChatRequest, RequestError
+from jointrl.rl.rollout.chat import ChatReply, ChatRequest, RequestError, chat_request, think_tokens
+from jointrl.rl.rollout.chat import request_field as _field
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def error_body(err: RequestError) -> dict[str, Any]:
     return {"error": {"message": err.message, "type": err.kind, "param": err.param, "code": None}}
-
-
-def _field(obj: dict, key: str, types: type | tuple, where: str, required: bool = False, default: Any = None) -> Any:
-    if key not in obj or obj[key] is None:
-        if required:
-            raise RequestError(f"missing required field '{where}{key}'", f"{where}{key}")
-        return default
-    value = obj[key]
-    bad_bool = isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,))
-    if not isinstance(value, types) or bad_bool:
-        names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
-        raise RequestError(f"'{where}{key}' must be {names}, got {type(value).__name__}", f"{where}{key}")
-    return value
 
 
 def _text(content: Any, where: str) -> str:
@@ -143,19 +131,6 @@ def _tool_choice(raw: Any, tools: list[ToolSpec]) -> str:
                        "{\"name\": ...}}", "tool_choice")
 
 
-def think_tokens(raw: Any, tiers: dict[str, int | None], param: str) -> int | None | str:
-    """A tier name or a token count -> per-turn thinking tokens; ``"default"`` when absent."""
-    if raw is None:
-        return "default"
-    if isinstance(raw, str):
-        if raw not in tiers:
-            raise RequestError(f"'{param}' must be one of {sorted(tiers)} or a token count, got {raw!r}", param)
-        return tiers[raw]
-    if isinstance(raw, int) and not isinstance(raw, bool) and raw >= 0:
-        return raw
-    raise RequestError(f"'{param}' must be one of {sorted(tiers)} or a token count >= 0, got {raw!r}", param)
-
-
 def parse_request(body: Any, tiers: dict[str, int | None]) -> tuple[ChatRequest, dict[str, Any]]:
     """(the request, response options: ``logprobs``, ``include_usage``, ``model``)."""
     if not isinstance(body, dict):
@@ -164,32 +139,16 @@ def parse_request(body: Any, tiers: dict[str, int | None]) -> tuple[ChatRequest,
     tools = _tools(body.get("tools"))
     max_tokens = _field(body, "max_completion_tokens", int, "", default=None)
     max_tokens = _field(body, "max_tokens", int, "", default=max_tokens)
-    if max_tokens is not None and max_tokens < 1:
-        raise RequestError(f"'max_tokens' must be >= 1, got {max_tokens}", "max_tokens")
-    temperature = _field(body, "temperature", (int, float), "", default=None)
-    if temperature is not None and not 0 <= temperature <= 2:
-        raise RequestError(f"'temperature' must be in [0, 2], got {temperature}", "temperature")
-    top_p = _field(body, "top_p", (int, float), "", default=None)
-    if top_p is not None and not 0 < top_p <= 1:
-        raise RequestError(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
-    top_k = _field(body, "top_k", int, "", default=None)
-    if top_k is not None and top_k < 0:
-        raise RequestError(f"'top_k' must be >= 0, got {top_k}", "top_k")
     if _field(body, "n", int, "", default=1) != 1:
         raise RequestError("'n' must be 1: send one request per sample", "n")
-    if body.get("stop"):
-        raise RequestError("'stop' strings are not supported: the engine stops at the end of the turn", "stop")
     top_logprobs = _field(body, "top_logprobs", int, "", default=0)
     if not 0 <= top_logprobs <= 20:
         raise RequestError(f"'top_logprobs' must be in [0, 20], got {top_logprobs}", "top_logprobs")
-    think = think_tokens(body.get("thinking_budget"), tiers, "thinking_budget")
     stream_options = _field(body, "stream_options", dict, "", default={})
-    req = ChatRequest(messages=messages, tools=tools, tool_choice=_tool_choice(body.get("tool_choice"), tools),
-                      max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                      seed=_field(body, "seed", int, "", default=None),
-                      max_think_tokens=think,
-                      stream=_field(body, "stream", bool, "", default=False),
-                      conversation_id=_field(body, "conversation_id", str, "", default=None))
+    req = chat_request(body, messages=messages, tools=tools, tool_choice=_tool_choice(body.get("tool_choice"), tools),
+                       max_tokens=max_tokens, max_think_tokens=think_tokens(body.get("thinking_budget"), tiers,
+                                                                            "thinking_budget"),
+                       max_temperature=2.0, stop_key="stop")
     opts = {"logprobs": _field(body, "logprobs", bool, "", default=False),
             "include_usage": bool(stream_options.get("include_usage", False)),
             "model": _field(body, "model", str, "", default="")}
