@@ -21,7 +21,8 @@ a fresh bwrap + ``bash -c`` per command (the verifier's way). What it protects a
   started with ``--block-fd`` and moved into the cgroup before it runs anything, so no
   process of the sandbox starts outside it. Without cgroups, RLIMIT_AS per process is the
   memory backstop and RLIMIT_NPROC (per uid: meaningful because the uid is unique) the
-  process bound. RLIMIT_NPROC, RLIMIT_FSIZE and RLIMIT_CPU are set either way (``prlimit``).
+  process bound. RLIMIT_NPROC, RLIMIT_FSIZE and RLIMIT_CPU are set either way, soft = hard, by
+  the sandbox's bash before it runs any command (``ulimit``).
 - **Disk**: ``/work`` is a tmpfs of ``max_disk_bytes`` mounted on the host (``disk.py``)
   and ``/tmp`` a bwrap tmpfs of the same size: the episode cannot write more than that to
   either (``ENOSPC``), and the pages count against its memory cgroup. Without the mount
@@ -145,7 +146,8 @@ class BwrapSandbox:
         root = sandbox_root()
         self._lease: UidLease = acquire_uid(c.uid_range, root / ".locks")
         self.uid = self._lease.uid
-        _remove_stale_dirs(root, self.uid)
+        if not self._lease.inherited_clean:
+            _remove_stale_dirs(root, self.uid)
         self.private_dir = root / f"sb-{secrets.token_hex(8)}"
         self.workdir = self.private_dir / "work"
         self.cgroup: Cgroup | None = None
@@ -254,13 +256,16 @@ class BwrapSandbox:
         os.close(status_w)
         os.close(block_r)
         try:
+            if self.cgroup is not None:
+                # Moved at once: the first move into a v1 cgroup waits for an RCU grace period
+                # (milliseconds), which now overlaps bwrap's own setup instead of following it.
+                _add_or_report(self.cgroup, proc)
             status = _read_first_status(status_r, time.monotonic() + _START_TIMEOUT_S)
             child = _parse_status(status).get("child-pid")
             if child is None:
                 raise OSError(f"bwrap did not start (exit {proc.poll()}): {proc.stderr.read1(4096)!r}")
             if self.cgroup is not None:
-                self.cgroup.add(proc.pid)
-                self.cgroup.add(child)
+                self.cgroup.add(child)  # bwrap may have cloned it before its own move
             os.write(block_w, b"go")
         except BaseException:
             os.close(status_r)
@@ -283,6 +288,7 @@ class BwrapSandbox:
             raise
         finally:
             os.close(ctl_w)
+        proc.stdin.write(f"{self._ulimit()}\n".encode())  # the shell runs it before anything we send later
         self._shell_init = init
         self._shell_pids = frozenset({proc.pid, init})
         # status_r stays open (bwrap writes the exit code there; a closed pipe would SIGPIPE it).
@@ -310,7 +316,9 @@ class BwrapSandbox:
 
     def _run_once(self, cmd: str, timeout: float) -> ExecResult:
         try:
-            proc, status_r, first, _ = self._spawn(["/bin/bash", "-c", cmd], stdin=subprocess.DEVNULL)
+            # Same line as the command: its line numbers in bash's messages stay as written.
+            proc, status_r, first, _ = self._spawn(["/bin/bash", "-c", f"{self._ulimit()}; {cmd}"],
+                                                   stdin=subprocess.DEVNULL)
         except OSError as e:
             raise EnvError(f"cannot start bwrap: {e}") from e
         cap = self.config.max_output_bytes
@@ -365,13 +373,22 @@ class BwrapSandbox:
             sel.close()
         return timed_out
 
+    def _ulimit(self) -> str:
+        """Bash that sets the rlimits (soft = hard: no sandboxed process can raise them) before any command.
+
+        The sandbox's own bash sets them, first thing: that costs no exec of a ``prlimit`` wrapper,
+        and the host cannot ``prlimit(2)`` another uid's process without ``CAP_SYS_RESOURCE``.
+        """
+        c = self.config
+        cmd = f"ulimit -u {c.max_processes} -f {max(1, c.max_file_bytes // 1024)} -t {c.cpu_seconds}"
+        if self.cgroup is None:  # RLIMIT_AS breaks Chromium / OCP: only where no memory cgroup exists
+            cmd += f" -v {max(1, c.max_memory_bytes // 1024)}"
+        return cmd + " || exit 125"
+
     def _argv(self, cmd: list[str], status_fd: int, block_fd: int) -> list[str]:
         c = self.config
-        argv = ["prlimit", f"--nproc={c.max_processes}", f"--fsize={c.max_file_bytes}", f"--cpu={c.cpu_seconds}"]
-        if self.cgroup is None:  # RLIMIT_AS breaks Chromium / OCP: only where no memory cgroup exists
-            argv.append(f"--as={c.max_memory_bytes}")
         # --unshare-all only *tries* a user namespace; we require one (--disable-userns needs it).
-        argv += ["--", "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+        argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
                  "--new-session", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr"]  # fmt: skip
         for d in _SYSTEM_DIRS:
             if os.path.islink(d):
@@ -463,6 +480,7 @@ def _cleanup(lease: UidLease, private_dir: Path, shell: PersistentShell, cgroup:
     """Runs once, from ``close`` or when the sandbox is garbage-collected without it."""
     if not lease.held:
         return
+    clean = False
     try:
         if cgroup is not None:  # every process of the sandbox is in it (moved before it ran anything)
             cgroup.kill_all()
@@ -472,8 +490,9 @@ def _cleanup(lease: UidLease, private_dir: Path, shell: PersistentShell, cgroup:
         if cgroup is not None:
             cgroup.remove()
         _remove_dir(private_dir)
+        clean = not private_dir.exists()
     finally:
-        lease.release()  # only once nothing of the uid is left for the next holder to inherit
+        lease.release(clean=clean)  # only once nothing of the uid is left for the next holder to inherit
 
 
 def _remove_dir(private_dir: Path) -> None:
@@ -494,6 +513,16 @@ def _remove_stale_dirs(root: Path, uid: int) -> None:
             continue
         if owner == uid:
             _remove_dir(Path(entry.path))
+
+
+def _add_or_report(cgroup: Cgroup, proc: subprocess.Popen) -> None:
+    """Move bwrap into ``cgroup``; if it already died, say why it did (its stderr) instead."""
+    try:
+        cgroup.add(proc.pid)
+    except OSError as e:
+        if proc.poll() is None:
+            raise
+        raise OSError(f"bwrap did not start (exit {proc.returncode}): {proc.stderr.read1(4096)!r}") from e
 
 
 def _kill_proc(proc: subprocess.Popen, child_pid: int | None = None, *, wait: bool = True) -> None:
