@@ -115,6 +115,9 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     quantize_experts: bool = True  # push routed experts as MXFP4 (the rollout runs the quantized weights)
+    weight_transport: str = "ray"  # ray (object store) | dist (torch.distributed broadcast; rl/weight_transport.py)
+    weight_dist_backend: str = "gloo"  # dist transport: gloo (CPU) | nccl (CUDA)
+    weight_bucket_mb: float = 32.0  # payload bound of one bucket of the push
     thinking_budget: dict[str, Any] = field(default_factory=lambda: {"low": 32, "high": 64, "max": None})
     # engine backend only (rl/rollout/llm_engine.EngineConfig documents each)
     num_blocks: int = 4096  # KV memory budget: num_blocks x block_size token slots
@@ -126,6 +129,9 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         _check_choice("rollout.backend", self.backend, ("engine", "simple"))
         _check_choice("rollout.live_sessions", self.live_sessions, ("keep", "reprefill"))
+        _check_choice("rollout.weight_transport", self.weight_transport, ("ray", "dist"))
+        _check_choice("rollout.weight_dist_backend", self.weight_dist_backend, ("gloo", "nccl"))
+        _check_positive("rollout.weight_bucket_mb", self.weight_bucket_mb)
         for k in ("num_workers", "num_blocks", "block_size", "max_num_batched_tokens"):
             _check_positive(f"rollout.{k}", getattr(self, k))
         _check_positive("rollout.session_ttl_s", self.session_ttl_s, allow_zero=True)

@@ -35,6 +35,7 @@ from jointrl.rl.preemption import REQUEUE_EXIT_CODE, PreemptionFlag
 from jointrl.rl.rollout.worker import RolloutWorker
 from jointrl.rl.tracking import RunTracker
 from jointrl.rl.types import FinishReason, Task, Trajectory
+from jointrl.rl.weight_transport import WeightPush
 
 
 def train(cfg: Config) -> dict[str, float]:
@@ -54,7 +55,9 @@ def train(cfg: Config) -> dict[str, float]:
     if cfg.resume:
         print(f"resuming after step {start} from {ckpt_dir}" if start else f"no checkpoint in {ckpt_dir}; starting fresh",
               flush=True)
-    _push(learner, rollout, version=start)
+    push = WeightPush(cfg.rollout.weight_transport, learner.senders, rollout,
+                      cfg.rollout.weight_dist_backend)
+    push(start)
     tracker = RunTracker(cfg, out_dir)
     preempt = PreemptionFlag().install()
     metrics: dict[str, float] = {}
@@ -77,10 +80,11 @@ def train(cfg: Config) -> dict[str, float]:
         if len(adv.kept) >= cfg.learner.num_ranks:
             learner_metrics = learner.train_step(_train_batch(cfg, adv))
         t2 = time.perf_counter()
-        _push(learner, rollout, version=step)
+        push_times = push(step)
         t3 = time.perf_counter()
         metrics = _step_metrics(trajs, adv.stats, learner_metrics, sampler, groups,
                                 {"rollout": t1 - t0, "learner": t2 - t1, "push": t3 - t2})
+        metrics.update({f"weight_sync/{k}_s": v for k, v in push_times.items()})
         tracker.log(step, metrics, trajs)
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.algo.total_steps \
                 or preempt.requested:
@@ -123,13 +127,6 @@ def _start_ray(cfg: Config) -> None:
     # address None means a new local instance: never attach to a cluster `ray start` left behind
     ray.init(address=cfg.cluster.ray_address or "local", num_cpus=cfg.cluster.num_cpus, include_dashboard=False,
              log_to_driver=True, runtime_env={"env_vars": {"DS_ACCELERATOR": "cpu"}})
-
-
-def _push(learner: LearnerGroup, rollout: list, version: int) -> None:
-    """Learner ranks -> every rollout worker: the versioned, MXFP4-quantized weight bundles (rank 0:
-    shared weights and its experts; with expert parallelism each rank adds the experts it owns)."""
-    for bundle in learner.weight_bundles(version):
-        ray.get([w.update_weights.remote(version, bundle) for w in rollout])
 
 
 def _collect(env_workers: list, groups: list[tuple[Task, str]], group_size: int, step: int) -> list[Trajectory]:

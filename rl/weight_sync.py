@@ -54,6 +54,7 @@ __all__ = [
     "build_bundle",
     "is_routed_expert",
     "iter_buckets",
+    "merge_bundles",
 ]
 
 DEFAULT_BUCKET_BYTES = 32 << 20
@@ -273,21 +274,49 @@ def apply_bundle(
         ValueError: any failed check, naming the tensor (or bucket) at fault.
     """
     _check_version(bundle.version, expected_version, current_version)
+    _check_bundle(bundle)
     targets = _targets(model_or_state)
-    plan: list[tuple[Tensor, WeightEntry]] = []
+    _write([p for bucket in bundle.buckets for p in _plan(bucket, targets)], dtype)
+
+
+def merge_bundles(bundles: Iterable[WeightBundle]) -> WeightBundle:
+    """Several senders' bundles of one push (rank 0's first) as one bundle, so a receiver swaps
+    them in with one ``apply_bundle``: between two engine steps, never half of a push.
+
+    Each input is checked first (bucket order and version, every entry and bucket checksum,
+    total bytes: what ``apply_bundle`` checks short of the receiver's names and shapes); then
+    the buckets are renumbered in order and their checksums recomputed over the new index.
+
+    Raises:
+        ValueError: no bundle, versions that differ, or a failed check (naming the tensor).
+    """
+    bundles = list(bundles)
+    if not bundles:
+        raise ValueError("merge_bundles needs at least one bundle")
+    version = bundles[0].version
+    buckets: list[WeightBucket] = []
+    for bundle in bundles:
+        if bundle.version != version:
+            raise ValueError(f"bundles of one push have versions {[b.version for b in bundles]}")
+        _check_bundle(bundle)
+        buckets += [_make_bucket(version, len(buckets) + i, list(b.entries)) for i, b in enumerate(bundle.buckets)]
+    return WeightBundle(version, tuple(buckets), sum(b.total_bytes for b in bundles))
+
+
+def _check_bundle(bundle: WeightBundle) -> None:
+    """Bucket order and version, every checksum, total bytes (nothing about the receiver)."""
     for i, bucket in enumerate(bundle.buckets):
         if bucket.index != i or bucket.version != bundle.version:
             raise ValueError(
                 f"bucket {i} of bundle version {bundle.version} is out of place: it says "
                 f"index {bucket.index}, version {bucket.version} (tensors {bucket.names})"
             )
-        plan += _verify_bucket(bucket, targets)
+        _check_bucket(bucket)
     if (total := sum(b.nbytes for b in bundle.buckets)) != bundle.total_bytes:
         raise ValueError(
             f"bundle version {bundle.version} carries {total} payload bytes, it declares "
             f"{bundle.total_bytes}: a bucket is missing or truncated"
         )
-    _write(plan, dtype)
 
 
 def apply_bucket(
@@ -304,7 +333,8 @@ def apply_bucket(
     ``expected_version`` so buckets of another push are refused.
     """
     _check_version(bucket.version, expected_version, current_version)
-    _write(_verify_bucket(bucket, _targets(model_or_state)), dtype)
+    _check_bucket(bucket)
+    _write(_plan(bucket, _targets(model_or_state)), dtype)
 
 
 def _check_version(version: int, expected: int | None, current: int | None) -> None:
@@ -322,10 +352,20 @@ def _targets(model_or_state: nn.Module | Mapping[str, Tensor]) -> Mapping[str, T
     return model_or_state
 
 
-def _verify_bucket(bucket: WeightBucket, targets: Mapping[str, Tensor]) -> list[tuple[Tensor, WeightEntry]]:
-    plan = []
+def _check_bucket(bucket: WeightBucket) -> None:
     for entry in bucket.entries:
         _verify_entry(entry)
+    if _bucket_checksum(bucket.version, bucket.index, bucket.entries) != bucket.checksum:
+        raise ValueError(
+            f"bucket {bucket.index} (version {bucket.version}) failed its checksum; it holds "
+            f"tensors {bucket.names}"
+        )
+
+
+def _plan(bucket: WeightBucket, targets: Mapping[str, Tensor]) -> list[tuple[Tensor, WeightEntry]]:
+    """(receiver tensor, entry) per entry, after checking each name and shape against the receiver."""
+    plan = []
+    for entry in bucket.entries:
         target = targets.get(entry.name)
         if target is None:
             raise ValueError(f"tensor {entry.name!r} in the weight push is not in the receiver's model")
@@ -343,11 +383,6 @@ def _verify_bucket(bucket: WeightBucket, targets: Mapping[str, Tensor]) -> list[
                 f"{tuple(target.shape)}"
             )
         plan.append((target, entry))
-    if _bucket_checksum(bucket.version, bucket.index, bucket.entries) != bucket.checksum:
-        raise ValueError(
-            f"bucket {bucket.index} (version {bucket.version}) failed its checksum; it holds "
-            f"tensors {bucket.names}"
-        )
     return plan
 
 

@@ -45,11 +45,11 @@ class LearnerGroup:
         workers = self.workers if self.ep_size > 1 else self.workers[:1]
         return ray.get([w.logprobs.remote(token_ids) for w in workers])[0]
 
-    def weight_bundles(self, version: int) -> list:
-        """ObjectRefs of the bundles of ranks 0..ep_size-1 (rank 0: shared weights and its experts,
-        the others their experts; replicas beyond ep_size send nothing). They go to the rollout
-        workers as they are, rank 0's first."""
-        return [w.weight_bundle.remote(version) for w in self.workers[: self.ep_size]]
+    @property
+    def senders(self) -> list:
+        """The ranks that send a weight push (rl/weight_transport.py): 0..ep_size-1 (rank 0 the shared
+        weights and its experts, the others their experts; replicas beyond ep_size send nothing)."""
+        return self.workers[: self.ep_size]
 
     def save_checkpoint(self, directory: str, step: int) -> None:
         ray.get([w.save_checkpoint.remote(directory, step) for w in self.workers])

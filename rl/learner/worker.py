@@ -235,11 +235,19 @@ class LearnerWorker:
         return out[:len(token_ids)]
 
     def weight_bundle(self, version: int):
-        """This rank's part of the push: rank 0 the shared parameters and its experts, every other
-        expert-parallel rank its experts only; None when it has nothing to send."""
-        from jointrl.rl.weight_sync import build_bundle, is_routed_expert
+        """This rank's part of the push (``_push_state``) as one bundle; None when it has nothing to send."""
+        from jointrl.rl.weight_sync import build_bundle
 
-        quantize = is_routed_expert if self.cfg.rollout.quantize_experts else (lambda name, t: False)
+        state, kw = self._push_state()
+        return build_bundle(state, version=version, **kw) if state else None
+
+    def _push_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """What this rank sends -- rank 0 the shared parameters and its experts, every other
+        expert-parallel rank its experts only, replicas nothing -- and the bucket arguments."""
+        from jointrl.rl.weight_sync import is_routed_expert
+
+        rc = self.cfg.rollout
+        quantize = is_routed_expert if rc.quantize_experts else (lambda name, t: False)
         offsets = expert_row_offsets(self.engine.module)
         state = {k: v.detach() for k, v in self.engine.module.state_dict().items() if not k.startswith(VALUE_HEAD_PREFIX)}
         if self.cfg.learner.ep_size > 1:
@@ -247,9 +255,21 @@ class LearnerWorker:
                 state = {}
             elif self.rank > 0:
                 state = {k: v for k, v in state.items() if k in offsets}
-        if not state:
-            return None
-        return build_bundle(state, version=version, is_quantized=quantize, row_offsets=offsets)
+        return state, {"is_quantized": quantize, "row_offsets": offsets, "bucket_bytes": int(rc.weight_bucket_mb * 2**20)}
+
+    # rollout.weight_transport=dist (rl/weight_transport.py): open -> join (with the receivers) -> push
+    def open_weight_group(self, num_receivers: int, backend: str, timeout_s: float) -> tuple[str, int]:
+        from jointrl.rl.weight_transport import WeightSender
+
+        self.sender = WeightSender(num_receivers, backend, timeout_s)
+        return self.sender.address
+
+    def join_weight_group(self) -> None:
+        self.sender.connect()
+
+    def push_weights(self, version: int) -> dict[str, float]:
+        state, kw = self._push_state()
+        return self.sender.send(state, version, **kw)
 
     def save_checkpoint(self, directory: str, step: int) -> None:
         if self.cfg.learner.ep_size > 1:
