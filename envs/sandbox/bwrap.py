@@ -21,8 +21,8 @@ a fresh bwrap + ``bash -c`` per command (the verifier's way). What it protects a
   started with ``--block-fd`` and moved into the cgroup before it runs anything, so no
   process of the sandbox starts outside it. Without cgroups, RLIMIT_AS per process is the
   memory backstop and RLIMIT_NPROC (per uid: meaningful because the uid is unique) the
-  process bound. RLIMIT_NPROC, RLIMIT_FSIZE and RLIMIT_CPU are set either way, soft = hard, by
-  the sandbox's bash before it runs any command (``ulimit``).
+  process bound. RLIMIT_NPROC, RLIMIT_FSIZE and RLIMIT_CPU are set either way, soft = hard,
+  before any command runs (``bwrap_argv.py``).
 - **Disk**: ``/work`` is a tmpfs of ``max_disk_bytes`` mounted on the host (``disk.py``)
   and ``/tmp`` a bwrap tmpfs of the same size: the episode cannot write more than that to
   either (``ENOSPC``), and the pages count against its memory cgroup. Without the mount
@@ -40,61 +40,51 @@ beyond RLIMIT_AS per process where cgroups are unavailable; disk filling where t
 cannot be mounted (then RLIMIT_FSIZE caps each file, not the number of files).
 
 It needs root on the host (to switch to the leased uid) and ``bwrap`` with unprivileged user
-namespaces. ``--die-with-parent`` ties each sandbox process to the *thread* that spawned it:
-shells are spawned by one long-lived thread so that they live until ``close`` (or until this
-Python process dies).
+namespaces. The parts: ``bwrap_argv.py`` (the sandbox's view and limits), ``bwrap_proc.py``
+(starting bwrap blocked, moving it into the cgroup, reading a command to its end),
+``host_dirs.py`` (the private dirs), ``uids.py``, ``cgroups.py``, ``disk.py``, ``files.py``,
+``shell.py``; this module ties them into one sandbox's lifecycle.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import selectors
-import shutil
 import signal
-import stat
 import subprocess
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
 from jointrl.envs.base import EnvError
 from jointrl.envs.sandbox.base import ExecResult, SandboxConfig
+from jointrl.envs.sandbox.bwrap_argv import (
+    DEFAULT_ENV,
+    bwrap_argv,
+    check_dest,
+    check_world_readable,
+    prlimit_argv,
+    ulimit_prefix,
+)
+from jointrl.envs.sandbox.bwrap_proc import KILL_GRACE_S, SPAWNER, parse_status, pump, spawn
 from jointrl.envs.sandbox.cgroups import Cgroup
-from jointrl.envs.sandbox.disk import is_mount, mount_tmpfs, unmount
+from jointrl.envs.sandbox.disk import mount_tmpfs
 from jointrl.envs.sandbox.files import copy_tree, read_regular, resolve_inside, write_regular
+from jointrl.envs.sandbox.host_dirs import (
+    SANDBOX_ROOT,
+    make_owned_dir,
+    remove_private_dir,
+    remove_stale_dirs,
+    sandbox_root,
+    stage,
+)
 from jointrl.envs.sandbox.output import Capped
 from jointrl.envs.sandbox.shell import TIMEOUT_EXIT_CODE, PersistentShell
 from jointrl.envs.sandbox.uids import UidLease, acquire_uid, children_of, kill_uid
 
-SANDBOX_ROOT = Path(os.environ.get("JOINTRL_SANDBOX_ROOT", "/tmp/jointrl-sandboxes"))
-_KILL_GRACE_S = 5.0  # after a timeout kill, how long to wait for the pipes to close
-_START_TIMEOUT_S = 15.0  # bwrap must report its child's pid within this
-_SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-_RESERVED_DESTS = ("/", "/work", "/usr", "/etc", "/proc", "/dev", "/tmp") + _SYSTEM_DIRS
-_DEFAULT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "TERM": "dumb"}
-# Shells are spawned here: --die-with-parent fires when the spawning *thread* exits, and this
-# one lives as long as the process (asyncio.to_thread's workers may not).
-_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jointrl-shell-spawner")
-
-
-def sandbox_root() -> Path:
-    """Create (once) and check the host directory holding every sandbox's private dir.
-
-    It must be a real directory owned by us, because it lives in world-writable /tmp where
-    anyone could have planted it first. Mode 0711: the leased uids may traverse it to reach
-    their own dir (bwrap runs as them) but cannot list it.
-    """
-    SANDBOX_ROOT.mkdir(mode=0o711, parents=True, exist_ok=True)
-    st = os.lstat(SANDBOX_ROOT)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise EnvError(f"{SANDBOX_ROOT} is not a directory owned by uid {os.geteuid()} and writable only by it")
-    os.chmod(SANDBOX_ROOT, 0o711)
-    (SANDBOX_ROOT / ".locks").mkdir(mode=0o700, exist_ok=True)
-    return SANDBOX_ROOT
+_SPAWNER = SPAWNER  # the browser domain spawns its long-lived driver through it
+__all__ = ["SANDBOX_ROOT", "TIMEOUT_EXIT_CODE", "BwrapSandbox", "sandbox_root"]
 
 
 class BwrapSandbox:
@@ -132,22 +122,22 @@ class BwrapSandbox:
             raise EnvError("BwrapSandbox needs root on the host to run each episode under its own uid")
         binds = {**c.ro_binds, **(ro_binds or {})}
         for dest in [*binds.values(), *c.tool_mounts.values(), *rw_dirs]:
-            _check_dest(dest)
+            check_dest(dest)
         for src in binds:
             if not Path(src).exists():
                 raise ValueError(f"ro_binds source {src!r} does not exist")
         for src in c.tool_mounts:
-            _check_world_readable(src)
+            check_world_readable(src)
         if workdir_from is not None and not Path(workdir_from).is_dir():
             raise ValueError(f"workdir_from {str(workdir_from)!r} is not a directory")
-        self.env = {**_DEFAULT_ENV, **(env or {})}
+        self.env = {**DEFAULT_ENV, **(env or {})}
         self._lock = threading.Lock()
         self._closed = False
         root = sandbox_root()
         self._lease: UidLease = acquire_uid(c.uid_range, root / ".locks")
         self.uid = self._lease.uid
         if not self._lease.inherited_clean:
-            _remove_stale_dirs(root, self.uid)
+            remove_stale_dirs(root, self.uid)
         self.private_dir = root / f"sb-{secrets.token_hex(8)}"
         self.workdir = self.private_dir / "work"
         self.cgroup: Cgroup | None = None
@@ -155,10 +145,8 @@ class BwrapSandbox:
         self._shell_pids: frozenset[int] = frozenset()
         self._finalizer = weakref.finalize(self, _cleanup, self._lease, self.private_dir, self._shell, None)
         try:
-            os.mkdir(self.private_dir, 0o700)
-            os.chown(self.private_dir, self.uid, self.uid)
-            os.mkdir(self.workdir, 0o700)
-            os.chown(self.workdir, self.uid, self.uid)
+            make_owned_dir(self.private_dir, self.uid)
+            make_owned_dir(self.workdir, self.uid)
             self.limits: dict[str, str] = {}  # which bound holds, for each resource (reported by the bench)
             why = mount_tmpfs(self.workdir, c.max_disk_bytes, self.uid) if c.max_disk_bytes else "max_disk_bytes=0"
             self.limits["disk"] = f"tmpfs {c.max_disk_bytes} B" if why is None else f"RLIMIT_FSIZE per file ({why})"
@@ -172,15 +160,14 @@ class BwrapSandbox:
             self._mounts: list[tuple[str, Path, bool]] = []  # (sandbox path, host path, writable)
             for i, (src, dest) in enumerate(binds.items()):
                 staged = self.private_dir / f"ro-{i}"
-                _stage(Path(src), staged, owner=self.uid)
+                stage(Path(src), staged, owner=self.uid)
                 self._mounts.append((dest, staged, False))
             for src, dest in c.tool_mounts.items():
                 self._mounts.append((dest, Path(src), False))
             self.rw_dirs: dict[str, Path] = {}
             for i, dest in enumerate(rw_dirs):
                 host = self.private_dir / f"rw-{i}"
-                os.mkdir(host, 0o700)
-                os.chown(host, self.uid, self.uid)
+                make_owned_dir(host, self.uid)
                 self._mounts.append((dest, host, True))
                 self.rw_dirs[str(PurePosixPath(dest))] = host
             if shell:
@@ -234,61 +221,36 @@ class BwrapSandbox:
             raise ValueError(f"timeout must be > 0, got {timeout}")
         return timeout
 
-    def _spawn(self, argv_cmd: list[str], *, stdin: int, fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, int, bytes, int]:
-        """Start bwrap running ``argv_cmd``, inside the cgroup before it runs anything.
+    def _spawn(self, argv_cmd: list[str], *, stdin: int, fds: tuple[int, ...] = (),
+               limits_set: bool = False) -> tuple[subprocess.Popen, int, bytes, int]:
+        """Start bwrap running ``argv_cmd``, inside the cgroup before it runs anything (``bwrap_proc.spawn``).
 
+        ``limits_set``: ``argv_cmd`` is a bash of ours that sets the rlimits itself, first thing
+        (``ulimit_prefix``); any other command runs under ``prlimit``.
         Returns (process, read end of the json status pipe, what was read of it, child pid).
         """
-        status_r, status_w = os.pipe()
-        block_r, block_w = os.pipe()
-        try:
-            proc = subprocess.Popen(
-                self._argv(argv_cmd, status_w, block_r),
-                stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                pass_fds=(status_w, block_r, *fds), user=self.uid, group=self.uid, extra_groups=[],
-                start_new_session=True,  # our own process group, killed as a whole on timeout
-                env={"PATH": "/usr/bin:/bin"},
-            )
-        except OSError:
-            for fd in (status_r, status_w, block_r, block_w):
-                os.close(fd)
-            raise
-        os.close(status_w)
-        os.close(block_r)
-        try:
-            if self.cgroup is not None:
-                # Moved at once: the first move into a v1 cgroup waits for an RCU grace period
-                # (milliseconds), which now overlaps bwrap's own setup instead of following it.
-                _add_or_report(self.cgroup, proc)
-            status = _read_first_status(status_r, time.monotonic() + _START_TIMEOUT_S)
-            child = _parse_status(status).get("child-pid")
-            if child is None:
-                raise OSError(f"bwrap did not start (exit {proc.poll()}): {proc.stderr.read1(4096)!r}")
-            if self.cgroup is not None:
-                self.cgroup.add(child)  # bwrap may have cloned it before its own move
-            os.write(block_w, b"go")
-        except BaseException:
-            os.close(status_r)
-            _kill_proc(proc)
-            raise
-        finally:
-            os.close(block_w)
-        return proc, status_r, status, child
+        prefix = [] if limits_set else prlimit_argv(self.config, memory_cgroup=self.cgroup is not None)
+
+        def argv(status_fd: int, block_fd: int) -> list[str]:
+            return prefix + bwrap_argv(self.config, self.workdir, self._mounts, self.env, argv_cmd,
+                                       status_fd=status_fd, block_fd=block_fd)
+
+        return spawn(argv, uid=self.uid, cgroup=self.cgroup, stdin=stdin, fds=fds)
 
     def _spawn_shell(self) -> tuple[subprocess.Popen, int, int, tuple[int, ...]]:
-        return _SPAWNER.submit(self._spawn_shell_here).result()
+        return SPAWNER.submit(self._spawn_shell_here).result()
 
     def _spawn_shell_here(self) -> tuple[subprocess.Popen, int, int, tuple[int, ...]]:
         ctl_r, ctl_w = os.pipe()
         try:
             proc, status_r, _, init = self._spawn(["/bin/bash", "--noprofile", "--norc"], stdin=subprocess.PIPE,
-                                                  fds=(ctl_w,))
+                                                  fds=(ctl_w,), limits_set=True)
         except BaseException:
             os.close(ctl_r)
             raise
         finally:
             os.close(ctl_w)
-        proc.stdin.write(f"{self._ulimit()}\n".encode())  # the shell runs it before anything we send later
+        proc.stdin.write(f"{self._ulimit()}\n".encode())  # the shell runs it before anything sent later
         self._shell_init = init
         self._shell_pids = frozenset({proc.pid, init})
         # status_r stays open (bwrap writes the exit code there; a closed pipe would SIGPIPE it).
@@ -298,16 +260,11 @@ class BwrapSandbox:
         """Kill every process of the sandbox but the idle shell: the leftovers of a command."""
         keep = self.shell_pids
         if self.cgroup is not None:  # fast path: the cgroup lists exactly the sandbox's processes
-            for _ in range(50):
-                others = [p for p in self.cgroup.pids() if p not in keep]
-                if not others:
-                    return
-                for pid in others:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.002)
+            try:
+                self.cgroup.kill_all(keep, rounds=50)
+                return
+            except OSError:
+                pass  # a fork storm outran the sweep: the uid sweep below gets the rest
         kill_uid(self.uid, keep=keep)
 
     def _kill_all(self) -> None:
@@ -318,7 +275,7 @@ class BwrapSandbox:
         try:
             # Same line as the command: its line numbers in bash's messages stay as written.
             proc, status_r, first, _ = self._spawn(["/bin/bash", "-c", f"{self._ulimit()}; {cmd}"],
-                                                   stdin=subprocess.DEVNULL)
+                                                   stdin=subprocess.DEVNULL, limits_set=True)
         except OSError as e:
             raise EnvError(f"cannot start bwrap: {e}") from e
         cap = self.config.max_output_bytes
@@ -327,9 +284,9 @@ class BwrapSandbox:
         streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err, status_r: status}
         timed_out = False
         try:
-            timed_out = self._pump(proc, streams, status, time.monotonic() + timeout)
+            timed_out = pump(proc, streams, status, time.monotonic() + timeout, self._kill_others)
             try:
-                proc.wait(timeout=_KILL_GRACE_S)
+                proc.wait(timeout=KILL_GRACE_S)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -340,7 +297,7 @@ class BwrapSandbox:
             # The pid namespace dies with the command, but its last members may still be exiting
             # when bwrap reports: sweep the uid so that nothing of this exec outlives it.
             self._kill_others()
-        reports = _parse_status(bytes(status.data))
+        reports = parse_status(bytes(status.data))
         truncated = bool(out.dropped or err.dropped)
         if timed_out:
             return ExecResult(out.text(), err.text(), TIMEOUT_EXIT_CODE, True, truncated)
@@ -348,63 +305,8 @@ class BwrapSandbox:
             raise EnvError(f"bwrap failed (exit {proc.returncode}) before the command finished: {err.text()[-2000:]!r}")
         return ExecResult(out.text(), err.text(), int(reports["exit-code"]), False, truncated)
 
-    def _pump(self, proc: subprocess.Popen, streams: dict[int, Capped], status: Capped, deadline: float) -> bool:
-        """Read every stream to EOF; on ``deadline`` kill everything. Returns whether it timed out."""
-        sel = selectors.DefaultSelector()
-        for fd in streams:
-            sel.register(fd, selectors.EVENT_READ)
-        timed_out, grace_end = False, 0.0
-        try:
-            while sel.get_map():
-                now = time.monotonic()
-                if not timed_out and now >= deadline:
-                    timed_out, grace_end = True, now + _KILL_GRACE_S
-                    _kill_proc(proc, _parse_status(bytes(status.data)).get("child-pid"), wait=False)
-                    self._kill_others()
-                if timed_out and now >= grace_end:
-                    break  # something still holds the pipes open; the uid sweep after the exec gets it
-                for key, _ in sel.select(timeout=max(0.0, (grace_end if timed_out else deadline) - now)):
-                    chunk = os.read(key.fd, 1 << 16)
-                    if chunk:
-                        streams[key.fd].add(chunk)
-                    else:
-                        sel.unregister(key.fd)
-        finally:
-            sel.close()
-        return timed_out
-
     def _ulimit(self) -> str:
-        """Bash that sets the rlimits (soft = hard: no sandboxed process can raise them) before any command.
-
-        The sandbox's own bash sets them, first thing: that costs no exec of a ``prlimit`` wrapper,
-        and the host cannot ``prlimit(2)`` another uid's process without ``CAP_SYS_RESOURCE``.
-        """
-        c = self.config
-        cmd = f"ulimit -u {c.max_processes} -f {max(1, c.max_file_bytes // 1024)} -t {c.cpu_seconds}"
-        if self.cgroup is None:  # RLIMIT_AS breaks Chromium / OCP: only where no memory cgroup exists
-            cmd += f" -v {max(1, c.max_memory_bytes // 1024)}"
-        return cmd + " || exit 125"
-
-    def _argv(self, cmd: list[str], status_fd: int, block_fd: int) -> list[str]:
-        c = self.config
-        # --unshare-all only *tries* a user namespace; we require one (--disable-userns needs it).
-        argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-                 "--new-session", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr"]  # fmt: skip
-        for d in _SYSTEM_DIRS:
-            if os.path.islink(d):
-                argv += ["--symlink", os.readlink(d), d]
-            elif os.path.isdir(d):
-                argv += ["--ro-bind", d, d]
-        argv += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev"]
-        if c.max_disk_bytes:
-            argv += ["--size", str(c.max_disk_bytes)]
-        argv += ["--tmpfs", "/tmp", "--bind", str(self.workdir), "/work"]
-        for dest, host, writable in self._mounts:
-            argv += ["--bind" if writable else "--ro-bind", str(host), dest]
-        argv += ["--remount-ro", "/", "--chdir", "/work", "--clearenv"]
-        for k, v in self.env.items():
-            argv += ["--setenv", k, v]
-        return argv + ["--block-fd", str(block_fd), "--json-status-fd", str(status_fd), *cmd]
+        return ulimit_prefix(self.config, memory_cgroup=self.cgroup is not None)
 
     # -- files ------------------------------------------------------------------------------
 
@@ -489,111 +391,7 @@ def _cleanup(lease: UidLease, private_dir: Path, shell: PersistentShell, cgroup:
         shell.stop()
         if cgroup is not None:
             cgroup.remove()
-        _remove_dir(private_dir)
+        remove_private_dir(private_dir)
         clean = not private_dir.exists()
     finally:
         lease.release(clean=clean)  # only once nothing of the uid is left for the next holder to inherit
-
-
-def _remove_dir(private_dir: Path) -> None:
-    work = private_dir / "work"
-    if is_mount(work):
-        unmount(work)
-    shutil.rmtree(private_dir, ignore_errors=True)
-
-
-def _remove_stale_dirs(root: Path, uid: int) -> None:
-    """Delete private dirs a crashed holder of ``uid`` left behind (we hold its lease now)."""
-    for entry in os.scandir(root):
-        if not entry.name.startswith("sb-"):
-            continue
-        try:
-            owner = entry.stat(follow_symlinks=False).st_uid
-        except FileNotFoundError:  # another sandbox (another uid) closed meanwhile
-            continue
-        if owner == uid:
-            _remove_dir(Path(entry.path))
-
-
-def _add_or_report(cgroup: Cgroup, proc: subprocess.Popen) -> None:
-    """Move bwrap into ``cgroup``; if it already died, say why it did (its stderr) instead."""
-    try:
-        cgroup.add(proc.pid)
-    except OSError as e:
-        if proc.poll() is None:
-            raise
-        raise OSError(f"bwrap did not start (exit {proc.returncode}): {proc.stderr.read1(4096)!r}") from e
-
-
-def _kill_proc(proc: subprocess.Popen, child_pid: int | None = None, *, wait: bool = True) -> None:
-    """SIGKILL bwrap's process group and the sandbox's pid 1 (ending its pid namespace)."""
-    for kill, target in ((os.killpg, proc.pid), (os.kill, child_pid)):
-        if target:
-            try:
-                kill(target, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    if wait:
-        proc.wait()
-
-
-def _read_first_status(fd: int, deadline: float) -> bytes:
-    """Read bwrap's json status until its first document (the child's pid) is complete."""
-    buf = b""
-    while b"\n" not in buf:
-        now = time.monotonic()
-        sel = selectors.DefaultSelector()
-        sel.register(fd, selectors.EVENT_READ)
-        try:
-            ready = sel.select(timeout=max(0.0, deadline - now))
-        finally:
-            sel.close()
-        if not ready:
-            raise OSError("bwrap did not report its child within the start timeout")
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        buf += chunk
-    return buf
-
-
-def _check_dest(dest: str) -> None:
-    p = PurePosixPath(dest)
-    if not p.is_absolute() or ".." in p.parts or str(p) != dest.rstrip("/") or dest == "/":
-        raise ValueError(f"sandbox mount point {dest!r} must be a normalized absolute path")
-    for reserved in _RESERVED_DESTS:
-        if p == PurePosixPath(reserved) or (reserved != "/" and p.is_relative_to(reserved)):
-            raise ValueError(f"sandbox mount point {dest!r} overlaps the reserved {reserved!r}")
-
-
-def _check_world_readable(src: str) -> None:
-    """A tool mount is read by the episode's uid: every ancestor must be o+x and it o+r."""
-    p = Path(src)
-    if not p.is_absolute() or not p.exists():
-        raise ValueError(f"tool_mounts source {src!r} must be an existing absolute path")
-    for anc in [*reversed(p.parents), p]:
-        mode = os.stat(anc).st_mode
-        need = 0o005 if (anc == p and stat.S_ISDIR(mode)) or anc != p else 0o004
-        if mode & need != need:
-            raise ValueError(f"tool_mounts source {src!r} is not world-readable ({str(anc)!r} has mode {oct(mode & 0o777)})")
-
-
-def _stage(src: Path, dest: Path, *, owner: int) -> None:
-    if src.is_dir():
-        copy_tree(src, dest, owner=owner)
-    else:
-        shutil.copyfile(src, dest)
-        os.chmod(dest, 0o444)
-        os.chown(dest, owner, owner)
-
-
-def _parse_status(raw: bytes) -> dict[str, int]:
-    """Merge bwrap's ``--json-status-fd`` documents (one per line) that arrived completely."""
-    merged: dict[str, int] = {}
-    for line in raw.split(b"\n")[:-1]:  # the last piece is empty or an incomplete document
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        merged.update({k: v for k, v in doc.items() if k in ("child-pid", "exit-code")})
-    return merged

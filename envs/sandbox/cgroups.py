@@ -120,10 +120,10 @@ class Cgroup:
         """Every process in the pids cgroup: all of the sandbox's (none can leave it: no /sys inside)."""
         return [int(x) for x in (self.dirs[-1] / "cgroup.procs").read_text().split()]
 
-    def kill_all(self, rounds: int = 200) -> None:
-        """SIGKILL every process in the cgroup until it is empty (a forking one is caught next round)."""
+    def kill_all(self, keep: frozenset[int] = frozenset(), rounds: int = 200) -> None:
+        """SIGKILL every process in the cgroup but ``keep`` until none is left (a forking one is caught next round)."""
         for _ in range(rounds):
-            pids = self.pids()
+            pids = [p for p in self.pids() if p not in keep]
             if not pids:
                 return
             for pid in pids:
@@ -132,7 +132,7 @@ class Cgroup:
                 except ProcessLookupError:
                     pass
             time.sleep(0.002)
-        raise OSError(f"processes survive SIGKILL in {self.dirs[-1]}: {self.pids()}")
+        raise OSError(f"processes survive SIGKILL in {self.dirs[-1]}: {sorted(set(self.pids()) - keep)}")
 
     def oom_kills(self) -> int:
         """How many processes the kernel OOM-killed in this cgroup so far."""

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 
 from jointrl.envs.sandbox.base import ExecResult
-from jointrl.envs.sandbox.output import Capped, Marked
+from jointrl.envs.sandbox.output import Marked
 
 TIMEOUT_EXIT_CODE = 124
 _START_TIMEOUT_S = 15.0

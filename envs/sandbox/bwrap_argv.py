@@ -1,0 +1,97 @@
+"""What a bwrap sandbox looks like from inside: bwrap's argument list and the rlimits.
+
+The view: new namespaces of every kind (no network), no capabilities, no nested user
+namespaces; the host's ``/usr`` and ``/etc`` (and the ``/bin``-style dirs or their symlinks)
+read-only; a fresh ``/proc``, ``/dev`` and size-bounded ``/tmp``; the episode's host work dir
+at ``/work``; the caller's extra mounts; the root remounted read-only; a clean environment.
+
+The rlimits (RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_CPU, and RLIMIT_AS where no memory cgroup
+exists) are set soft = hard, so no sandboxed process can raise them. A bash we start sets
+them itself, first thing (``ulimit_prefix``): no extra exec on the start path. Any other
+command runs under ``prlimit`` (``prlimit_argv``).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+
+from jointrl.envs.sandbox.base import SandboxConfig
+
+SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+RESERVED_DESTS = ("/", "/work", "/usr", "/etc", "/proc", "/dev", "/tmp") + SYSTEM_DIRS
+DEFAULT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "TERM": "dumb"}
+LIMIT_FAILED_EXIT_CODE = 125  # a bash whose ``ulimit`` failed exits with this before running anything
+
+
+def bwrap_argv(config: SandboxConfig, workdir: Path, mounts: Iterable[tuple[str, Path, bool]],
+               env: dict[str, str], cmd: list[str], *, status_fd: int, block_fd: int) -> list[str]:
+    """bwrap's argv for ``cmd``; ``mounts`` are (sandbox path, host path, writable).
+
+    bwrap reports its child's pid and the command's exit code on ``status_fd`` and starts
+    nothing inside the sandbox until a byte arrives on ``block_fd``.
+    """
+    # --unshare-all only *tries* a user namespace; we require one (--disable-userns needs it).
+    argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+            "--new-session", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr"]  # fmt: skip
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            argv += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            argv += ["--ro-bind", d, d]
+    argv += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev"]
+    if config.max_disk_bytes:
+        argv += ["--size", str(config.max_disk_bytes)]
+    argv += ["--tmpfs", "/tmp", "--bind", str(workdir), "/work"]
+    for dest, host, writable in mounts:
+        argv += ["--bind" if writable else "--ro-bind", str(host), dest]
+    argv += ["--remount-ro", "/", "--chdir", "/work", "--clearenv"]
+    for k, v in env.items():
+        argv += ["--setenv", k, v]
+    return argv + ["--block-fd", str(block_fd), "--json-status-fd", str(status_fd), *cmd]
+
+
+def ulimit_prefix(config: SandboxConfig, *, memory_cgroup: bool) -> str:
+    """Bash that sets the rlimits before anything else runs (RLIMIT_FSIZE and RLIMIT_AS in KiB).
+
+    The host cannot ``prlimit(2)`` another uid's process without ``CAP_SYS_RESOURCE`` (which
+    root in this container lacks), and a ``prlimit`` wrapper costs an exec per start.
+    """
+    c = config
+    cmd = f"ulimit -u {c.max_processes} -f {max(1, c.max_file_bytes // 1024)} -t {c.cpu_seconds}"
+    if not memory_cgroup:  # RLIMIT_AS breaks Chromium / OCP: only where no memory cgroup exists
+        cmd += f" -v {max(1, c.max_memory_bytes // 1024)}"
+    return f"{cmd} || exit {LIMIT_FAILED_EXIT_CODE}"
+
+
+def prlimit_argv(config: SandboxConfig, *, memory_cgroup: bool) -> list[str]:
+    """``prlimit`` and its options, to put in front of a command that is not one of our bashes."""
+    c = config
+    argv = ["prlimit", f"--nproc={c.max_processes}", f"--fsize={c.max_file_bytes}", f"--cpu={c.cpu_seconds}"]
+    if not memory_cgroup:
+        argv.append(f"--as={c.max_memory_bytes}")
+    return argv + ["--"]
+
+
+def check_dest(dest: str) -> None:
+    """A mount point must be a normalized absolute path clear of the sandbox's own mounts."""
+    p = PurePosixPath(dest)
+    if not p.is_absolute() or ".." in p.parts or str(p) != dest.rstrip("/") or dest == "/":
+        raise ValueError(f"sandbox mount point {dest!r} must be a normalized absolute path")
+    for reserved in RESERVED_DESTS:
+        if p == PurePosixPath(reserved) or (reserved != "/" and p.is_relative_to(reserved)):
+            raise ValueError(f"sandbox mount point {dest!r} overlaps the reserved {reserved!r}")
+
+
+def check_world_readable(src: str) -> None:
+    """A tool mount is read by the episode's uid: every ancestor must be o+x and it o+r."""
+    p = Path(src)
+    if not p.is_absolute() or not p.exists():
+        raise ValueError(f"tool_mounts source {src!r} must be an existing absolute path")
+    for anc in [*reversed(p.parents), p]:
+        mode = os.stat(anc).st_mode
+        need = 0o005 if (anc == p and stat.S_ISDIR(mode)) or anc != p else 0o004
+        if mode & need != need:
+            raise ValueError(f"tool_mounts source {src!r} is not world-readable ({str(anc)!r} has mode {oct(mode & 0o777)})")
