@@ -219,6 +219,17 @@ def test_rlimits_are_a_backstop():
         assert forks.ok and int(forks.stdout) < 16, forks
         big = sb.exec("head -c 2000000 /dev/zero > big")
         assert not big.ok and os.path.getsize(sb.workdir / "big") <= 1 << 20
+        # The same hard limits in the persistent shell, and no command can raise them.
+        for run in (sb.exec, sb.run):
+            r = run("ulimit -H -u; ulimit -H -f; ulimit -t; ulimit -u 1000 2>/dev/null && echo RAISED; "
+                    "ulimit -f unlimited 2>/dev/null && echo RAISED; true")
+            assert r.stdout.split() == ["16", "1024", str(cfg.cpu_seconds)], r
+        # A command that is not one of the sandbox's bashes (the browser driver) gets them from prlimit.
+        proc, status_r, _, _ = sb._spawn(["/bin/cat", "/proc/self/limits"], stdin=subprocess.DEVNULL)
+        out, _ = proc.communicate(timeout=60)
+        os.close(status_r)
+        limits = {line[:26].strip(): line[26:].split()[:2] for line in out.decode().splitlines()[1:]}
+        assert limits["Max processes"] == ["16", "16"] and limits["Max file size"] == [str(1 << 20)] * 2, limits
 
 
 def test_bwrap_failure_is_an_env_error(sb):
