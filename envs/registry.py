@@ -22,6 +22,7 @@ from jointrl.envs.base import Env, Task
 DOMAINS: dict[str, str] = {
     "terminal": "jointrl.envs.terminal.domain",
     "code_repo": "jointrl.envs.code_repo.domain",
+    "browser": "jointrl.envs.browser.domain",
 }
 
 

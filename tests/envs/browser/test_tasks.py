@@ -1,0 +1,93 @@
+"""Every browser task's oracle / no-op / wrong policy through the real template, parser, agent
+loop, bwrap sandbox and loopback sites (text mode), and a few in image mode through Chromium.
+
+The default tier plays one task per reward kind and one image-mode task; ``pytest -m slow``
+plays all of them.
+"""
+
+import asyncio
+
+import pytest
+
+from jointrl.envs.browser.driver_process import check_venv
+from jointrl.envs.browser.env import BrowserEnv
+from jointrl.envs.browser.tasks import KINDS, SHIPPED_SEEDS, load_tasks, make_task, policy
+from jointrl.model.chat_template import ChatTemplate
+from jointrl.rl.agent_loop import AgentConfig, run_episode
+from jointrl.rl.rollout.scripted import ScriptedEngine
+from jointrl.rl.types import FinishReason, SamplingParams
+
+TASKS = load_tasks()
+TPL = ChatTemplate()
+PARAMS = SamplingParams(max_tokens=4096)
+CFG = AgentConfig(max_context=1 << 16)
+FAST = {"city_population-1", "birth_country-2", "person_facts-3", "cheapest_rated-1", "profile_update-1"}
+IMAGE_FAST = {"buy_quantity-2"}
+IMAGE = IMAGE_FAST | {"capital_elevation-1", "best_under_price-3", "notifications-2", "address_from_wiki-1"}
+
+
+def _missing(mode):
+    try:
+        check_venv(mode)
+    except Exception as err:  # noqa: BLE001
+        return str(err)
+    return None
+
+
+needs_image = pytest.mark.skipif(_missing("image") is not None, reason=f"no image mode here: {_missing('image')}")
+
+
+def play(task, turns, mode="text", template=TPL):
+    async def go():
+        env = BrowserEnv(mode=mode)
+        try:
+            return await run_episode(env, ScriptedEngine(turns, template), task, template, PARAMS, CFG, "g")
+        finally:
+            await env.close()
+
+    return asyncio.run(go())
+
+
+def tiered(ids, fast):
+    by_id = {t.id: t for t in TASKS}
+    return [pytest.param(by_id[i], id=i, marks=() if i in fast else pytest.mark.slow) for i in sorted(ids)]
+
+
+def test_ships_at_least_forty_tasks_of_every_kind():
+    assert len(TASKS) >= 40 and len({t.id for t in TASKS}) == len(TASKS)
+    assert {t.metadata["kind"] for t in TASKS} == set(KINDS)
+    assert {tuple(sorted(t.reward)) for t in TASKS} == {("answer_match",), ("answer_includes",), ("answer_number",),
+                                                        ("app_state",)}
+    assert FAST | IMAGE <= {t.id for t in TASKS}
+
+
+def test_generator_is_deterministic_and_seeds_differ():
+    assert make_task("birth_country", 1) == make_task("birth_country", 1)
+    assert policy(make_task("cheapest_rated", 7), "oracle") == policy(make_task("cheapest_rated", 7), "oracle")
+    prompts = {make_task("birth_country", s).prompt for s in range(10, 20)}
+    assert len(prompts) == 10 and 10 not in SHIPPED_SEEDS
+    with pytest.raises(ValueError, match="available"):
+        make_task("no_such_kind", 1)
+
+
+@pytest.mark.parametrize("task", tiered({t.id for t in TASKS}, FAST))
+def test_oracle_noop_wrong_through_the_agent_loop(task):
+    for name, expected in (("oracle", 1.0), ("noop", 0.0), ("wrong", 0.0)):
+        traj = play(task, policy(task, name))
+        assert traj.reward == expected, (task.id, name, traj.reward_info, [m.content[:300] for m in traj.messages])
+        assert traj.finish_reason == FinishReason.STOP and traj.num_tool_errors == 0, (name, traj.messages[-2:])
+
+
+@needs_image
+@pytest.mark.parametrize("task", tiered(IMAGE, IMAGE_FAST))
+def test_image_mode_through_chromium(task):
+    for name, expected in (("oracle", 1.0), ("wrong", 0.0)):
+        traj = play(task, policy(task, name), mode="image")
+        assert traj.reward == expected, (task.id, name, traj.reward_info, [m.content[:300] for m in traj.messages])
+        assert traj.num_tool_errors == 0, traj.messages
+
+
+def test_a_new_seed_plays_like_the_shipped_ones():
+    task = make_task("source_currency", 1234)
+    assert play(task, policy(task, "oracle")).reward == 1.0
+    assert play(task, policy(task, "wrong")).reward == 0.0
