@@ -39,8 +39,8 @@ the host's world-readable ``/usr`` and ``/etc`` (and of ``tool_mounts``); CPU co
 beyond RLIMIT_AS per process where cgroups are unavailable; disk filling where the tmpfs
 cannot be mounted (then RLIMIT_FSIZE caps each file, not the number of files).
 
-It needs root on the host (to switch to the leased uid) and ``bwrap`` with unprivileged user
-namespaces. The parts: ``bwrap_argv.py`` (the sandbox's view and limits), ``bwrap_proc.py``
+It needs root on the host (to switch to the leased uid, with util-linux's ``setpriv``) and
+``bwrap`` with unprivileged user namespaces. The parts: ``bwrap_argv.py`` (the sandbox's view and limits), ``bwrap_proc.py``
 (starting bwrap blocked, moving it into the cgroup, reading a command to its end),
 ``host_dirs.py`` (the private dirs), ``uids.py``, ``cgroups.py``, ``disk.py``, ``files.py``,
 ``shell.py``; this module ties them into one sandbox's lifecycle.

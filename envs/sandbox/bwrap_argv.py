@@ -27,11 +27,12 @@ LIMIT_FAILED_EXIT_CODE = 125  # a bash whose ``ulimit`` failed exits with this b
 
 
 def bwrap_argv(config: SandboxConfig, workdir: Path, mounts: Iterable[tuple[str, Path, bool]],
-               env: dict[str, str], cmd: list[str], *, status_fd: int, block_fd: int) -> list[str]:
+               env: dict[str, str], cmd: list[str], *, status_fd: int | None, block_fd: int | None) -> list[str]:
     """bwrap's argv for ``cmd``; ``mounts`` are (sandbox path, host path, writable).
 
     bwrap reports its child's pid and the command's exit code on ``status_fd`` and starts
-    nothing inside the sandbox until a byte arrives on ``block_fd``.
+    nothing inside the sandbox until a byte arrives on ``block_fd`` (None: no such fd; the
+    benchmark's bare bwrap).
     """
     # --unshare-all only *tries* a user namespace; we require one (--disable-userns needs it).
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
@@ -50,7 +51,11 @@ def bwrap_argv(config: SandboxConfig, workdir: Path, mounts: Iterable[tuple[str,
     argv += ["--remount-ro", "/", "--chdir", "/work", "--clearenv"]
     for k, v in env.items():
         argv += ["--setenv", k, v]
-    return argv + ["--block-fd", str(block_fd), "--json-status-fd", str(status_fd), *cmd]
+    if block_fd is not None:
+        argv += ["--block-fd", str(block_fd)]
+    if status_fd is not None:
+        argv += ["--json-status-fd", str(status_fd)]
+    return argv + cmd
 
 
 def ulimit_prefix(config: SandboxConfig, *, memory_cgroup: bool) -> str:
