@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from jointrl.envs.base import Message, Observation, Task, ToolCall
 from jointrl.envs.sandbox.base import SandboxConfig
+from jointrl.envs.sandbox.pool import SandboxPool
 from jointrl.envs.terminal.env import TerminalEnv
 from jointrl.envs.terminal.tasks import solution_script
 from jointrl.envs.terminal.verifier import FinalFiles
@@ -94,13 +95,15 @@ class Replay:
     num_tool_errors: int = 0
 
 
-async def replay(task: Task, turns: Policy, config: SandboxConfig | None = None) -> Replay:
+async def replay(task: Task, turns: Policy, config: SandboxConfig | None = None,
+                 pool: SandboxPool | None = None) -> Replay:
     """Run ``turns`` (at most ``task.max_turns`` of them) through a fresh ``TerminalEnv``.
 
+    ``pool``: a warm pool of ``config`` to take the sandbox from, as an env worker does.
     Stops after the turn in which a call ends the episode. Raises ``EnvError`` on an
     infrastructure failure, like the env itself.
     """
-    env = TerminalEnv(config)
+    env = TerminalEnv(config, pool=pool)
     try:
         messages = await env.reset(task)
         observations: list[Observation] = []
