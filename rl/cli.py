@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = ("train", "serve")
+COMMANDS = ("train", "serve", "export")
 
 
 def main() -> None:
@@ -20,3 +20,7 @@ def main() -> None:
         from jointrl.rl.rollout.server import main as serve_main
 
         serve_main()
+    elif command == "export":
+        from jointrl.rl.export import main as export_main
+
+        export_main()

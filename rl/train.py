@@ -22,7 +22,7 @@ from pathlib import Path
 
 import hydra
 import ray
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from jointrl.envs.registry import load_tasks
 from jointrl.rl.advantages import AdvantageResult, grpo_advantages, normalize_rewards_by_domain
@@ -43,6 +43,7 @@ def train(cfg: Config) -> dict[str, float]:
     out_dir = Path(cfg.output_dir).resolve()
     ckpt_dir = out_dir / "checkpoints"
     out_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.structured(cfg), out_dir / "config.yaml")  # the resolved config (jointrl export reads it)
     _start_ray(cfg)
     sampler = JointSampler({d: load_tasks(d, dc.task_dir) for d, dc in cfg.envs.domains.items()},
                            cfg.envs.domains, cfg.seed)

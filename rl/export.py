@@ -1,0 +1,165 @@
+"""``jointrl export checkpoint=<dir> format=hf|mxfp4|both out=<dir> [config overrides]``.
+
+Reads a training checkpoint (``<output_dir>/checkpoints`` -- its ``latest`` tag -- or
+``.../checkpoints/step_N``): DeepSpeed's ``mp_rank_00_model_states.pt``, or with expert
+parallelism the per-rank ``ep_rank_XXX.pt`` files, whose expert slices are joined back in
+expert order. The model's shape comes from the run's ``config.yaml`` (the driver writes it
+beside ``checkpoints/``), else from ``conf/`` and the overrides given.
+
+``hf``: ``transformers``-loadable safetensors through the model's exporters (``model/hf.save_hf``
+for Qwen3-MoE shapes, ``model/hf_hybrid.save_hybrid`` -- remote code -- for hybrids) plus the
+tokenizer and chat template (``model/hf_tokenizer.py``).
+
+``mxfp4``: the same directory, but every routed expert is stored per expert in the
+compressed-tensors ``mxfp4-pack-quantized`` layout (``experts.{e}.{gate,up,down}_proj``
+``.weight_packed`` uint8 ``[out, in/2]``, low nibble first, and ``.weight_scale`` E8M0 uint8
+``[out, in/32]``), quantized by ``kernels.mxfp4`` with ``rollout``'s scale rule (the push's:
+``floor``) from the tensors the push quantizes, so they dequantize to exactly the weights the
+rollout engine ran; ``config.json`` carries the ``quantization_config`` and ``README.md`` (the
+model card) states the scale rule. ``both``: ``<out>/hf`` and ``<out>/mxfp4``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from safetensors.torch import load_file, save_file
+
+from jointrl.kernels.mxfp4 import quantize_mxfp4
+from jointrl.model.moe_transformer import MoETransformer
+from jointrl.rl.config import Config, load_config
+from jointrl.rl.weight_sync import is_routed_expert
+
+FORMATS = ("hf", "mxfp4", "both")
+SCALE_RULE = "floor"  # what the weight push uses (weight_sync.iter_buckets' default)
+
+
+def run_config(checkpoint: Path, overrides: list[str]) -> Config:
+    """The run's ``config.yaml`` (found beside ``checkpoints/``) with ``overrides``, else ``conf/``."""
+    for d in (checkpoint, checkpoint.parent, checkpoint.parent.parent):
+        if (d / "config.yaml").is_file():
+            merged = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(d / "config.yaml"),
+                                     OmegaConf.from_dotlist(overrides))
+            return OmegaConf.to_object(merged)
+    return load_config(overrides)
+
+
+def load_deepspeed(cfg: Config, checkpoint: str | Path) -> tuple[MoETransformer, int]:
+    """(policy, step) from a DeepSpeed checkpoint directory, expert-sharded or not."""
+    from jointrl.rl.build import build_model
+    from jointrl.rl.learner.value_head import VALUE_HEAD_PREFIX
+
+    path = Path(checkpoint)
+    if (path / "latest").is_file():
+        path = path / (path / "latest").read_text().strip()
+    files = sorted(path.glob("mp_rank_*_model_states.pt")) or sorted(path.glob("ep_rank_*.pt"))
+    if not files:
+        raise ValueError(f"checkpoint {str(checkpoint)!r} has no DeepSpeed model states (latest, mp_rank_00_model_states.pt "
+                         "or ep_rank_000.pt)")
+    saved = [torch.load(f, map_location="cpu", weights_only=False) for f in files[:1]]
+    model = build_model(cfg)
+    want = model.state_dict()
+    first = {k: v for k, v in saved[0]["module"].items() if not k.startswith(VALUE_HEAD_PREFIX)}
+    sharded = [k for k, v in first.items() if k in want and v.shape != want[k].shape]
+    if sharded:  # expert parallelism: ranks 0..ep_size-1 hold consecutive expert slices
+        ep_size = want[sharded[0]].shape[0] // first[sharded[0]].shape[0]
+        saved += [torch.load(f, map_location="cpu", weights_only=False) for f in files[1:ep_size]]
+        for k in sharded:
+            first[k] = torch.cat([s["module"][k] for s in saved])
+    model.load_state_dict(first)
+    step = saved[0].get("step")
+    return model, int(step if step is not None else path.name.removeprefix("step_"))
+
+
+def export_hf(model: MoETransformer, out: str | Path) -> Path:
+    """Safetensors + config (+ remote code for hybrids) + tokenizer and chat template."""
+    from jointrl.model.hf import save_hf
+    from jointrl.model.hf_hybrid import save_hybrid
+    from jointrl.model.hf_tokenizer import save_tokenizer
+
+    out = Path(out)
+    hybrid = any(kind != "full" for kind in model.config.kinds)
+    (save_hybrid if hybrid else save_hf)(model, out)
+    save_tokenizer(out)
+    return out
+
+
+def export_mxfp4(model: MoETransformer, out: str | Path, step: int) -> Path:
+    """``export_hf``, then routed experts replaced by their per-expert MXFP4 packing."""
+    out = export_hf(model, out)
+    dense = load_file(out / "model.safetensors")
+    state: dict[str, torch.Tensor] = {}
+    for name, t in dense.items():
+        if not is_routed_expert(name, t):
+            state[name] = t
+            continue
+        blocks, scales = quantize_mxfp4(t, SCALE_RULE)  # along the input dim, as the push does
+        prefix, kind = name.rsplit(".", 1)  # ...mlp.experts, gate_up_proj | down_proj
+        parts = {"down_proj": (0, t.shape[1])} if kind == "down_proj" else \
+            {"gate_proj": (0, t.shape[1] // 2), "up_proj": (t.shape[1] // 2, t.shape[1])}
+        for e in range(t.shape[0]):
+            for proj, (lo, hi) in parts.items():
+                state[f"{prefix}.{e}.{proj}.weight_packed"] = blocks[e, lo:hi].contiguous()
+                state[f"{prefix}.{e}.{proj}.weight_scale"] = scales[e, lo:hi].contiguous()
+    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = quantization_config()
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "README.md").write_text(MODEL_CARD.format(step=step, rule=SCALE_RULE))
+    return out
+
+
+def quantization_config() -> dict:
+    """compressed-tensors' ``quantization_config`` for MXFP4 routed experts, the rest unquantized."""
+    weights = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "group", "group_size": 32,
+               "dynamic": False, "scale_dtype": "torch.uint8", "zp_dtype": None, "actorder": None,
+               "block_structure": None, "observer": None, "observer_kwargs": {}}
+    return {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": [r"re:.*mlp\.experts\.\d+\.(gate|up|down)_proj$"],
+                                          "weights": weights, "input_activations": None, "output_activations": None,
+                                          "format": "mxfp4-pack-quantized"}},
+            "ignore": ["lm_head"], "kv_cache_scheme": None, "sparsity_config": {}, "global_compression_ratio": None}
+
+
+MODEL_CARD = """# jointrl policy, step {step}: routed experts in MXFP4
+
+Exported by `jointrl export ... format=mxfp4`. Routed-expert weights (`model.layers.*.mlp.experts.*`)
+are stored per expert in the compressed-tensors `mxfp4-pack-quantized` layout; everything else
+(attention, router, norms, embeddings, shared experts) is stored unquantized in the model's dtype.
+
+* `*.weight_packed`: uint8 `[out, in/2]`, FP4 E2M1 (sign bit 3, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6),
+  element `2j` in the low nibble, `2j+1` in the high nibble.
+* `*.weight_scale`: uint8 `[out, in/32]`, E8M0: one scale `2^(byte - 127)` per 32 consecutive
+  input elements; `0xFF` marks a non-finite block (NaN).
+* weight = E2M1(code) * 2^(byte - 127).
+
+**Scale rule: `{rule}`** (OCP MX v1.0): the shared exponent of a block is
+`e = floor(log2(amax)) - 2` (2 = emax of E2M1), clamped to [-127, 127], so `amax / 2^e` lies in
+[4, 8) and the top of the block may saturate to 6. Elements `x / 2^e` round to the nearest E2M1
+value, ties to even, saturating at +-6. This is the rule of the training run's weight push
+(`jointrl/kernels/mxfp4.py`), so these weights dequantize to exactly the weights the rollout
+engine sampled with at this policy version.
+"""
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """``checkpoint=`` ``format=`` ``out=`` are the command's; other ``key=value``s override the config."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    mine = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.split("=", 1)[0] in ("checkpoint", "format", "out")}
+    overrides = [a for a in args if a.split("=", 1)[0] not in mine]
+    if "checkpoint" not in mine or "out" not in mine:
+        raise SystemExit("usage: jointrl export checkpoint=<run>/checkpoints format=hf|mxfp4|both out=<dir> [key=value ...]")
+    fmt = mine.get("format", "hf")
+    if fmt not in FORMATS:
+        raise SystemExit(f"jointrl export: format={fmt!r} is not allowed; allowed values: {list(FORMATS)}")
+    checkpoint, out = Path(mine["checkpoint"]), Path(mine["out"])
+    model, step = load_deepspeed(run_config(checkpoint, overrides), checkpoint)
+    targets = {"hf": [("hf", out)], "mxfp4": [("mxfp4", out)], "both": [("hf", out / "hf"), ("mxfp4", out / "mxfp4")]}
+    for kind, d in targets[fmt]:
+        export_hf(model, d) if kind == "hf" else export_mxfp4(model, d, step)
+        print(f"exported step {step} ({kind}) -> {d}", flush=True)
+    return out
