@@ -51,6 +51,7 @@ class Message:
     reasoning: str = ""  # the <think> text of an assistant turn
     tool_calls: list[ToolCall] = field(default_factory=list)
     name: str = ""  # tool name, on tool messages
+    image: bytes | None = None  # a tool result's screenshot (PNG): <image> slots in the template
 
     def to_openai(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}

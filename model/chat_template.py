@@ -35,8 +35,11 @@ TOOL_INSTRUCTIONS = (
 
 
 class ChatTemplate:
-    def __init__(self, tokenizer: ByteTokenizer | None = None) -> None:
+    def __init__(self, tokenizer: ByteTokenizer | None = None, image_tokens: int = 0) -> None:
+        """``image_tokens``: ``<image>`` slots per message image (``rl/image_inputs.py``); 0 drops
+        images (a text-only model reads only the message text)."""
         self.tok = tokenizer or ByteTokenizer()
+        self.image_tokens = image_tokens
 
     def _turn(self, role: str, body: list[int]) -> list[int]:
         t = self.tok
@@ -54,7 +57,8 @@ class ChatTemplate:
         if m.role == "assistant":
             return self._turn("assistant", self._assistant_body(m))
         if m.role in ("system", "user", "tool"):
-            return self._turn(m.role, self.tok.encode(m.content))
+            slots = [self.tok.special_ids["<image>"]] * self.image_tokens if m.image is not None else []
+            return self._turn(m.role, slots + self.tok.encode(m.content))
         raise ValueError(f"message role must be one of system/user/assistant/tool, got {m.role!r}")
 
     def generation_prompt(self) -> list[int]:

@@ -116,7 +116,7 @@ async def _run_calls(env: Env, calls, traj: Trajectory) -> tuple[list[Message], 
         else:  # the env judges tool names and arguments (an error observation if bad)
             obs, name = await env.step(call), call.name
         traj.num_tool_errors += obs.is_error
-        results.append(Message(role="tool", content=obs.text, name=name))
+        results.append(Message(role="tool", content=obs.text, name=name, image=obs.image))
         if obs.done:
             return results, obs
     return results, None

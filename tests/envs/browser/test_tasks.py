@@ -91,3 +91,44 @@ def test_a_new_seed_plays_like_the_shipped_ones():
     task = make_task("source_currency", 1234)
     assert play(task, policy(task, "oracle")).reward == 1.0
     assert play(task, policy(task, "wrong")).reward == 0.0
+
+
+@needs_image
+def test_screenshots_reach_the_policy_as_image_patches():
+    import torch
+
+    from jointrl.envs.base import ToolCall
+    from jointrl.model import MoEConfig, MoETransformer
+    from jointrl.rl.image_inputs import ImageInputs
+
+    images = ImageInputs(patch=16, height=112, width=160)
+    tpl = ChatTemplate(image_tokens=images.num_tokens)
+    task = make_task("country_area", 1)
+    turns = [[ToolCall("goto", {"url": "http://127.0.0.1:8001/"})], [ToolCall("goto", {"url": "http://127.0.0.1:8002/"})],
+             [ToolCall("answer", {"text": "no idea"})]]
+    engine = ScriptedEngine(turns, tpl)
+
+    async def go():
+        env = BrowserEnv(mode="image")
+        try:
+            return await run_episode(env, engine, task, tpl, PARAMS, CFG, "g")
+        finally:
+            await env.close()
+
+    traj = asyncio.run(go())
+    shots = [m.image for m in traj.messages if m.image is not None]
+    assert len(shots) == 2 and all(s.startswith(b"\x89PNG") for s in shots)
+    slot = tpl.tok.special_ids["<image>"]
+    prompt = engine.prompts[-1]  # what the policy was given for its last turn
+    assert prompt.count(slot) == 2 * images.num_tokens
+    patches = images.for_messages(traj.messages)
+    assert patches.shape == (2 * images.num_tokens, images.patch_dim)
+    assert (patches[: images.num_tokens] - patches[images.num_tokens:]).abs().max() > 0.1  # two different pages
+    model = MoETransformer.from_config(MoEConfig.preset("tiny_hybrid", image_patch_dim=images.patch_dim), seed=0)
+    first, n = prompt.index(slot), images.num_tokens
+    ids = torch.tensor([prompt[first - 8: first + n + 24]])  # the first screenshot and its context (CPU time)
+    with torch.no_grad():
+        seen = model(ids, image_patches=patches[:n]).logits
+        blank = model(ids, image_patches=torch.zeros_like(patches[:n])).logits
+    assert (seen[:, :8] - blank[:, :8]).abs().max() < 1e-5
+    assert (seen[:, 8:] - blank[:, 8:]).abs().max() > 1e-4  # the screenshot's pixels change the policy
