@@ -22,6 +22,8 @@ from jointrl.envs.base import Env, Task
 DOMAINS: dict[str, str] = {
     "terminal": "jointrl.envs.terminal.domain",
     "code_repo": "jointrl.envs.code_repo.domain",
+    "cad": "jointrl.envs.cad.domain",
+    "office": "jointrl.envs.office.domain",
     "browser": "jointrl.envs.browser.domain",
 }
 

@@ -1,0 +1,24 @@
+"""The office domain's entry in ``jointrl.envs.registry``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from jointrl.envs.base import Env, Task
+
+
+def load_tasks(task_dir: Path | None) -> list[Task]:
+    from jointrl.envs.office.tasks import load_tasks as load
+
+    return load(task_dir)
+
+
+def make_env(envs_cfg: Any) -> Env:
+    from jointrl.envs.office.env import OfficeEnv, office_config
+    from jointrl.envs.sandbox import SandboxConfig
+    from jointrl.envs.sandbox.pool import shared_pool
+
+    config = office_config(SandboxConfig(timeout_s=envs_cfg.command_timeout_s))
+    # One warm pool per env-worker process and config: reset takes a started sandbox.
+    return OfficeEnv(config, pool=shared_pool(config, getattr(envs_cfg, "warm_sandboxes", 4)))
