@@ -10,7 +10,7 @@ else 0.0; with ``task.metadata["partial_credit"]`` the score is the share that p
   more than one number (a hedge such as "1200 or 1300") fails;
 - ``cell_value`` (``path, sheet, cell, equals``, ``rel_tol`` for numbers, default 1e-6): the
   cell's value *after recalculation*; ``cell_formula`` (``path, sheet, cell``): the cell holds
-  a formula, not a typed-in value;
+  a formula that refers to at least one cell, not a typed-in value (``=5400`` is one);
 - ``paragraph_contains`` (``path, text``, optional ``style`` prefix), ``text_absent`` (``path,
   text``: nowhere in the document), ``paragraph_in_section`` (``path, section, text``: a
   paragraph between that heading and the next one), ``table_cell`` (``path, table, row, col,
@@ -45,6 +45,17 @@ Facts = dict[str, dict[str, Any]]  # document path (relative to /work) -> its co
 _SHORTHAND = re.compile(r"(\d)\s*(k|m|mn|mio|bn)\b", re.IGNORECASE)
 _SCALE_WORDS = {"k": "thousand", "m": "million", "mn": "million", "mio": "million", "bn": "billion"}
 _NUMBERS = re.compile(r"\d[\d,.]*")
+_STRING = re.compile(r'"[^"]*"')
+_CELL_REF = re.compile(r"(?<![A-Za-z_.\d])\$?[A-Za-z]{1,3}\$?\d+(?![\d(])")
+
+
+def refers_to_cells(formula: str | None) -> bool:
+    """Whether a formula reads at least one cell (a constant behind ``=`` does not).
+
+    >>> [refers_to_cells(f) for f in ("=SUM(B2:B7)", "=Costs!$B$8*2", "=5400", "=LOG10(100)", '="B2"', None)]
+    [True, True, False, False, False, False]
+    """
+    return bool(formula) and _CELL_REF.search(_STRING.sub("", formula)) is not None
 
 
 def answer_number_ok(answer: str | None, expected: float, unit: str = "", rel_tol: float = 1e-3) -> bool:
@@ -150,7 +161,7 @@ def _contains(haystack: str, needle: str) -> bool:
 _DOCUMENT_CHECKS = {
     "cell_value": lambda d, s: (c := _cell(d, s)) is not None and _values_equal(c["value"], s["equals"],
                                                                                    s.get("rel_tol", 1e-6)),
-    "cell_formula": lambda d, s: (c := _cell(d, s)) is not None and bool(c["formula"]),
+    "cell_formula": lambda d, s: (c := _cell(d, s)) is not None and refers_to_cells(c["formula"]),
     "paragraph_contains": lambda d, s: any(_contains(p["text"], s["text"]) and p["style"].startswith(s.get("style", ""))
                                            for p in d["paragraphs"]),
     "text_absent": lambda d, s: normalize_text(s["text"]) not in _all_text(d),

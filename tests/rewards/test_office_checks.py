@@ -13,7 +13,8 @@ from jointrl.rewards.office_checks import answer_number_ok, answer_text_ok, chec
 
 XLSX = {"kind": "xlsx", "sheets": {
     "Costs": {"A7": {"value": "Travel", "formula": None}, "B7": {"value": 1200, "formula": None},
-              "B8": {"value": 5400.0, "formula": "=SUM(B2:B7)"}, "B9": {"value": 5400, "formula": None}},
+              "B8": {"value": 5400.0, "formula": "=SUM(B2:B7)"}, "B9": {"value": 5400, "formula": None},
+              "B10": {"value": 5400, "formula": "=5400"}},
     "Summary": {"B2": {"value": 0.123456789, "formula": "=Costs!B8/Costs!B1"}}}}
 DOCX = {"kind": "docx",
         "paragraphs": [{"text": "Report", "style": "Title"}, {"text": "Summary", "style": "Heading 1"},
@@ -63,6 +64,7 @@ def test_text_answers(answer, ok):
     ({"type": "cell_value", "path": "b.xlsx", "sheet": "Nope", "cell": "B8", "equals": 5400}, False),
     ({"type": "cell_formula", "path": "b.xlsx", "sheet": "Costs", "cell": "B8"}, True),
     ({"type": "cell_formula", "path": "b.xlsx", "sheet": "Costs", "cell": "B9"}, False),  # typed-in total
+    ({"type": "cell_formula", "path": "b.xlsx", "sheet": "Costs", "cell": "B10"}, False),  # typed in behind '=' 
     ({"type": "cell_formula", "path": "bad.xlsx", "sheet": "Costs", "cell": "B8"}, False),
     ({"type": "cell_formula", "path": "missing.xlsx", "sheet": "Costs", "cell": "B8"}, False),
     ({"type": "paragraph_contains", "path": "r.docx", "text": "project osprey"}, True),
