@@ -228,6 +228,21 @@ def _cart(sku: str, qty: int = 1) -> dict[str, Any]:
     return {"expected_state": {"cart": {sku: qty}}, "state_match": {"cart": "exact"}}
 
 
+def _shop_plan(cat: str, product: str, filters: dict[str, str]) -> Callable[[Planner], None]:
+    """Open the category, set ``filters`` and "in stock only", apply, add ``product`` to the cart."""
+    def go(p: Planner) -> None:
+        p.goto(SHOP + "/")
+        p.click_link(cat.capitalize())
+        for name, value in filters.items():
+            p.fill(name, value)
+        p.check("in_stock", True)
+        p.click_button("Apply filters")
+        p.click_link(product)
+        p.click_button("Add to cart")
+        p.answer("done")
+    return go
+
+
 def cheapest_rated(w: World) -> Spec:
     rng = random.Random(f"{w.seed}/cheapest_rated")
     for cat in rng.sample(sorted(CATEGORIES), len(CATEGORIES)):
@@ -240,22 +255,9 @@ def cheapest_rated(w: World) -> Spec:
             continue
         break
     right, slip = good[0], items[0]
-
-    def plan(with_rating: bool) -> Callable[[Planner], None]:
-        def go(p: Planner) -> None:
-            p.goto(SHOP + "/")
-            p.click_link(cat.capitalize())
-            if with_rating:
-                p.fill("min_rating", str(r))
-            p.check("in_stock", True)
-            p.click_button("Apply filters")
-            p.click_link((right if with_rating else slip).name)
-            p.click_button("Add to cart")
-            p.answer("done")
-        return go
-
     return Spec(f"In the shop, put one of the cheapest {cat} rated at least {r} (and in stock) in the cart.",
-                {"app_state": 1.0}, _cart(right.sku), plan(True), plan(False))
+                {"app_state": 1.0}, _cart(right.sku), _shop_plan(cat, right.name, {"min_rating": str(r)}),
+                _shop_plan(cat, slip.name, {}))
 
 
 def buy_quantity(w: World) -> Spec:
@@ -288,24 +290,10 @@ def best_under_price(w: World) -> Spec:
         if cap is not None:
             break
     right = next(p for p in items if p.price <= cap)
-    slip = items[0]
-
-    def plan(with_cap: bool) -> Callable[[Planner], None]:
-        def go(p: Planner) -> None:
-            p.goto(SHOP + "/")
-            p.click_link(cat.capitalize())
-            p.fill("sort", "Rating: best first")
-            if with_cap:
-                p.fill("max_price", str(cap))
-            p.check("in_stock", True)
-            p.click_button("Apply filters")
-            p.click_link((right if with_cap else slip).name)
-            p.click_button("Add to cart")
-            p.answer("done")
-        return go
-
+    by_rating = {"sort": "Rating: best first"}
     return Spec(f"Put the best-rated {cat[:-1] if cat.endswith('s') else cat} that is in stock and costs at most "
-                f"${cap} in the shop cart (one unit).", {"app_state": 1.0}, _cart(right.sku), plan(True), plan(False))
+                f"${cap} in the shop cart (one unit).", {"app_state": 1.0}, _cart(right.sku),
+                _shop_plan(cat, right.name, {**by_rating, "max_price": str(cap)}), _shop_plan(cat, items[0].name, by_rating))
 
 
 _NAMES = ["Zoë Ångström", "José Núñez", "Ada Lovelace", "Björn Ødegård", "Chloé Dubois", "Łukasz Żuk"]

@@ -10,22 +10,39 @@ namespaces, which the sandbox disables) and is bounded by the sandbox's memory c
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
-from .page import INTERACTIVE
+from .page import INTERACTIVE, describe
 from .text_browser import KEYS, SCROLLS, BrowserError
 
 CHROMIUM = "/usr/bin/chromium"
 _TIMEOUT_MS = 20_000
-_TAG = """sel => { const els = [...document.querySelectorAll(sel)];
+# Tags the elements with their numbers and lists them with the text browser's kinds (page.Element.kind).
+_TAG = """sel => { const text = ['text', 'search', 'email', 'number', 'password', 'tel', 'url', ''];
+  const kind = el => { const t = (el.getAttribute('type') || '').toLowerCase();
+    if (el.tagName === 'A') return 'link';
+    if (el.tagName === 'BUTTON') return t === '' || t === 'submit' ? 'submit' : 'button';
+    if (el.tagName === 'INPUT') return t === 'submit' ? 'submit' : ['button', 'image', 'reset'].includes(t)
+      ? 'button' : text.includes(t) ? 'text' : t;
+    return el.tagName.toLowerCase(); };
+  const els = [...document.querySelectorAll(sel)];
   els.forEach((el, i) => el.setAttribute('data-jrl-id', String(i + 1)));
-  return els.map((el, i) => { const r = el.getBoundingClientRect();
-    const type = el.tagName === 'INPUT' ? (el.type || 'text') : el.tagName.toLowerCase();
-    const text = (el.innerText || el.value || '').trim().replace(/\\s+/g, ' ').slice(0, 80);
-    const value = el.type === 'checkbox' || el.type === 'radio' ? (el.checked ? 'on' : 'off')
-      : el.tagName === 'SELECT' ? (el.options[el.selectedIndex] || {}).text || '' : (el.value || '');
-    return {id: i + 1, type, name: el.name || '', text, value,
+  return els.map((el, i) => { const r = el.getBoundingClientRect(); const k = kind(el);
+    const options = k === 'select' ? [...el.options].map(o => o.text) : [];
+    const value = k === 'checkbox' || k === 'radio' ? el.checked
+      : k === 'select' ? (el.options[el.selectedIndex] || {}).text || '' : (el.value || '');
+    return {id: i + 1, kind: k, name: el.name || '', options, value,
+            text: (el.innerText || el.value || '').trim().replace(/\\s+/g, ' ').slice(0, 80),
             visible: r.bottom > 0 && r.top < innerHeight && r.width > 0}; }); }"""
+# Numbered badges over the tagged elements, drawn only for the screenshot (then removed).
+_BADGES = """() => { const box = document.createElement('div'); box.id = 'jrl-badges';
+  for (const el of document.querySelectorAll('[data-jrl-id]')) { const r = el.getBoundingClientRect();
+    if (r.width === 0) continue; const b = document.createElement('span'); b.textContent = el.dataset.jrlId;
+    b.style.cssText = `position:absolute;left:${r.left + scrollX}px;top:${r.top + scrollY - 6}px;z-index:99999;`
+      + 'background:#ffd400;color:#000;font:bold 10px/11px monospace;padding:0 2px;border:1px solid #000;pointer-events:none';
+    box.appendChild(b); }
+  document.body.appendChild(box); }"""
 
 
 class ImageBrowser:
@@ -65,27 +82,26 @@ class ImageBrowser:
     def click(self, id: int) -> str:
         el = self._element(id)
         loc = self._locator(id)
-        if el["type"] in ("text", "search", "email", "number", "password", "textarea", "select"):
+        if el["kind"] in ("text", "textarea", "select"):
             loc.focus()
             return f"Focused [{id}]; use type(id, text) to fill it.\n\n" + self.view()
-        with self.page.expect_navigation(wait_until="load", timeout=_TIMEOUT_MS) if el["type"] in (
-                "a", "submit", "button") else _Nothing():
+        with self.page.expect_navigation(wait_until="load", timeout=_TIMEOUT_MS) if el["kind"] in (
+                "link", "submit") else nullcontext():
             loc.click()
         return self.view()
 
     def type(self, id: int, text: str) -> str:
         el = self._element(id)
         loc = self._locator(id)
-        if el["type"] == "select":
-            labels = loc.evaluate("s => [...s.options].map(o => o.text)")
-            match = [lbl for lbl in labels if lbl.casefold() == text.strip().casefold()]
+        if el["kind"] == "select":
+            match = [lbl for lbl in el["options"] if lbl.casefold() == text.strip().casefold()]
             if not match:
-                raise BrowserError(f"[{id}] has no option {text!r}; options: {labels}")
+                raise BrowserError(f"[{id}] has no option {text!r}; options: {el['options']}")
             loc.select_option(label=match[0])
-        elif el["type"] in ("text", "search", "email", "number", "password", "textarea"):
+        elif el["kind"] in ("text", "textarea"):
             loc.fill(text)
         else:
-            raise BrowserError(f"[{id}] is a {el['type']}, not a text field or select; use click({id})")
+            raise BrowserError(f"[{id}] is a {el['kind']}, not a text field or select; use click({id})")
         return self.view()
 
     def press(self, key: str) -> str:
@@ -131,13 +147,21 @@ class ImageBrowser:
         if not self.opened:
             return "No page is open. Use goto(url)."
         self.elements = self.page.evaluate(_TAG, INTERACTIVE)
-        shown = [_describe(el) for el in self.elements if el["visible"]]
+        shown = [describe(el["id"], el["kind"], el["name"], el["text"], el["value"], el["options"])
+                 for el in self.elements if el["visible"]]
         hidden = len(self.elements) - len(shown)
         more = f"\n({hidden} more elements outside the screen: scroll)" if hidden else ""
         return f"URL: {self.page.url}\nTitle: {self.page.title()}\nElements on screen:\n" + "\n".join(shown) + more
 
     def screenshot(self) -> bytes | None:
-        return self.page.screenshot(type="png") if self.opened else None
+        """The viewport as PNG, with each element's number on a yellow badge at its top left."""
+        if not self.opened:
+            return None
+        self.page.evaluate(_BADGES)
+        try:
+            return self.page.screenshot(type="png")
+        finally:
+            self.page.evaluate("() => document.getElementById('jrl-badges')?.remove()")
 
     def _element(self, id: int) -> dict:
         if not self.opened:
@@ -149,21 +173,3 @@ class ImageBrowser:
     def _locator(self, id: int):
         return self.page.locator(f'[data-jrl-id="{id}"]')
 
-
-class _Nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _describe(el: dict) -> str:
-    t = el["type"]
-    if t == "a":
-        return f"[{el['id']}] {el['text']}"
-    if t in ("submit", "button"):
-        return f"[{el['id']}: button \"{el['text']}\"]"
-    if t in ("checkbox", "radio"):
-        return f"[{el['id']}: {t} \"{el['name']}\" {el['value']}]"
-    return f"[{el['id']}: {t} \"{el['name']}\" = \"{el['value']}\"]"

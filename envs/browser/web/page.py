@@ -136,20 +136,24 @@ def parse(source: str) -> Page:
     return Page(source, " ".join(p.title.split()), p.elements, p.forms)
 
 
-def describe(el: Element, value: str | bool | None) -> str:
-    """How the element reads in the page text: ``[3] Paris`` for a link, ``[5: text "q" = ""]`` for a field."""
-    kind = el.kind
+def describe(id: int, kind: str, name: str, text: str, value: str | bool | None, options: list[str] = ()) -> str:
+    """How an element reads in an observation (both browsers): ``[3] Paris`` for a link,
+    ``[5: text "q" = ""]`` for a field; ``value`` is a select's shown label, a checkbox's state."""
     if kind == "link":
-        return f"[{el.id}] {el.text}"
+        return f"[{id}] {text}"
     if kind in ("submit", "button"):
-        return f"[{el.id}: button \"{el.text or el.attrs.get('value', '')}\"]"
+        return f"[{id}: button \"{text}\"]"
     if kind in ("checkbox", "radio"):
-        return f"[{el.id}: {kind} \"{el.name}\" {'on' if value else 'off'}]"
+        return f"[{id}: {kind} \"{name}\" {'on' if value else 'off'}]"
     if kind == "select":
-        labels = [lbl for _, lbl in el.options]
-        current = next((lbl for v, lbl in el.options if v == value), "")
-        return f"[{el.id}: select \"{el.name}\" = \"{current}\"; options: {' | '.join(labels)}]"
-    return f"[{el.id}: {kind} \"{el.name}\" = \"{value or ''}\"]"
+        return f"[{id}: select \"{name}\" = \"{value}\"; options: {' | '.join(options)}]"
+    return f"[{id}: {kind} \"{name}\" = \"{value or ''}\"]"
+
+
+def _describe_element(el: Element, value: str | bool | None) -> str:
+    if el.kind == "select":
+        value = next((lbl for v, lbl in el.options if v == value), "")
+    return describe(el.id, el.kind, el.name, el.text or el.attrs.get("value", ""), value, [lbl for _, lbl in el.options])
 
 
 def annotate(page: Page, values: dict[int, str | bool]) -> str:
@@ -158,7 +162,7 @@ def annotate(page: Page, values: dict[int, str | bool]) -> str:
     for el in page.elements:
         start, end = el.span
         out.append(page.html[pos:start])
-        out.append(f"<span>{html.escape(describe(el, values.get(el.id)))}</span>")
+        out.append(f"<span>{html.escape(_describe_element(el, values.get(el.id)))}</span>")
         pos = end
     out.append(page.html[pos:])
     return "".join(out)
