@@ -146,6 +146,11 @@ def start_rows(rounds: int) -> tuple[float, list[tuple[str, float]]]:
                 ["bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "/bin/true"], check=True)),
             "  part: plain bash --noprofile --norc -c true": timed(lambda: subprocess.run(
                 ["bash", "--noprofile", "--norc", "-c", "true"])),
+            # Floors of any sandbox with per-episode namespaces, bwrap or not:
+            "  floor: a new network namespace alone (unshare -n true)": timed(lambda: subprocess.run(
+                ["unshare", "-n", "true"], check=True)),
+            "  floor: every namespace + fork + bash -c true (unshare)": timed(lambda: subprocess.run(
+                ["unshare", "-Urnmpiu", "-C", "-f", "bash", "--noprofile", "--norc", "-c", "true"], check=True)),
             "sandbox close": close_only,
         }, rounds)
     finally:
