@@ -10,8 +10,7 @@ One query token per sequence; ``o[b, h] = softmax(scale · q[b, h] · K_bᵀ) V_
 Why C++ on CPU: in torch, paged attention must first gather every sequence's keys into a
 padded tensor (a copy of the whole KV cache per layer per step), which costs more than the
 attention itself; this loop reads each key once, where it lies. It is compiled on first use
-with ``torch.utils.cpp_extension.load_inline`` (about a minute, cached in
-``~/.cache/torch_extensions``); without a compiler ``paged_decode`` falls back to the torch
+(``kernels/cpu_extension``); without a compiler ``paged_decode`` falls back to the torch
 reference. Scores and softmax run in the input dtype (float32, or float64 for float64); the dot
 products may be summed in any order (vectorized), never with fast-math's finite-only rules.
 Per sequence, all heads at once, keys in tiles of 16 tokens with an online softmax (running max
@@ -26,33 +25,15 @@ Shapes: B sequences, Hq/Hkv heads, D head_dim, P cache slots, S the longest cont
 from __future__ import annotations
 
 import functools
-import platform
-import warnings
 
 import torch
 from torch import Tensor
 
+from jointrl.kernels.cpu_extension import load_cpu_extension
+
 __all__ = ["paged_decode", "paged_decode_torch", "load_kernel"]
 
 _SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <cmath>
-#include <limits>
-#include <type_traits>
-#include <vector>
-
-#if defined(__x86_64__) && defined(__GLIBC__)
-// glibc's libmvec holds vector exp variants (<= 4 ulp); declaring them lets `omp simd` loops call
-// them 8 (float) / 4 (double) lanes at a time instead of one libm call per score.
-extern "C" {
-#pragma omp declare simd notinbranch
-float expf(float) noexcept;
-#pragma omp declare simd notinbranch
-double exp(double) noexcept;
-}
-#endif
-
 // Scores of one kv head over a tile of nt tokens: s[j * ld + t] = scale * q_j . k_t for the g query
 // heads j of the group, four tokens per pass (four independent sums keep the FMA units busy).
 template <typename T>
@@ -117,12 +98,6 @@ static void weighted_values(const T* p, const T* kv, const int64_t* slots, int64
       for (int64_t d = 0; d < D; ++d) a[d] += pj * v[d];
     }
   }
-}
-
-template <typename T>
-static T exp_(T x) {
-  if constexpr (std::is_same_v<T, float>) return expf(x);
-  else return exp(x);
 }
 
 // One sequence per task, all heads, keys in tiles of TILE tokens with an online softmax (running
@@ -192,23 +167,10 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv, torch::Tensor slot
 """
 
 
-# x86-64 glibc ships libmvec, the vector exp the kernel's softmax calls (declared in _SOURCE).
-_LIBMVEC = platform.machine() == "x86_64" and platform.libc_ver()[0] == "glibc"
-
-
 @functools.cache
 def load_kernel():
     """The compiled extension, or None when it cannot be built here (no compiler)."""
-    try:
-        from torch.utils.cpp_extension import load_inline
-
-        return load_inline(name="jointrl_paged_decode_cpu", cpp_sources=_SOURCE, functions=["paged_decode"],
-                           extra_cflags=["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno",
-                                                 "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"],
-                           extra_ldflags=["-lmvec"] if _LIBMVEC else [], verbose=False)
-    except Exception as e:  # no toolchain: the torch reference still works
-        warnings.warn(f"paged_decode: C++ kernel unavailable, using the torch reference ({e})")
-        return None
+    return load_cpu_extension("jointrl_paged_decode_cpu", _SOURCE, ["paged_decode"])
 
 
 def paged_decode_torch(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B: Tensor, scale: float) -> Tensor:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from jointrl.kernels import moe_cpu
 from jointrl.model.config import MoEConfig
 from jointrl.model.routing import TopKRouter, load_balancing_loss
 
@@ -46,9 +47,15 @@ class Experts(nn.Module):
 
     def forward(self, x_NH: torch.Tensor, ids_Nk: torch.Tensor, weights_Nk: torch.Tensor) -> torch.Tensor:
         """y_n = Σ_j weights[n, j] · y_{ids[n, j]}(x_n). Assignments are sorted by expert and each
-        expert runs once on its contiguous slice (one host sync for the per-expert counts)."""
+        expert runs once on its contiguous slice (one host sync for the per-expert counts).
+        Inference on CPU with a few tokens per expert (decode) runs ``kernels/moe_cpu`` instead:
+        one C++ call that streams each active expert's weights once."""
         N, k = ids_Nk.shape
         E = self.gate_up_proj.shape[0]
+        needs_grad = torch.is_grad_enabled() and any(
+            t.requires_grad for t in (x_NH, weights_Nk, self.gate_up_proj, self.down_proj))
+        if moe_cpu.use_kernel(x_NH, ids_Nk, E, needs_grad):
+            return moe_cpu.moe_experts(x_NH, ids_Nk, weights_Nk, self.gate_up_proj, self.down_proj)
         ids_A = ids_Nk.reshape(-1)  # A = N·k assignments
         order_A = torch.argsort(ids_A, stable=True)
         token_A = order_A // k
