@@ -221,3 +221,25 @@ def test_hybrid_kda_dsa_model_equals_full_recompute_across_chunks_sessions_and_p
     session = eng.scheduler.idle[max(eng.scheduler.idle)]
     state_bytes = sum(t.numel() * t.element_size() for pair in session.recurrent.values() for t in pair)
     assert state_bytes == state_layout(hybrid.config, torch.float64).fixed
+
+
+def test_batched_sampling_equals_sampling_each_row_alone():
+    """A request's tokens and log-probs do not depend on the other rows of its step."""
+    from jointrl.rl.rollout.sampling import sample_rows
+
+    logits_RV = torch.randn(5, 40, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0.7, seed=1),
+              SamplingParams(temperature=1.0, top_k=5, seed=2), SamplingParams(temperature=1.3, top_p=0.8, seed=3),
+              SamplingParams(temperature=1.0, top_k=1, seed=4)]
+    gens = lambda: [None if sp.seed is None else torch.Generator().manual_seed(sp.seed) for sp in params]  # noqa: E731
+    tokens, logprobs = sample_rows(logits_RV, params, gens())
+    alone = [sample_rows(logits_RV[i:i + 1], [sp], [g]) for i, (sp, g) in enumerate(zip(params, gens()))]
+    assert tokens == [t[0] for t, _ in alone]
+    assert logprobs == [lp[0] for _, lp in alone]
+    assert tokens[0] == int(logits_RV[0].argmax())
+    assert tokens[4] == int(logits_RV[4].argmax())  # top-k 1 is greedy
+    top5 = set(torch.topk(logits_RV[2], 5).indices.tolist())
+    assert tokens[2] in top5
+    for i, (sp, t) in enumerate(zip(params, tokens)):
+        want = torch.log_softmax(logits_RV[i] / (sp.temperature or 1.0), -1)[t]
+        assert logprobs[i] == pytest.approx(float(want), abs=1e-12)
