@@ -8,7 +8,9 @@ import threading
 import urllib.error
 import urllib.request
 
-from jointrl.envs.base import Task, ToolCall
+import pytest
+
+from jointrl.envs.base import EnvError, Task, ToolCall
 from jointrl.envs.browser.env import BrowserEnv
 from jointrl.envs.browser.tasks import make_task, policy
 from jointrl.envs.browser.web.sites import PORTS, base_url
@@ -192,3 +194,9 @@ def test_the_browser_reaches_nothing_but_its_own_loopback():
     finally:
         server.shutdown()
     assert set(PORTS.values()).isdisjoint({port})
+
+
+def test_a_missing_tool_venv_says_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("JOINTRL_BROWSER_VENV", str(tmp_path / "nowhere"))
+    with pytest.raises(EnvError, match="setup.d/browser.sh"):
+        asyncio.run(opened())

@@ -11,6 +11,7 @@ import asyncio
 import pytest
 import torch
 
+from jointrl.envs.base import EnvError
 from jointrl.envs.browser.driver_process import check_venv
 from jointrl.envs.browser.env import BrowserEnv
 from jointrl.envs.browser.tasks import KINDS, SHIPPED_SEEDS, load_tasks, make_task, policy
@@ -19,6 +20,7 @@ from jointrl.model.chat_template import ChatTemplate
 from jointrl.rl.agent_loop import AgentConfig, run_episode
 from jointrl.rl.image_inputs import ImageInputs
 from jointrl.rl.rollout.scripted import ScriptedEngine
+from jointrl.envs.sandbox.base import SandboxConfig
 from jointrl.rl.types import FinishReason, SamplingParams
 
 TASKS = load_tasks()
@@ -107,12 +109,14 @@ def test_image_mode_oracle_scores_and_its_screenshots_reach_the_policy_as_image_
     async def go():
         env = BrowserEnv(mode="image")
         try:
-            return await run_episode(env, engine, task, tpl, PARAMS, CFG, "g")
+            traj = await run_episode(env, engine, task, tpl, PARAMS, CFG, "g")
+            return traj, dict(env.driver.sandbox.limits)
         finally:
             await env.close()
 
-    traj = asyncio.run(go())
+    traj, limits = asyncio.run(go())
     assert traj.reward == 1.0 and traj.num_tool_errors == 0, (traj.reward_info, traj.messages)
+    assert limits["memory"].startswith("cgroup")  # Chromium is bounded by the cgroup, never RLIMIT_AS
     shots = [m.image for m in traj.messages if m.image is not None]
     assert len(shots) == 3 and all(s.startswith(b"\x89PNG") for s in shots)
     slot = tpl.tok.special_ids["<image>"]
@@ -130,3 +134,19 @@ def test_image_mode_oracle_scores_and_its_screenshots_reach_the_policy_as_image_
         blank = model(ids, image_patches=torch.zeros_like(patches[:n])).logits
     assert (seen[:, :8] - blank[:, :8]).abs().max() < 1e-5
     assert (seen[:, 8:] - blank[:, 8:]).abs().max() > 1e-4  # the screenshot's pixels change the policy
+
+
+@needs_image
+@pytest.mark.slow
+def test_chromium_over_the_memory_cgroup_is_an_infrastructure_error():
+    small = SandboxConfig(timeout_s=60, max_processes=1024, cpu_seconds=600, max_memory_bytes=96 << 20)
+
+    async def go():
+        env = BrowserEnv(small, mode="image")
+        try:
+            await env.reset(make_task("city_population", 1))
+        finally:
+            await env.close()
+
+    with pytest.raises(EnvError, match="page driver"):
+        asyncio.run(go())
