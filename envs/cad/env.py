@@ -127,6 +127,7 @@ class CadEnv:
         code = call.arguments["code"]
         if call.name == "submit":
             self.submitted, self.done = code, True
+            await asyncio.to_thread(self.sandbox.interrupt)  # its CPU goes to the reward's builds
             return Observation("Submitted.", done=True)
         try:
             reply = await asyncio.to_thread(self.sandbox.call, code, stl="part.stl" if export == "stl" else None,

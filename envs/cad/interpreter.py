@@ -155,7 +155,7 @@ class CadSandbox(BwrapSandbox):
             if isinstance(reply, dict) and "ok" in reply:
                 return Reply(reply)
             timed_out = reply is False
-            crashed = "" if timed_out else self._death_note(reply)
+            crashed = "" if timed_out else self._death_note()
             self.stop_interpreter()
             return Reply({}, timed_out=timed_out, crashed=crashed)
 
@@ -181,7 +181,7 @@ class CadSandbox(BwrapSandbox):
             return None
         return reply if isinstance(reply, dict) else None
 
-    def _death_note(self, reply: dict | None) -> str:
+    def _death_note(self) -> str:
         assert self._proc is not None
         try:
             code = self._proc.wait(timeout=5)
@@ -213,9 +213,14 @@ class CadSandbox(BwrapSandbox):
             os.close(fd)
         self._fds, self._buffer = (), b""
 
-    def close(self) -> None:
+    def interrupt(self) -> None:
+        """Kill the interpreter now, even mid-call or mid-import (without waiting for the lock:
+        the thread waiting on it sees it die and cleans up); the next ``call`` restarts it."""
         if self._proc is not None and not self._closed:
-            kill_uid(self.uid)  # ends a call or an import in progress now, instead of waiting for it
+            kill_uid(self.uid)
+
+    def close(self) -> None:
+        self.interrupt()  # ends a call or an import in progress now, instead of waiting for it
         with self._lock:
             if not self._closed:
                 self.stop_interpreter()

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs root, bubblewrap and the CAD tool venv (.ci/setup.d/cad.sh)",
 )
 # Short limits, generous enough for a loaded 2-core machine to import CadQuery and build a box.
-CAD = CadConfig(call_timeout_s=20.0, max_memory_bytes=1 << 30)
+CAD = CadConfig(call_timeout_s=10.0, max_memory_bytes=1 << 30)
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +63,9 @@ def test_exports_on_request(sandbox):
     ("code", "expect"),
     [
         # An infinite loop and a huge boolean union run into the call's wall-clock limit.
-        ("while True:\n    pass", "ran past the 20 s limit"),
+        ("while True:\n    pass", "ran past the 10 s limit"),
         ("s = cq.Workplane()\nfor i in range(100000):\n    s = s.union(cq.Workplane().sphere(1 + i % 7).translate((i * 0.37, i % 13, 0)))\n"
-         "result = s", "ran past the 20 s limit"),
+         "result = s", "ran past the 10 s limit"),
         # Memory beyond the sandbox's cgroup: the kernel kills the interpreter, nothing else.
         ("blocks = []\nwhile True:\n    blocks.append(bytearray(64 << 20))", "interpreter died"),
         ("import os\nos._exit(3)", "exited with code 3"),
