@@ -2,10 +2,13 @@
 
 - ``answer_match``: normalized exact match against ``metadata["answer"]`` or one of its
   ``metadata["aliases"]``;
-- ``answer_includes``: every phrase of ``metadata["must_include"]`` occurs in the answer;
-- ``answer_number``: the answer's number, converted to ``metadata["number"]["unit"]``, is within
-  ``rel_tol`` / ``abs_tol`` of ``value``. A number given with a unit of another dimension (or an
-  unknown unit) scores 0; a bare number is read in the expected unit.
+- ``answer_includes``: every phrase of ``metadata["must_include"]`` occurs in the answer (as
+  whole words) and none of ``metadata["must_exclude"]`` does (the wrong alternatives: listing
+  every candidate is not an answer);
+- ``answer_number``: the answer states exactly one number (a hedge such as "1733 or 1734" scores
+  0), and that number, converted to ``metadata["number"]["unit"]``, is within ``rel_tol`` /
+  ``abs_tol`` of ``value``. A number given with a unit of another dimension (or an unknown unit)
+  scores 0; a bare number is read in the expected unit.
 
 Normalization (``normalize``) forgives what a reader would: case, accents, punctuation, extra
 spaces, a leading article. A missing answer scores 0.
@@ -109,9 +112,11 @@ def number_matches(answer: str, value: float, unit: str = "", rel_tol: float = 0
     False
     >>> number_matches("746,380 m²", 746380, "km²")
     False
+    >>> number_matches("1733 or 1734 m", 1733, "m")
+    False
     """
     got = parse_quantity(answer)
-    if got is None:
+    if got is None or len(_NUMBER.findall(answer)) != 1:
         return False
     x, u = got
     if u and unit:
@@ -143,7 +148,8 @@ def answer_includes(task: Task, episode: Episode) -> RewardResult:
     answer, phrases = _answer(task, episode, "must_include")
     got = f" {normalize(answer)} "
     missing = [p for p in phrases if f" {normalize(p)} " not in got]
-    return RewardResult(0.0 if missing else 1.0, {"missing": missing})
+    extra = [p for p in task.metadata.get("must_exclude", []) if f" {normalize(p)} " in got]
+    return RewardResult(0.0 if missing or extra else 1.0, {"missing": missing, "excluded_present": extra})
 
 
 @register("answer_number")

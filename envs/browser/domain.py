@@ -21,5 +21,5 @@ def load_tasks(task_dir: Path | None) -> list[Task]:
 def make_env(envs_cfg: Any) -> Env:
     from jointrl.envs.browser.env import BrowserEnv, default_config
 
-    mode = getattr(envs_cfg, "browser_mode", "text")  # a task's metadata["mode"] overrides it
-    return BrowserEnv(default_config(mode), mode=mode)
+    del envs_cfg  # text mode; a task with metadata["mode"] = "image" gets Chromium
+    return BrowserEnv(default_config("text"), mode="text")

@@ -20,7 +20,7 @@ from typing import Any
 from jointrl.envs.base import Task, ToolCall
 from jointrl.envs.browser.web.sites import base_url, build, in_process_fetch
 from jointrl.envs.browser.web.sites.settings import FREQUENCIES, LANGUAGES, TIMEZONES
-from jointrl.envs.browser.web.sites.world import CATEGORIES, World, make_world
+from jointrl.envs.browser.web.sites.world import CATEGORIES, OCCUPATIONS, World, make_world
 from jointrl.envs.browser.web.text_browser import TextBrowser
 
 DOMAIN = "browser"
@@ -210,7 +210,8 @@ def person_facts(w: World) -> Spec:
     person = _pick(w, "person_facts", list(w.people))
     pp = w.people[person]
     return Spec(f"What is {person}'s occupation, and what is {person} known for? Answer in one sentence.",
-                {"answer_includes": 1.0}, {"must_include": [pp.occupation, pp.known_for]},
+                {"answer_includes": 1.0}, {"must_include": [pp.occupation, pp.known_for],
+                                           "must_exclude": [o for o in OCCUPATIONS if o != pp.occupation]},
                 lambda p: (p.search_wiki(person), p.answer(f"A {pp.occupation}, known for {pp.known_for}.")),
                 lambda p: (p.search_wiki(person), p.answer(f"A {pp.occupation} born in {pp.birthplace}.")))
 

@@ -47,9 +47,11 @@ def test_answer_match(answer, expected, aliases, ok):
     ("A botanist born in Giapou.", False),
     ("A botanists' society, known for the Storiam Bridges", False),  # whole words only
     ("", False),
+    ("A botanist, painter or poet, known for the Storiam Bridge.", False),  # listing the candidates
 ])
 def test_answer_includes(answer, ok):
-    assert score("answer_includes", answer, must_include=["botanist", "the Storiam Bridge"]) == float(ok)
+    assert score("answer_includes", answer, must_include=["botanist", "the Storiam Bridge"],
+                 must_exclude=["painter", "poet"]) == float(ok)
 
 
 @pytest.mark.parametrize("answer, value, unit, rel_tol, abs_tol, ok", [
@@ -69,6 +71,8 @@ def test_answer_includes(answer, ok):
     ("2763000 km", 2763000, "", 0, 0, False),  # a unit where a count was asked
     ("$24.00", 24, "$", 0, 0.005, True),
     ("It was 1833.", 1833, "", 0, 0, True),
+    ("1833 or 1834", 1833, "", 0, 0, False),  # a hedge
+    ("born in 1833, mayor since 1870", 1833, "", 0, 0, False),  # one number, please
     ("−5 m", -5, "m", 0, 0, True),  # a unicode minus
     ("no idea", 1833, "", 0, 0, False),
     ("", 1833, "", 0, 0, False),
