@@ -118,6 +118,9 @@ class RolloutConfig:
     weight_transport: str = "ray"  # ray (object store) | dist (torch.distributed broadcast; rl/weight_transport.py)
     weight_dist_backend: str = "gloo"  # dist transport: gloo (CPU) | nccl (CUDA)
     weight_bucket_mb: float = 32.0  # payload bound of one bucket of the push
+    mode: str = "sync"  # sync | async (the next steps' rollouts run while the learner trains)
+    async_steps_ahead: int = 1  # async: steps whose rollouts may be in flight beyond the current one
+    max_staleness: int = 1  # trajectories sampled more than this many versions before the trained policy are dropped
     thinking_budget: dict[str, Any] = field(default_factory=lambda: {"low": 32, "high": 64, "max": None})
     # engine backend only (rl/rollout/llm_engine.EngineConfig documents each)
     num_blocks: int = 4096  # KV memory budget: num_blocks x block_size token slots
@@ -132,6 +135,9 @@ class RolloutConfig:
         _check_choice("rollout.weight_transport", self.weight_transport, ("ray", "dist"))
         _check_choice("rollout.weight_dist_backend", self.weight_dist_backend, ("gloo", "nccl"))
         _check_positive("rollout.weight_bucket_mb", self.weight_bucket_mb)
+        _check_choice("rollout.mode", self.mode, ("sync", "async"))
+        _check_positive("rollout.async_steps_ahead", self.async_steps_ahead)
+        _check_positive("rollout.max_staleness", self.max_staleness, allow_zero=True)
         for k in ("num_workers", "num_blocks", "block_size", "max_num_batched_tokens"):
             _check_positive(f"rollout.{k}", getattr(self, k))
         _check_positive("rollout.session_ttl_s", self.session_ttl_s, allow_zero=True)
@@ -147,6 +153,7 @@ class DomainConfig:
     task_dir: str | None = None  # None: the tasks shipped with the domain
     tiers: dict[str, float] = field(default_factory=dict)  # override each task's tier by weight; {} keeps the task's own
     reward: dict[str, float] = field(default_factory=dict)  # override each task's reward weights; {} keeps them
+    split: str = "train"  # train | heldout | all (envs/splits.py); jointrl eval reads heldout
 
 
 @dataclass
@@ -160,12 +167,14 @@ class EnvsConfig:
 
     def __post_init__(self) -> None:
         from jointrl.envs.registry import DOMAINS
+        from jointrl.envs.splits import SPLITS
 
         if not self.domains:
             raise ValueError("config key 'envs.domains' needs at least one domain; allowed: " + str(sorted(DOMAINS)))
         for name, d in self.domains.items():
             _check_choice("envs.domains", name, tuple(sorted(DOMAINS)))
             _check_positive(f"envs.domains.{name}.weight", d.weight)
+            _check_choice(f"envs.domains.{name}.split", d.split, SPLITS)
             for tier in d.tiers:
                 _check_choice(f"envs.domains.{name}.tiers", tier, ("low", "high", "max"))
         _check_positive("envs.num_workers", self.num_workers)
@@ -207,6 +216,17 @@ class LearnerConfig:
 class ClusterConfig:
     ray_address: str | None = None  # None: start a local Ray instance
     num_cpus: int | None = None
+    # placement groups (rl/placement.py): one bundle per learner rank / rollout worker; GPU "auto" = 1 if the cluster has GPUs
+    learner_bundle: dict[str, Any] = field(default_factory=lambda: {"CPU": 0.25})
+    rollout_bundle: dict[str, Any] = field(default_factory=lambda: {"CPU": 0.25})
+    placement_strategy: str = "PACK"
+
+    def __post_init__(self) -> None:
+        _check_choice("cluster.placement_strategy", self.placement_strategy, ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
+        for key in ("learner_bundle", "rollout_bundle"):
+            for res, v in getattr(self, key).items():
+                if not (v == "auto" and res == "GPU") and not (isinstance(v, (int, float)) and v >= 0):
+                    raise ValueError(f"config key 'cluster.{key}.{res}' = {v!r} must be a number >= 0 (GPU may be 'auto')")
 
 
 @dataclass
@@ -214,6 +234,7 @@ class LoggerConfig:
     wandb_mode: str = "offline"
     project: str = "jointrl"
     dump_trajectories: bool = True
+    table_rows: int = 4  # sampled transcripts per step in the wandb trajectory table (0: none)
 
     def __post_init__(self) -> None:
         _check_choice("logger.wandb_mode", self.wandb_mode, ("offline", "online", "disabled"))

@@ -1,6 +1,7 @@
 """``EnvWorker``: a Ray actor that runs many episodes concurrently, one asyncio task each.
 
-It owns no model: every turn goes to a rollout worker through ``RayEngineClient``. Episodes
+It owns no model: every turn goes to a rollout worker through ``RoutedEngineClient`` (the
+least-loaded worker for an episode's first turn, the same one after; ``rl/rollout/router.py``). Episodes
 are scored here (reward modules run beside the sandbox they verify). Infrastructure
 failures are retried on a fresh env (``run_episode_with_retries``); the actor itself is
 restarted by Ray if it dies (``max_restarts``), and the driver marks what it still cannot
@@ -19,7 +20,8 @@ from jointrl.envs.registry import make_env
 from jointrl.model.chat_template import ChatTemplate
 from jointrl.rl.agent_loop import AgentConfig, run_episode_with_retries
 from jointrl.rl.config import Config
-from jointrl.rl.rollout.engine import RayEngineClient
+from jointrl.rl.placement import Placement
+from jointrl.rl.rollout.router import RoutedEngineClient
 from jointrl.rl.types import SamplingParams, Trajectory
 
 
@@ -30,9 +32,9 @@ def sampling_params(cfg: Config, tier: str, seed: int | None) -> SamplingParams:
 
 
 class EnvWorker:
-    def __init__(self, cfg: Config, rollout_handles: list) -> None:
+    def __init__(self, cfg: Config, rollout_handles: list, router) -> None:
         self.cfg = cfg
-        self.rollout_handles = rollout_handles
+        self.rollout_handles, self.router = rollout_handles, router
         self.template = ChatTemplate()
         self.agent_cfg = AgentConfig(max_context=cfg.rollout.max_context, episode_timeout_s=cfg.envs.episode_timeout_s,
                                      max_env_retries=cfg.envs.max_env_retries)
@@ -40,24 +42,28 @@ class EnvWorker:
 
     async def run_groups(self, groups: list[tuple[Task, str]], group_size: int, step: int) -> list[Trajectory]:
         """``group_size`` episodes of each task; trajectories in group order."""
-        jobs = [self._one(task, gid, step * 1_000_003 + g * 1_009 + i)
+        jobs = [self._one(task, gid, i, step * 1_000_003 + g * 1_009 + i)
                 for g, (task, gid) in enumerate(groups) for i in range(group_size)]
         return list(await asyncio.gather(*jobs))
 
-    async def _one(self, task: Task, group_id: str, seed: int) -> Trajectory:
+    async def _one(self, task: Task, group_id: str, member: int, seed: int) -> Trajectory:
         async with self.limit:
-            engine = RayEngineClient(self.rollout_handles, route_key=group_id)
+            engine = RoutedEngineClient(self.rollout_handles, self.router, session=f"{group_id}#{member}")
             params = sampling_params(self.cfg, task.tier, seed + self.cfg.seed)
             make = lambda: make_env(task.domain, self.cfg.envs)  # noqa: E731
-            return await run_episode_with_retries(make, engine, task, self.template, params, self.agent_cfg, group_id)
+            try:
+                return await run_episode_with_retries(make, engine, task, self.template, params, self.agent_cfg, group_id)
+            finally:
+                await engine.close()
 
     def pid(self) -> int:
         return os.getpid()
 
 
-def spawn_env_workers(cfg: Config, rollout_handles: list) -> list:
-    """``cfg.envs.num_workers`` env-worker actors. A dead actor is restarted and its in-flight
-    ``run_groups`` call retried by Ray (twice); after that the driver marks those episodes
-    ``env_error``."""
-    actor = ray.remote(num_cpus=0, max_restarts=2, max_task_retries=2, max_concurrency=1000)(EnvWorker)
-    return [actor.remote(cfg, rollout_handles) for _ in range(cfg.envs.num_workers)]
+def spawn_env_workers(cfg: Config, rollout_handles: list, router) -> list:
+    """``cfg.envs.num_workers`` env-worker actors, spread over the nodes. A dead actor is
+    restarted and its in-flight ``run_groups`` call retried by Ray (twice); after that the
+    driver marks those episodes ``env_error``."""
+    actor = ray.remote(max_restarts=2, max_task_retries=2, max_concurrency=1000)(EnvWorker)
+    return [actor.options(**Placement.env_worker()).remote(cfg, rollout_handles, router)
+            for _ in range(cfg.envs.num_workers)]

@@ -1,5 +1,11 @@
 """Run tracking: Weights & Biases (offline by default), one console line per step, and the
-step's trajectories as JSONL (``<output_dir>/trajectories/step_000001.jsonl``)."""
+step's trajectories as JSONL (``<output_dir>/trajectories/step_000001.jsonl``).
+
+wandb gets the resolved config (``wandb.init(config=...)``), every per-step scalar, histograms
+(``staleness/histogram``) and a ``trajectories`` table of ``logger.table_rows`` transcripts
+per step (evenly spaced over the step's trajectories: domain, task, tier, reward, finish
+reason, turns, the decoded tokens with special tokens shown). Tested by reading the offline
+run directory (``tests/rl/test_tracking.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import uuid
 from dataclasses import asdict
 from pathlib import Path
 
+from jointrl.model.tokenizer import ByteTokenizer
 from jointrl.rl.config import Config
 from jointrl.rl.types import Trajectory
 
@@ -19,6 +26,7 @@ class RunTracker:
         self.traj_dir = out_dir / "trajectories"
         self.traj_dir.mkdir(parents=True, exist_ok=True)
         self.run = None
+        self.tok = ByteTokenizer()
         if cfg.logger.wandb_mode != "disabled":
             import wandb
 
@@ -29,9 +37,16 @@ class RunTracker:
             self.run = wandb.init(project=cfg.logger.project, name=cfg.run_name, id=run_id, resume="allow",
                                   dir=str(out_dir), mode=cfg.logger.wandb_mode, config=asdict(cfg))
 
-    def log(self, step: int, metrics: dict[str, float], trajs: list[Trajectory]) -> None:
+    def log(self, step: int, metrics: dict[str, float], trajs: list[Trajectory],
+            histograms: dict[str, list[float]] | None = None) -> None:
         if self.run is not None:
-            self.run.log(metrics, step=step)
+            import wandb
+
+            payload: dict = dict(metrics)
+            payload.update({k: wandb.Histogram(v) for k, v in (histograms or {}).items() if v})
+            if self.cfg.logger.table_rows and trajs:
+                payload["trajectories"] = self._table(step, trajs)
+            self.run.log(payload, step=step)
         if self.cfg.logger.dump_trajectories:
             with open(self.traj_dir / f"step_{step:06d}.jsonl", "w") as f:
                 for t in trajs:
@@ -42,6 +57,18 @@ class RunTracker:
               f"| rollout {m['time/rollout_s']:.1f}s reward {m['time/reward_s']:.1f}s "
               f"learner {m['time/learner_s']:.1f}s push {m['time/push_s']:.1f}s | loss {m.get('learner/loss', 0.0):+.4f}",
               flush=True)
+
+    def _table(self, step: int, trajs: list[Trajectory]):
+        import wandb
+
+        n = min(self.cfg.logger.table_rows, len(trajs))
+        picked = [trajs[i * len(trajs) // n] for i in range(n)]
+        table = wandb.Table(columns=["step", "domain", "task_id", "group_id", "tier", "reward", "finish_reason",
+                                     "turns", "tool_calls", "transcript"])
+        for t in picked:
+            table.add_data(step, t.domain, t.task_id, t.group_id, t.tier, float(t.reward), str(t.finish_reason),
+                           t.num_turns, t.num_tool_calls, self.tok.decode(t.token_ids))
+        return table
 
     def finish(self) -> None:
         if self.run is not None:

@@ -24,18 +24,22 @@ import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from jointrl.envs.registry import load_tasks
+from jointrl.model.tokenizer import ByteTokenizer
 from jointrl.rl.advantages import AdvantageResult, grpo_advantages, normalize_rewards_by_domain
 from jointrl.rl.config import Config, register_schemas, to_config
 from jointrl.rl.env_worker import spawn_env_workers
 from jointrl.rl.joint_sampler import JointSampler
 from jointrl.rl.learner.batch import TrainBatch
 from jointrl.rl.learner.group import LearnerGroup
+from jointrl.rl.placement import Placement
 from jointrl.rl.preemption import REQUEUE_EXIT_CODE, PreemptionFlag
+from jointrl.rl.rollout.router import spawn_router
 from jointrl.rl.rollout.worker import RolloutWorker
 from jointrl.rl.tracking import RunTracker
 from jointrl.rl.types import FinishReason, Task, Trajectory
 from jointrl.rl.weight_transport import WeightPush
+
+THINK_ID, THINK_END_ID = ByteTokenizer().think_id, ByteTokenizer().think_end_id
 
 
 def train(cfg: Config) -> dict[str, float]:
@@ -45,12 +49,17 @@ def train(cfg: Config) -> dict[str, float]:
     out_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.structured(cfg), out_dir / "config.yaml")  # the resolved config (jointrl export reads it)
     _start_ray(cfg)
-    sampler = JointSampler({d: load_tasks(d, dc.task_dir) for d, dc in cfg.envs.domains.items()},
-                           cfg.envs.domains, cfg.seed)
-    learner = LearnerGroup(cfg)
-    rollout = [ray.remote(num_cpus=0, max_concurrency=1000)(RolloutWorker).remote(cfg)
-               for _ in range(cfg.rollout.num_workers)]
-    env_workers = spawn_env_workers(cfg, rollout)
+    sampler = JointSampler.from_config(cfg.envs.domains, cfg.seed)
+    placement = Placement(cfg)
+    learner = LearnerGroup(cfg, [placement.learner(r) for r in range(cfg.learner.num_ranks)])
+    # a rollout worker that dies is restarted by Ray; the router re-admits it once it holds the pushed weights
+    rollout = [ray.remote(max_concurrency=1000, max_restarts=-1)(RolloutWorker).options(**placement.rollout(i)).remote(cfg)
+               for i in range(cfg.rollout.num_workers)]
+    router = spawn_router(len(rollout))
+    env_workers = spawn_env_workers(cfg, rollout, router)
+    print(f"processes: learner ranks {ray.get([w.pid.remote() for w in learner.workers])} rollout workers "
+          f"{ray.get([w.pid.remote() for w in rollout])} env workers {ray.get([w.pid.remote() for w in env_workers])}",
+          flush=True)
 
     start = (learner.load_checkpoint(str(ckpt_dir)) if cfg.resume else None) or 0
     if cfg.resume:
@@ -62,10 +71,12 @@ def train(cfg: Config) -> dict[str, float]:
     tracker = RunTracker(cfg, out_dir)
     preempt = PreemptionFlag().install()
     metrics: dict[str, float] = {}
+    ahead: dict[int, tuple[list, list]] = {}  # rollout.mode=async: step -> (groups, rollouts in flight)
     for step in range(start + 1, cfg.algo.total_steps + 1):
         t0 = time.perf_counter()
-        groups = sampler.sample(step, cfg.algo.prompts_per_step)
-        trajs = _collect(env_workers, groups, cfg.algo.group_size, step)
+        groups, refs = ahead.pop(step, None) or _launch(env_workers, sampler.sample(step, cfg.algo.prompts_per_step),
+                                                        cfg.algo.group_size, step)
+        trajs, stale = _drop_stale(_gather(refs, cfg.algo.group_size), step - 1, cfg.rollout.max_staleness)
         adv = _advantages(cfg, trajs)
         for attempt in range(1, cfg.algo.max_refill_attempts + 1):  # refill dropped groups
             missing = cfg.algo.prompts_per_step - len({t.group_id for t in adv.kept})
@@ -73,20 +84,34 @@ def train(cfg: Config) -> dict[str, float]:
                 break
             more = sampler.sample(step, missing, attempt)
             groups += more
-            trajs += _collect(env_workers, more, cfg.algo.group_size, step)
+            trajs += _gather(_launch(env_workers, more, cfg.algo.group_size, step)[1], cfg.algo.group_size)
             adv = _advantages(cfg, trajs)
         adv.stats["refill_groups"] = len(groups) - cfg.algo.prompts_per_step
+        if cfg.rollout.mode == "async":  # the next steps' rollouts run while the learner trains on this one
+            for nxt in range(step + 1, min(step + cfg.rollout.async_steps_ahead, cfg.algo.total_steps) + 1):
+                if nxt not in ahead:
+                    ahead[nxt] = _launch(env_workers, sampler.sample(nxt, cfg.algo.prompts_per_step),
+                                         cfg.algo.group_size, nxt)
         t1 = time.perf_counter()
         learner_metrics = {}
         if len(adv.kept) >= cfg.learner.num_ranks:
             learner_metrics = learner.train_step(_train_batch(cfg, adv))
         t2 = time.perf_counter()
         push_times = push(step)
+        router.revive.remote(push.live)
         t3 = time.perf_counter()
         metrics = _step_metrics(trajs, adv.stats, learner_metrics, sampler, groups,
                                 {"rollout": t1 - t0, "learner": t2 - t1, "push": t3 - t2})
         metrics.update({f"weight_sync/{k}_s": v for k, v in push_times.items()})
-        tracker.log(step, metrics, trajs)
+        if learner_metrics:
+            metrics["perf/learner_tokens_per_s"] = sum(len(t.token_ids) for t in adv.kept) / max(t2 - t1, 1e-9)
+        routing = ray.get(router.stats.remote())
+        metrics.update({f"rollout/{k}": float(routing[k]) for k in ("rerouted", "worker_deaths")})
+        metrics["rollout/dead_workers"] = float(len(routing["dead"]))
+        staleness = [_staleness(t, step - 1) for t in trajs if t.finish_reason != FinishReason.ENV_ERROR]
+        metrics.update({"staleness/mean": sum(staleness) / max(len(staleness), 1), "staleness/max": float(max(staleness, default=0)),
+                        "staleness/dropped": float(stale)})
+        tracker.log(step, metrics, trajs, histograms={"staleness/histogram": staleness})
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.algo.total_steps \
                 or preempt.requested:
             learner.save_checkpoint(str(ckpt_dir), step)
@@ -130,10 +155,14 @@ def _start_ray(cfg: Config) -> None:
              log_to_driver=True, runtime_env={"env_vars": {"DS_ACCELERATOR": "cpu"}})
 
 
-def _collect(env_workers: list, groups: list[tuple[Task, str]], group_size: int, step: int) -> list[Trajectory]:
-    """Split the groups over env workers; a worker that stays dead turns its groups into env_error."""
+def _launch(env_workers: list, groups: list[tuple[Task, str]], group_size: int, step: int) -> tuple[list, list]:
+    """Split the groups over env workers and start them: (groups, [(ObjectRef, its groups)])."""
     shares = [groups[i :: len(env_workers)] for i in range(len(env_workers))]
-    refs = [(w.run_groups.remote(share, group_size, step), share) for w, share in zip(env_workers, shares) if share]
+    return groups, [(w.run_groups.remote(share, group_size, step), share) for w, share in zip(env_workers, shares) if share]
+
+
+def _gather(refs: list, group_size: int) -> list[Trajectory]:
+    """Wait for launched groups; a worker that stays dead turns its groups into env_error."""
     trajs: list[Trajectory] = []
     for ref, share in refs:
         try:
@@ -143,6 +172,19 @@ def _collect(env_workers: list, groups: list[tuple[Task, str]], group_size: int,
                                  finish_reason=FinishReason.ENV_ERROR, reward_info={"error": repr(e)[:500]})
                       for task, gid in share for _ in range(group_size)]
     return trajs
+
+
+def _staleness(t: Trajectory, policy_version: int) -> int:
+    """Versions between the policy being trained and the oldest weights that sampled ``t``."""
+    versions = [v for v, m in zip(t.policy_version, t.loss_mask) if m]
+    return policy_version - min(versions) if versions else 0
+
+
+def _drop_stale(trajs: list[Trajectory], policy_version: int, max_staleness: int) -> tuple[list[Trajectory], int]:
+    """Async mode's bound: trajectories sampled more than ``max_staleness`` versions ago are dropped
+    (their groups then have fewer members, or are refilled); returns (kept, number dropped)."""
+    kept = [t for t in trajs if _staleness(t, policy_version) <= max_staleness]
+    return kept, len(trajs) - len(kept)
 
 
 def _step_metrics(trajs: list[Trajectory], adv_stats: dict, learner_metrics: dict, sampler: JointSampler,
@@ -176,11 +218,25 @@ def _step_metrics(trajs: list[Trajectory], adv_stats: dict, learner_metrics: dic
         m[f"{d}/env_error"] = sum(t.domain == d and t.finish_reason == FinishReason.ENV_ERROR for t in trajs)
     for reason in FinishReason:
         m[f"finish/{reason}"] = sum(t.finish_reason == reason for t in trajs)
+    for tier in sorted({t.tier for t in ok}):
+        ts = [t for t in ok if t.tier == tier]
+        m[f"thinking_tokens/{tier}"] = sum(_thinking_tokens(t) for t in ts) / len(ts)
     for d, share in sampler.realized_mix(groups).items():
         m[f"mix/{d}"] = share  # realized, beside the configured target
     for d, share in sampler.target_mix.items():
         m[f"mix_target/{d}"] = share
     return m
+
+
+def _thinking_tokens(t: Trajectory) -> int:
+    """Sampled tokens inside ``<think>...</think>`` (the template opens ``<think>`` every turn)."""
+    inside, n = False, 0
+    for tok, m in zip(t.token_ids, t.loss_mask):
+        if tok in (THINK_ID, THINK_END_ID):
+            inside = tok == THINK_ID
+        elif inside and m:
+            n += 1
+    return n
 
 
 def _succeeded(t: Trajectory) -> bool:

@@ -246,15 +246,28 @@ class WeightPush:
                        for i, r in enumerate(receivers)])
 
     def __call__(self, version: int) -> dict[str, float]:
+        """Push ``version``; ``self.live`` then lists the receivers that hold it. With ``ray`` a dead
+        receiver is skipped (a restarted one gets this push); with ``dist`` every receiver must
+        take part, so a dead one fails the push (after the group's timeout)."""
         import ray
 
         t0 = time.perf_counter()
         if self.transport == "dist":
             sent = ray.get([s.push_weights.remote(version) for s in self.senders]
                            + [r.receive_weights.remote(version) for r in self.receivers])
+            self.live = list(range(len(self.receivers)))
         else:
             bundles = [s.weight_bundle.remote(version) for s in self.senders]
-            sent = ray.get([r.update_weights.remote(version, *bundles) for r in self.receivers])
+            refs = [r.update_weights.remote(version, *bundles) for r in self.receivers]
+            sent, self.live = [], []
+            for i, ref in enumerate(refs):
+                try:
+                    sent.append(ray.get(ref))
+                    self.live.append(i)
+                except ray.exceptions.RayActorError:
+                    pass
+            if not self.live:
+                raise RuntimeError(f"weight push {version}: no rollout worker is alive")
         times = {k: max(t.get(k, 0.0) for t in sent) for k in {k for t in sent for k in t} if k != "bytes"}
         times["total"] = time.perf_counter() - t0
         return times

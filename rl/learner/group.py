@@ -18,12 +18,14 @@ def _free_port() -> int:
 
 
 class LearnerGroup:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, options: list[dict] | None = None) -> None:
+        """``options``: per rank, the actor's ``.options`` (its placement bundle, ``rl/placement.py``)."""
         n = cfg.learner.num_ranks
         self.ep_size = cfg.learner.ep_size
+        options = options or [{"num_cpus": 0}] * n
         port = _free_port()
-        actor = ray.remote(num_cpus=0)(LearnerWorker)
-        self.workers = [actor.remote(cfg, rank, n, "127.0.0.1", port) for rank in range(n)]
+        actor = ray.remote(LearnerWorker)
+        self.workers = [actor.options(**options[rank]).remote(cfg, rank, n, "127.0.0.1", port) for rank in range(n)]
         ray.get([w.ready.remote() for w in self.workers])
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:

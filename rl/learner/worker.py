@@ -115,6 +115,9 @@ class LearnerWorker:
     def ready(self) -> int:
         return self.rank
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def _micro_batches(self, batch: TrainBatch, topk: tuple[int, int] | None) -> list[MicroBatch]:
         lc = self.cfg.learner
         mbs = micro_batches(batch, lc.micro_batch_size, self.tok.pad_id, self.dtype,

@@ -1,8 +1,8 @@
 """The ``RolloutEngine`` protocol: what the agent loop and the trainer need from an engine.
 
 Any backend -- the skeleton's ``SimpleSampler``, the fast engine, a vLLM/SGLang adapter --
-implements this. The agent loop talks only to this protocol, in process or through a Ray
-actor (``RayEngineClient``).
+implements this. The agent loop talks only to this protocol, in process or through Ray
+actors (``rl/rollout/router.RoutedEngineClient``).
 """
 
 from __future__ import annotations
@@ -27,18 +27,3 @@ class RolloutEngine(Protocol):
         """Load a ``jointrl.rl.weight_sync.WeightBundle``; called between batches."""
         ...
 
-
-class RayEngineClient:
-    """Adapts one or more rollout-worker actor handles to ``RolloutEngine.generate``.
-
-    Requests of one GRPO group go to the same worker (``route_key``), so a backend with
-    prefix caching or fork can share their prefill.
-    """
-
-    def __init__(self, handles: list[Any], route_key: str = "") -> None:
-        if not handles:
-            raise ValueError("RayEngineClient needs at least one rollout worker handle")
-        self._handle = handles[hash(route_key) % len(handles)]
-
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
-        return await self._handle.generate.remote(prompt_ids, params)

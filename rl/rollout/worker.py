@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import torch
@@ -63,3 +64,6 @@ class RolloutWorker:
 
     def version(self) -> int:
         return self.engine.version
+
+    def pid(self) -> int:
+        return os.getpid()

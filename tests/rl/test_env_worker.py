@@ -4,27 +4,21 @@ import os
 import signal
 import time
 
-import pytest
 import ray
 
 from jointrl.envs.registry import load_tasks
 from jointrl.rl.config import load_config
 from jointrl.rl.env_worker import spawn_env_workers
+from jointrl.rl.rollout.router import spawn_router
 from jointrl.rl.rollout.worker import RolloutWorker
 from jointrl.rl.types import FinishReason
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def test_killed_env_worker_is_restarted_and_its_episodes_retried(cluster):
     cfg = load_config(["envs.num_workers=1", "rollout.max_tokens_per_turn=512"])  # episodes of several seconds
     rollout = [ray.remote(num_cpus=0, max_concurrency=100)(RolloutWorker).remote(cfg)]
-    (worker,) = spawn_env_workers(cfg, rollout)
+    router = spawn_router(1)  # the driver holds the router: env workers come and go
+    (worker,) = spawn_env_workers(cfg, rollout, router)
     task = load_tasks("terminal")[0]
     first_pid = ray.get(worker.pid.remote())
     ref = worker.run_groups.remote([(task, "g0")], 2, 1)
