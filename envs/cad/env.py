@@ -6,13 +6,15 @@ interpreter in the background (the CadQuery import overlaps the model's first tu
 closed solid, whether OCP finds it valid, its bounding box, volume, surface area, solid / face /
 edge counts, what it printed, or the error with the model's own line numbers -- and, with
 ``export`` set to ``"stl"`` or ``"step"``, also writes the part to ``/work/part.<ext>``.
+In image mode (a task's ``metadata["mode"] == "image"``, or ``CadEnv(image=True)``) each call
+that makes a solid also returns three shaded views of it as a PNG (``render.py``).
 ``submit(code)`` records the final program and ends the episode; ``verify_sandbox`` opens a
 fresh sandbox holding only that code (``/work/submission.py``), where
 ``rewards/cad_geometry.py`` rebuilds and scores it.
 
 Errors: a malformed call returns ``Observation(is_error=True)``; code that fails, times out
 or crashes the interpreter is a *result* (the interpreter restarts on the next call); a
-sandbox that cannot start raises ``EnvError``. Image mode (rendered views) is not built yet.
+sandbox that cannot start raises ``EnvError``.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import asyncio
 
 from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec, validate_call
 from jointrl.envs.cad.interpreter import CadConfig, CadSandbox, Reply
+from jointrl.envs.cad.render import png, render_views, triangles_from_stl
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
 
 SUBMISSION = "submission.py"
+VIEW_STL = ".view.stl"  # image mode: the mesh the host renders
 EXPORTS = ("stl", "step")
 
 RUN_CADQUERY = ToolSpec(
@@ -88,10 +92,12 @@ def describe(reply: Reply, timeout_s: float) -> str:
 
 
 class CadEnv:
-    """``Env`` for CAD tasks; ``cad`` sets the sandbox limits and the per-call timeout."""
+    """``Env`` for CAD tasks; ``cad`` sets the sandbox limits and the per-call timeout;
+    ``image`` turns image mode on for every task (else a task's ``metadata["mode"]`` decides)."""
 
-    def __init__(self, cad: CadConfig | None = None) -> None:
+    def __init__(self, cad: CadConfig | None = None, image: bool = False) -> None:
         self.cad = cad or CadConfig()
+        self.image_default, self.image = image, image
         self.tools: list[ToolSpec] = [RUN_CADQUERY, SUBMIT]
         self.task: Task | None = None
         self.sandbox: CadSandbox | None = None
@@ -108,6 +114,7 @@ class CadEnv:
             raise EnvError(f"cannot open a CAD sandbox for task {task.id!r}: {e}") from e
         self._warmup = asyncio.ensure_future(asyncio.to_thread(self.sandbox.warm))
         self.task, self.submitted, self.done, self.num_tool_errors = task, None, False, 0
+        self.image = self.image_default or task.metadata.get("mode") == "image"
         system = SYSTEM_PROMPT.format(timeout=self.cad.call_timeout_s)
         return [Message(role="system", content=system), Message(role="user", content=task.prompt)]
 
@@ -129,15 +136,27 @@ class CadEnv:
             self.submitted, self.done = code, True
             await asyncio.to_thread(self.sandbox.interrupt)  # its CPU goes to the reward's builds
             return Observation("Submitted.", done=True)
+        stl = "part.stl" if export == "stl" else VIEW_STL if self.image else None
         try:
-            reply = await asyncio.to_thread(self.sandbox.call, code, stl="part.stl" if export == "stl" else None,
+            reply = await asyncio.to_thread(self.sandbox.call, code, stl=stl,
                                             step="part.step" if export == "step" else None)
+            image = await asyncio.to_thread(self._views, stl) if reply.summary.get("num_solids") and self.image else None
         except OSError as e:
             raise EnvError(f"the CAD sandbox failed: {e}") from e
         text = describe(reply, self.cad.call_timeout_s)
         if export and reply.summary.get("num_solids"):
             text += f"\nwritten: /work/part.{export}"
-        return Observation(text)
+        if image is not None:
+            text += "\n[image: front, top and isometric views]"
+        return Observation(text, image=image)
+
+    def _views(self, stl: str) -> bytes | None:
+        """The PNG of the part's views, or None if its mesh cannot be read (the code wrote over it)."""
+        assert self.sandbox is not None
+        try:
+            return png(render_views(triangles_from_stl(self.sandbox.read_file(stl))))
+        except (FileNotFoundError, ValueError):
+            return None
 
     def verify_sandbox(self) -> BwrapSandbox:
         """A fresh sandbox holding only the submitted code, as ``/work/submission.py`` (none if

@@ -3,7 +3,8 @@
 A task record (one JSON line) holds ``id``, ``prompt``, ``reference`` (the CadQuery program
 whose solid is the target), ``wrong`` (a plausible-but-wrong program, for the policy tests),
 and optionally ``tier``, ``max_turns``, ``normalize`` and ``chamfer_tau`` (how
-``rewards/cad_geometry.py`` scores it). ``generate(seed, count)`` draws ``count`` parts,
+``rewards/cad_geometry.py`` scores it) and ``mode`` (``"image"``: tool results carry rendered
+views). ``generate(seed, count)`` draws ``count`` parts,
 cycling through the families of ``families.py``; the shipped file is
 ``python -m jointrl.envs.cad.tasks --seed 0 --count 48 --out envs/cad/data/tasks.jsonl``
 (a test checks it still equals the generator's output). A larger training set::
@@ -26,7 +27,7 @@ DATA = Path(__file__).parent / "data"
 TASKS_FILE = "tasks.jsonl"
 REWARD = {"cad_iou": 0.5, "cad_chamfer": 0.5}
 _REQUIRED = ("id", "prompt", "reference")
-_OPTIONAL = ("wrong", "tier", "max_turns", "normalize", "chamfer_tau")
+_OPTIONAL = ("wrong", "tier", "max_turns", "normalize", "chamfer_tau", "mode")
 
 
 def generate(seed: int, count: int) -> list[dict]:
@@ -50,7 +51,9 @@ def task_from_record(record: dict, source: str) -> Task:
     if missing or unknown:
         raise ValueError(f"{source}: task {record.get('id')!r} lacks string key(s) {missing} or has unknown "
                          f"key(s) {unknown}; allowed: {list(_REQUIRED + _OPTIONAL)}")
-    metadata = {k: record[k] for k in ("reference", "wrong", "normalize", "chamfer_tau") if k in record}
+    if record.get("mode", "text") not in ("text", "image"):
+        raise ValueError(f"{source}: task {record['id']!r}: mode must be 'text' or 'image', got {record['mode']!r}")
+    metadata = {k: record[k] for k in ("reference", "wrong", "normalize", "chamfer_tau", "mode") if k in record}
     return Task(id=record["id"], domain="cad", prompt=record["prompt"], tier=record.get("tier", "low"),
                 max_turns=int(record.get("max_turns", 6)), reward=dict(REWARD), metadata=metadata)
 

@@ -139,3 +139,42 @@ def test_env_protocols():
     env = CadEnv(CAD)
     assert isinstance(env, Env) and isinstance(env, Verifiable)
     assert [t.name for t in env.tools] == ["run_cadquery", "submit"]
+
+
+def png_pixels(data: bytes):
+    """(width, height, rows) of a grayscale 8-bit PNG as written by envs/cad/render.py."""
+    import struct
+    import zlib
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    raw = zlib.decompress(data[data.index(b"IDAT") + 4 : data.index(b"IEND") - 8])
+    return width, height, [raw[r * (width + 1) + 1 : (r + 1) * (width + 1)] for r in range(height)]
+
+
+def test_image_mode_returns_the_views():
+    task = load_tasks()[0]
+    plate = "result = cq.Workplane('XY').box(40, 40, 5).faces('>Z').workplane().hole(12)"
+
+    async def episode():
+        env = CadEnv(CAD, image=True)
+        try:
+            await env.reset(task)
+            return (await env.step(ToolCall(name="run_cadquery", arguments={"code": plate})),
+                    await env.step(ToolCall(name="run_cadquery", arguments={"code": "result = 1 / 0"})))
+        finally:
+            await env.close()
+
+    shown, failed = run(episode())
+    assert shown.text.endswith("[image: front, top and isometric views]") and failed.image is None
+    width, height, rows = png_pixels(shown.image)
+    assert (width, height) == (480, 160)
+    top = [row[160:320] for row in rows]  # the middle view looks down Z: the hole shows the background
+    assert top[80][80] == 255 and top[80][80 - 40] < 255  # the plate beside the hole is shaded
+
+
+def test_render_refuses_a_malformed_stl():
+    from jointrl.envs.cad.render import triangles_from_stl
+
+    with pytest.raises(ValueError, match="not a binary STL"):
+        triangles_from_stl(b"solid x\n" * 20)
