@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from jointrl.envs.base import Env, Task
+from jointrl.envs.splits import select
 
 # domain name -> module exposing load_tasks / make_env
 DOMAINS: dict[str, str] = {
@@ -34,9 +35,15 @@ def _module(domain: str) -> Any:
     return importlib.import_module(DOMAINS[domain])
 
 
-def load_tasks(domain: str, task_dir: str | None = None) -> list[Task]:
-    """The domain's shipped tasks, or those under ``task_dir``."""
-    return _module(domain).load_tasks(Path(task_dir) if task_dir else None)
+def load_tasks(domain: str, task_dir: str | None = None, split: str = "all") -> list[Task]:
+    """The domain's shipped tasks, or those under ``task_dir``; only ``split``'s
+    (``train`` | ``heldout`` | ``all``, ``jointrl.envs.splits``). An empty split is an error."""
+    tasks = _module(domain).load_tasks(Path(task_dir) if task_dir else None)
+    chosen = select(tasks, split)
+    if tasks and not chosen:
+        raise ValueError(f"domain {domain!r}: its {split!r} split is empty (all {len(tasks)} tasks are in the other "
+                         f"split); set envs.domains.{domain}.split=all to use them")
+    return chosen
 
 
 def make_env(domain: str, envs_cfg: Any) -> Env:

@@ -12,6 +12,7 @@ import random
 from collections import Counter
 
 from jointrl.envs.base import Task
+from jointrl.envs.registry import load_tasks
 from jointrl.rl.config import DomainConfig
 
 
@@ -39,6 +40,11 @@ class JointSampler:
                 task = dataclasses.replace(task, reward=dict(self.domains[domain].reward))
             out.append((task, f"s{step}-g{i}-{task.id}" if attempt == 0 else f"s{step}-r{attempt}-g{i}-{task.id}"))
         return out
+
+    @classmethod
+    def from_config(cls, domains: dict[str, DomainConfig], seed: int) -> JointSampler:
+        """Over each domain's configured tasks (``task_dir``) of its configured ``split``."""
+        return cls({d: load_tasks(d, dc.task_dir, dc.split) for d, dc in domains.items()}, domains, seed)
 
     @staticmethod
     def realized_mix(batch: list[tuple[Task, str]]) -> dict[str, float]:
