@@ -142,7 +142,7 @@ def _key(code: str) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _target(reference_sha: str, reference: str) -> Built:
+def _target(reference: str) -> Built:
     with BwrapSandbox(CadConfig().sandbox_config(), shell=False) as sandbox:
         stl, summary = build_stl(sandbox, reference, CadConfig())
     if stl is None:
@@ -187,7 +187,7 @@ def _pair(task: Task, episode: Episode):
     reference = task.metadata.get("reference")
     if not isinstance(reference, str):
         raise ValueError(f"CAD task {task.id!r} has no reference program (metadata['reference'])")
-    target = _target(_key(reference), reference).mesh
+    target = _target(reference).mesh
     built = _candidate(episode)
     if built.mesh is None:
         return None, built.error

@@ -73,3 +73,12 @@ def test_an_open_mesh_is_refused_and_a_bad_mode_named():
         iou(open_box, box(1, 1, 1))
     with pytest.raises(ValueError, match=r"normalize must be one of \('target', 'each', 'none'\)"):
         normalized(box(1, 1, 1), box(1, 1, 1), "unit")
+
+
+def test_doctests():
+    import doctest
+
+    from jointrl.rewards import cad_geometry
+
+    result = doctest.testmod(cad_geometry)
+    assert result.attempted >= 9 and result.failed == 0
