@@ -25,6 +25,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from jointrl.model.tokenizer import ByteTokenizer
+from jointrl.rewards.base import succeeded
 from jointrl.rl.advantages import AdvantageResult, grpo_advantages, normalize_rewards_by_domain
 from jointrl.rl.config import Config, register_schemas, to_config
 from jointrl.rl.env_worker import spawn_env_workers
@@ -210,7 +211,7 @@ def _step_metrics(trajs: list[Trajectory], adv_stats: dict, learner_metrics: dic
     for d, ts in by_domain.items():
         n, calls_d = len(ts), sum(t.num_tool_calls for t in ts)
         m[f"{d}/reward"] = sum(t.reward for t in ts) / n
-        m[f"{d}/success"] = sum(_succeeded(t) for t in ts) / n
+        m[f"{d}/success"] = sum(succeeded(t.reward_info) for t in ts) / n
         m[f"{d}/turns"] = sum(t.num_turns for t in ts) / n
         m[f"{d}/tool_error_rate"] = sum(t.num_tool_errors for t in ts) / max(calls_d, 1)
         m[f"{d}/response_tokens"] = sum(t.num_sampled for t in ts) / n
@@ -237,14 +238,6 @@ def _thinking_tokens(t: Trajectory) -> int:
         elif inside and m:
             n += 1
     return n
-
-
-def _succeeded(t: Trajectory) -> bool:
-    """Every outcome reward module (all but ``format``) scored 1.0; module scores sit in
-    ``reward_info`` under their names (``rewards.combine``)."""
-    scores = [v for k, v in t.reward_info.items()
-              if "/" not in k and k not in ("format", "raw_reward", "error") and isinstance(v, (int, float))]
-    return bool(scores) and all(v >= 1.0 for v in scores)
 
 
 register_schemas()
