@@ -158,9 +158,11 @@ class TextBrowser:
         self._lines = None  # values may change before the next view
         shown = lines[self.top: self.top + VIEW_LINES]
         head = f"URL: {self.url}\nTitle: {self.page.title}\n"
+        above, below = self.top > 0, self.top + VIEW_LINES < len(lines)
         tail = ""
-        if self.top > 0 or self.top + VIEW_LINES < len(lines):
-            tail = f"\n[lines {self.top + 1}-{self.top + len(shown)} of {len(lines)}; scroll to see more]"
+        if above or below:
+            where = "up or down" if above and below else "down" if below else "up"
+            tail = f"\n[lines {self.top + 1}-{self.top + len(shown)} of {len(lines)}; scroll {where} for more]"
         return head + "\n".join(shown) + tail
 
     # -- internals --------------------------------------------------------------------------

@@ -50,7 +50,15 @@ def test_pages_are_markdown_with_numbered_elements_and_forms_work():
             assert "1 line(s) match" in found.text and world.countries[country].currency in found.text
             back = await env.step(ToolCall("back", {}))
             assert back.text.startswith(f"URL: {base_url('wiki')}/\n")
-            return back
+            long = await env.step(ToolCall("goto", {"url": "/search?q=a"}))  # relative to the page
+            assert "Search results for 'a'" in long.text and "scroll down for more]" in long.text
+            down = await env.step(ToolCall("scroll", {"direction": "down"}))  # to the end, at most a screen
+            last = long.text.splitlines()[-2]
+            assert "# Search results" not in down.text and "scroll up for more]" in down.text
+            assert last in down.text and down.text.splitlines()[-2] not in long.text
+            up = await env.step(ToolCall("press", {"key": "Home"}))
+            assert up.text == long.text
+            return up
         finally:
             await env.close()
 
