@@ -1,8 +1,9 @@
 """Every shipped office task through the real template, parser, agent loop, bwrap sandbox and checker.
 
-The default tier plays a fast subset (a workbook lookup, a report edit, a report summarized into
-slides: no LibreOffice run; tests/envs/office/test_env.py covers recalculation); ``pytest -m slow``
-plays every task's oracle (1.0), no-op (0.0) and plausible-but-wrong (0.0) policy.
+The default tier plays a fast subset (one task per document kind: a workbook lookup, a report
+edit, a deck lookup; no LibreOffice run: tests/envs/office/test_env.py covers recalculation and
+the checker on workbooks); ``pytest -m slow`` plays every task's oracle (1.0), no-op (0.0) and
+plausible-but-wrong (0.0) policy.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.skipif(
 
 TASKS = load_tasks()
 TPL = ChatTemplate()
-FAST = {"budget-lookup-0", "report-edit-0", "report-to-slides-0"}
+FAST = {"budget-lookup-0", "report-edit-0", "deck-lookup-0"}
 
 
 def run(task, turns):
@@ -66,3 +67,24 @@ def test_malformed_tool_calls_reach_the_model_as_errors_and_the_episode_goes_on(
     errors = [m.content for m in traj.messages if m.role == "tool" and m.content.startswith("Error:")]
     assert "not valid JSON" in errors[0] and "missing required argument(s) ['path']" in errors[1]
     assert "applies to ['.pptx'] documents" in errors[2]
+
+
+def test_a_hedged_answer_scores_zero():
+    task = next(t for t in TASKS if t.id == "budget-lookup-0")
+    oracle = load_policy(task, "oracle")
+    right = oracle[-1][0].arguments["text"]
+    wrong = load_policy(task, "wrong")[-1][0].arguments["text"]
+    traj = run(task, [*oracle[:-1], [ToolCall("answer", {"text": f"{wrong} or {right}"})]])
+    assert traj.reward == 0.0 and traj.finish_reason == FinishReason.STOP
+
+
+@pytest.mark.slow
+def test_a_total_typed_in_behind_an_equals_sign_scores_zero():
+    """add-cost-line's oracle, but the total written as ``=<number>``: right value, no live formula."""
+    task = next(t for t in TASKS if t.id == "add-cost-line-0")
+    oracle = load_policy(task, "oracle")
+    total = next(c["equals"] for c in task.metadata["checks"] if c["type"] == "cell_value" and c["cell"] == "B2")
+    fix = oracle[2][0]
+    hack = [ToolCall("edit_document", {**fix.arguments, "value": f"={total}"})]
+    traj = run(task, [*oracle[:2], hack, oracle[3]])
+    assert traj.reward == 0.0 and traj.reward_info["office_checks/failed"] == ["#3 cell_formula"], traj.reward_info

@@ -209,3 +209,20 @@ def test_four_episodes_recalculate_at_once_without_collisions(tmp_path):
         assert not any(o.is_error for o in obs), [o.text for o in obs]
         want = old_total + 1000 * (i + 1)
         assert f"B2={want!r} [=Costs!B{t}]" in obs[-1].text, (i, want, obs[-1].text)
+
+
+@pytest.mark.slow
+def test_four_recalculations_in_one_tmp_do_not_collide(tmp_path):
+    """The same on the host, where the four LibreOffice processes share /tmp (the build's case):
+    each makes its own profile, so none hands its document to another's running instance."""
+    procs = []
+    for i in range(1, 5):
+        (tmp_path / str(i)).mkdir()
+        spec = {"kind": "xlsx", "sheets": [{"name": "S", "rows": [[i], ["=A1*10"]]}]}
+        args = json.dumps({"dir": str(tmp_path / str(i)), "files": {"w.xlsx": spec}})
+        tool = str(office_env.TOOL_DIR / "office_tool.py")
+        procs.append(subprocess.Popen([f"{office_env.TOOL_VENV}/bin/python", "-I", tool, "render", args],
+                                      stdout=subprocess.PIPE, text=True))
+    assert all(json.loads(p.communicate(timeout=600)[0])["ok"] for p in procs)
+    for i in range(1, 5):
+        assert _openpyxl_reads(tmp_path / str(i) / "w.xlsx", "S", "A2") == str(10 * i)
