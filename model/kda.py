@@ -58,6 +58,33 @@ def kda_recurrent(q_BTNK: torch.Tensor, k_BTNK: torch.Tensor, v_BTNV: torch.Tens
     return o_BTNV, S_BNKV
 
 
+# Largest per-chunk log-decay span |Γ_C| for which `_decayed_products` factorises exp(Γ_i − Γ_j):
+# the factors stay within exp(±span/2) and every product within exp(±span), far from overflow.
+_FACTORED_SPAN = {torch.float32: 80.0, torch.float64: 600.0}
+
+
+def _decayed_products(k: torch.Tensor, q: torch.Tensor, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K, M) [.., C, C] with X[i, j] = Σ_d x_i[d] k_j[d] exp(Γ_i[d] − Γ_j[d]) for j ≤ i (x = k, q), 0 above.
+
+    Two exact forms. Factored (the fast one, two matmuls per chunk): exp(Γ_i − Γ_j) =
+    exp(Γ_i − Γ_C/2) · exp(Γ_C/2 − Γ_j), used when every chunk's span −Γ_C is small enough that
+    these factors cannot overflow (always, unless a chunk forgets more than e^−80 per channel in
+    float32). Otherwise the direct form, with only non-positive exponents, through a [.., C, C, K]
+    tensor (C times the memory, several times slower). The entries above the diagonal are dropped
+    by `tril`, not multiplied by 0, so a large value there never reaches a gradient.
+    """
+    C = G.shape[-2]
+    G_last = G[..., -1:, :]
+    if G.dtype in _FACTORED_SPAN and -G_last.min().item() <= _FACTORED_SPAN[G.dtype]:
+        mid = 0.5 * G_last
+        k_right = (k * (mid - G).exp()).transpose(-1, -2)[..., None, :, :]  # [.., 1, K, C]
+        left = torch.stack((k, q), dim=-3) * (G - mid).exp()[..., None, :, :]  # [.., 2, C, K]
+        return (left @ k_right).tril().unbind(-3)
+    incl_CC1 = torch.ones(C, C, dtype=torch.bool, device=G.device).tril()[..., None]
+    k_decay = k[..., None, :, :] * (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~incl_CC1, float("-inf")).exp()
+    return (k[..., :, None, :] * k_decay).sum(-1), (q[..., :, None, :] * k_decay).sum(-1)
+
+
 def kda_chunked(q_BTNK: torch.Tensor, k_BTNK: torch.Tensor, v_BTNV: torch.Tensor, g_BTNK: torch.Tensor,
                 beta_BTN: torch.Tensor, state_BNKV: torch.Tensor | None = None, chunk: int = 64
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,8 +99,11 @@ def kda_chunked(q_BTNK: torch.Tensor, k_BTNK: torch.Tensor, v_BTNV: torch.Tensor
         O = (q ⊙ exp(Γ)) S + M Δ,  M[i, j] = Σ_d q_i[d] k_j[d] exp(Γ_i[d] − Γ_j[d])   (j ≤ i)
         S' = exp(Γ_C) ⊙ S + (k ⊙ exp(Γ_C − Γ))ᵀ Δ
 
-    Every exponent is ≤ 0, so nothing overflows. Memory per step is O(C²·K) per head (the decayed
-    products), one chunk at a time. Returns (o [B, T, N, V], final state [B, N, K, V]).
+    Every exponent here is ≤ 0 (A and M: see `_decayed_products`). A, M, U, W depend on the chunk's own tokens only, so
+    they are computed for all chunks at once (batched over chunks: few, large ops, which is what makes
+    training on CPU affordable); only the state hand-over S → S' (two small matmuls per chunk) runs
+    chunk by chunk, and the outputs are again one batched product over chunks. Memory is O(T·C·K) per
+    head (the decayed products of every chunk). Returns (o [B, T, N, V], final state [B, N, K, V]).
     """
     B, T, N, K = k_BTNK.shape
     V = v_BTNV.shape[-1]
@@ -85,32 +115,29 @@ def kda_chunked(q_BTNK: torch.Tensor, k_BTNK: torch.Tensor, v_BTNV: torch.Tensor
         x = F.pad(x, (0, 0, 0, pad)) if x.dim() == 4 else F.pad(x, (0, pad))
         return x.reshape(B, N, -1, C, *x.shape[3:])
     q, k, v, g = (split(x) for x in (q_BTNK * K ** -0.5, k_BTNK, v_BTNV, g_BTNK))
-    beta = split(beta_BTN)
+    beta_BNnC1 = split(beta_BTN)[..., None]
     S = (torch.zeros(B, N, K, V, dtype=v.dtype, device=v.device)
          if state_BNKV is None else state_BNKV.to(v.dtype))
-    eye_CC = torch.eye(C, dtype=v.dtype, device=v.device)
-    strict_CC = torch.ones(C, C, dtype=torch.bool, device=v.device).tril(-1)
-    incl_CC = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
-    outs = []
-    for c in range(q.shape[2]):
-        q_c, k_c, v_c, b_c = q[:, :, c], k[:, :, c], v[:, :, c], beta[:, :, c]
-        G_c = g[:, :, c].cumsum(dim=-2)                                   # [B, N, C, K]
-        diff_CCK = (G_c[..., :, None, :] - G_c[..., None, :, :])          # Γ_i − Γ_j
-        decay_CCK = diff_CCK.masked_fill(~incl_CC[..., None], float("-inf")).exp()
-        A_CC = (b_c[..., None, None] * k_c[..., :, None, :] * k_c[..., None, :, :] * decay_CCK).sum(-1)
-        A_CC = A_CC.masked_fill(~strict_CC, 0.0)
-        rhs = torch.cat((b_c[..., None] * v_c, b_c[..., None] * k_c * G_c.exp()), dim=-1)
-        UW = torch.linalg.solve_triangular(A_CC + eye_CC, rhs, upper=False, unitriangular=True)
-        U, W = UW.split((V, K), dim=-1)
-        delta = U - W @ S
-        M_CC = (q_c[..., :, None, :] * k_c[..., None, :, :] * decay_CCK).sum(-1)
-        outs.append((q_c * G_c.exp()) @ S + M_CC @ delta)
-        G_last = G_c[..., -1:, :]                                          # [B, N, 1, K]
-        S = G_last.transpose(-1, -2).exp() * S + (k_c * (G_last - G_c).exp()).transpose(-1, -2) @ delta
-    if not outs:  # T == 0
+    if T == 0:
         return v_BTNV.new_zeros(B, 0, N, V), S
-    o = torch.stack(outs, dim=2).reshape(B, N, -1, V)[:, :, :T]
-    return o.transpose(1, 2), S
+    G = g.cumsum(dim=-2)                                                   # [B, N, n, C, K]
+    A, M = _decayed_products(k, q, G)
+    A = A.tril(-1) * beta_BNnC1                                            # [B, N, n, C, C]
+    rhs = torch.cat((beta_BNnC1 * v, beta_BNnC1 * k * G.exp()), dim=-1)
+    UW = torch.linalg.solve_triangular(A + torch.eye(C, dtype=v.dtype, device=v.device), rhs,
+                                       upper=False, unitriangular=True)
+    U, W = UW.split((V, K), dim=-1)
+    G_last = G[..., -1:, :]                                                # [B, N, n, 1, K]
+    k_to_end_BNnKC = (k * (G_last - G).exp()).transpose(-1, -2)
+    decay_end_BNnK1 = G_last.transpose(-1, -2).exp()
+    states, deltas = [], []
+    for c in range(q.shape[2]):
+        states.append(S)
+        delta = U[:, :, c] - W[:, :, c] @ S
+        deltas.append(delta)
+        S = decay_end_BNnK1[:, :, c] * S + k_to_end_BNnKC[:, :, c] @ delta
+    o = (q * G.exp()) @ torch.stack(states, dim=2) + M @ torch.stack(deltas, dim=2)   # [B, N, n, C, V]
+    return o.reshape(B, N, -1, V)[:, :, :T].transpose(1, 2), S
 
 
 def causal_conv(x_BCT: torch.Tensor, weight_CW: torch.Tensor, state_BCw: torch.Tensor | None

@@ -70,6 +70,23 @@ def test_chunked_equals_recurrent_fp64(T):
     assert (s_rec - s_chk).abs().max() < 1e-10
 
 
+
+@pytest.mark.parametrize("decay, chunk", [(0.7, 16), (30.0, 64)])
+def test_chunked_gradients_equal_recurrent_fp64(decay, chunk):
+    """Training differentiates the chunked form: its gradients (every input, the initial state
+    included) equal the token-by-token recurrence's. decay 30 with chunk 64 forgets more than e^-600
+    inside a chunk, so the chunk's decayed products take the direct (non-factored) form."""
+    q, k, v, g, beta, s0 = _inputs(2, 70, 3, 8, seed=7)
+    g = g * (decay / 0.7)
+    results = []
+    for form in (lambda *x: kda_recurrent(*x), lambda *x: kda_chunked(*x, chunk=chunk)):
+        inputs = [x.clone().requires_grad_() for x in (q, k, v, g, beta, s0)]
+        o, s = form(*inputs)
+        (o.square().sum() + s.square().sum()).backward()
+        results.append([o.detach(), s.detach()] + [x.grad for x in inputs])
+    for ref, got in zip(*results, strict=True):
+        assert (ref - got).abs().max() < 1e-10 * max(1.0, ref.abs().max().item())
+
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 200])
 def test_layer_chunked_equals_recurrent_and_split_prefill_fp64(T):
     """The whole layer, both forms, and a prefill split in two continued through its states."""
