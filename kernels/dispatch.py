@@ -11,6 +11,12 @@ inputs. The backend is one process-wide setting:
 
 Set it with :func:`set_backend`, for a block with ``with backend("triton"): ...``, or at start
 with the environment variable ``JOINTRL_KERNEL_BACKEND``.
+
+The ops that dispatch here: ``mxfp4.quantize_mxfp4`` / ``dequantize_mxfp4``,
+``moe_matmul.moe_swiglu_mxfp4`` / ``moe_down_mxfp4`` / ``moe_experts_mxfp4``,
+``paged_attention.paged_attention_decode``, ``kda.kda_recurrent`` / ``kda_chunk`` (forward and
+backward), ``dsa.indexer_scores`` / ``sparse_attention`` (forward and backward) and
+``topk.select_topk``.
 """
 
 from __future__ import annotations

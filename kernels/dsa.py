@@ -4,9 +4,9 @@ selected keys, as Triton kernels beside their torch references.
 * ``indexer_scores(q_BTnD, w_BTn, k_BSD)``: ``I[b, t, s] = Σ_j w[b, t, j] · ReLU(q_j[b, t] · k[b, s]
   / √Di)`` (``model.dsa.LightningIndexer.scores``), fp32. Visibility (causality, padding) is the
   caller's mask on the result.
-* ``select_topk(scores_BTS, visible_BTS, k)``: the k visible keys with the largest scores, ties
-  to the most recent key (``model.dsa.topk_mask``'s rule), as ids ``[B, T, k]`` padded with -1.
-  Plain torch on every device (a sort): no Triton kernel.
+* ``select_topk(scores_BTS, visible_BTS, k)`` (``kernels/topk.py``, re-exported here): the k
+  visible keys with the largest scores, ties to the most recent key (``model.dsa.topk_mask``'s
+  rule), as ids ``[B, T, k]`` in position order padded with -1.
 * ``sparse_attention(q_BTHD, k_BSHD, v_BSHD, ids_BTk)``: ``o[b, t, h] = softmax_i(q·k_{ids[i]} ·
   scale) v_{ids[i]}`` over the selected keys (-1 entries skipped; a query with none gets zeros),
   GQA (query head h reads kv head ``h // (Hq / Hkv)``), forward and backward
@@ -35,6 +35,7 @@ import triton.language as tl
 from torch import Tensor
 
 from jointrl.kernels.dispatch import interpreting, launcher, use_triton
+from jointrl.kernels.topk import select_topk
 
 __all__ = ["INDEXER_CONFIG", "SPARSE_CONFIG", "indexer_scores", "select_topk", "sparse_attention"]
 
@@ -312,20 +313,6 @@ def indexer_scores(q_BTnD: Tensor, w_BTn: Tensor, k_BSD: Tensor) -> Tensor:
     if q_BTnD.dtype != torch.float64 and use_triton(q_BTnD.device):
         return _indexer_scores_triton(q_BTnD, w_BTn, k_BSD)
     return _indexer_scores_torch(q_BTnD, w_BTn, k_BSD)
-
-
-def select_topk(scores_BTS: Tensor, visible_BTS: Tensor, k: int) -> Tensor:
-    """Ids ``[B, T, k]`` (int32) of the k visible keys with the largest scores, ties to the most
-    recent key; slots beyond the number of visible keys hold -1. Torch on every device."""
-    S = scores_BTS.shape[-1]
-    masked = scores_BTS.masked_fill(~visible_BTS, float("-inf")).flip(-1)
-    order = torch.sort(masked, dim=-1, descending=True, stable=True).indices[..., :k]
-    ids = S - 1 - order
-    keep = torch.gather(visible_BTS, -1, ids)
-    ids = torch.where(keep, ids, -1).to(torch.int32)
-    if ids.shape[-1] < k:
-        ids = F.pad(ids, (0, k - ids.shape[-1]), value=-1)
-    return ids
 
 
 def sparse_attention(q_BTHD: Tensor, k_BSHD: Tensor, v_BSHD: Tensor, ids_BTk: Tensor,

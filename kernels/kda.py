@@ -1,5 +1,5 @@
-"""Kimi Delta Attention (KDA): the recurrent step (decode) and the chunked forward (prefill)
-as Triton kernels.
+"""Kimi Delta Attention (KDA): the recurrent step (decode) and the chunked form (prefill and
+training, forward and backward) as Triton kernels.
 
 Per head, with q, k already L2-normalised (``model/kda.py`` does that, and the short conv),
 q scaled by ``K^-1/2`` here, channel-wise log-decay ``g_t ∈ R^K`` (≤ 0) and ``β_t`` a scalar:
@@ -10,17 +10,26 @@ q scaled by ``K^-1/2`` here, channel-wise log-decay ``g_t ∈ R^K`` (≤ 0) and 
 computed as ``S ← exp(g) ⊙ S; Δ = β (v − Sᵀ k); S ← S + k Δᵀ; o = Sᵀ q`` token by token, the same
 order of operations as ``model.kda.kda_recurrent``. The kernel keeps a ``[K, BLOCK_V]`` slice of
 the state in registers for all T tokens (one program per (batch, head, value block)), so a
-decode step reads the state once and writes it once. ``kda_chunk_forward`` computes the same
+decode step reads the state once and writes it once. ``kda_chunk`` computes the same
 recurrence 16 tokens at a time in the WY form (``model.kda.kda_chunked``'s algebra: per chunk a
 16×16 unit-triangular inverse by forward substitution, then matmuls against the state), one
-program per (batch, head, value block) walking the chunks in order. Forward only; the chunked
-backward is not written yet (issue #4): training differentiates the torch reference.
+program per (batch, head, value block) walking the chunks in order.
 
-Everything is computed in fp32 (float64 inputs take the torch reference); o and the final
-state come back in fp32, as the model's reference returns them.
+Its backward (an ``autograd.Function``) follows flash-linear-attention's plan for
+``chunk_kda``'s backward in a simpler shape: first recompute the state entering every chunk
+(the forward kernel with ``STATES_ONLY``), then one program per (batch, head, value block)
+walks the chunks in reverse, carrying ∂L/∂state, and differentiates each chunk's WY
+algebra by hand (the formulas are in ``_kda_chunk_bwd_kernel``). fla splits this into
+several kernels that run the chunks in parallel and only the state gradient sequentially;
+here the whole chunk backward is sequential per program (less parallel, one launch).
 
-Layout (kernels/ convention): torch reference, Triton kernel, launcher, public function.
-Forward only.
+Everything is computed in fp32 (the public functions send float64 inputs to the torch
+reference; the private launchers run float64 in the kernels too, which the interpreter tests
+use to check the algebra); o and the final state come back in fp32, as the model's reference
+returns them, and gradients in their inputs' dtypes.
+
+Layout (kernels/ convention): torch reference, Triton kernels, launchers, autograd Function,
+public functions.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from torch import Tensor
 
 from jointrl.kernels.dispatch import launcher, use_triton
 
-__all__ = ["CHUNK_CONFIG", "RECURRENT_CONFIG", "kda_chunk_forward", "kda_recurrent"]
+__all__ = ["CHUNK_BWD_CONFIG", "CHUNK_CONFIG", "RECURRENT_CONFIG", "kda_chunk", "kda_recurrent"]
 
 
 class RecurrentConfig(NamedTuple):
@@ -52,6 +61,14 @@ class ChunkConfig(NamedTuple):
 
 
 CHUNK_CONFIG = ChunkConfig(chunk=16, block_v=32, num_warps=4)
+
+
+class ChunkBwdConfig(NamedTuple):
+    block_v: int  # value columns per program (dq, dk, dg, dβ are summed over value blocks)
+    num_warps: int
+
+
+CHUNK_BWD_CONFIG = ChunkBwdConfig(block_v=32, num_warps=8)
 
 
 # ---------------------------------------------------------------------------------------
@@ -120,17 +137,51 @@ def _kda_recurrent_kernel(
 
 
 @triton.jit
+def _load_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, row, t_ok, kk, k_ok, cc, K, scale, CHUNK: tl.constexpr,
+                cd: tl.constexpr):
+    """One chunk's q (scaled), k, Γ = cumsum g, Γ_last = Γ[CHUNK − 1] and β, in the compute dtype cd.
+
+    Rows past T load as zeros, so they leave the state unchanged and Γ_last is the last real row's Γ.
+    """
+    kmask = t_ok[:, None] & k_ok[None, :]
+    offs = row[:, None] * K + kk[None, :]
+    q = tl.load(q_ptr + offs, mask=kmask, other=0.0).to(cd) * scale
+    k = tl.load(k_ptr + offs, mask=kmask, other=0.0).to(cd)
+    G = tl.cumsum(tl.load(g_ptr + offs, mask=kmask, other=0.0).to(cd), axis=0)
+    G_last = tl.sum(tl.where((cc == CHUNK - 1)[:, None], G, 0.0), axis=0)
+    beta = tl.load(beta_ptr + row, mask=t_ok, other=0.0).to(cd)
+    return q, k, G, G_last, beta
+
+
+@triton.jit
+def _wy_inverse(k_up, k_down, beta, cc, CHUNK: tl.constexpr):
+    """KK = (k e^Γ)(k e^-Γ)ᵀ and X = (I + A)⁻¹ for A = strict_lower(β ⊙ KK), row by row by forward
+    substitution: X_i = e_i − Σ_{j<i} A_ij X_j (CHUNK steps of a [CHUNK, CHUNK] update)."""
+    KK = tl.dot(k_up, tl.trans(k_down), input_precision="ieee")
+    A = tl.where(cc[:, None] > cc[None, :], beta[:, None] * KK, 0.0)
+    X = tl.zeros([CHUNK, CHUNK], KK.dtype)
+    for i in range(CHUNK):
+        a_i = tl.sum(tl.where((cc == i)[:, None], A, 0.0), axis=0)  # row i of A, [CHUNK]
+        x_i = (cc == i).to(KK.dtype) - tl.sum(a_i[:, None] * X, axis=0)
+        X = tl.where((cc == i)[:, None], x_i[None, :], X)
+    return KK, X
+
+
+@triton.jit
 def _kda_chunk_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, o_ptr, s_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s0_ptr, o_ptr, s_ptr, h_ptr,
     T, N, K, V, scale,
-    HAS_STATE: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    HAS_STATE: tl.constexpr, STATES_ONLY: tl.constexpr, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     """Program (b·N + n, value block): the WY chunked form, CHUNK tokens per step.
 
     Within a chunk (Γ = cumsum g from the chunk start, S the entering state):
     A = strict_lower(β ⊙ (k e^Γ)(k e^-Γ)ᵀ); L⁻¹ = (I + A)⁻¹ by forward substitution;
     Δ = L⁻¹(β v) − L⁻¹(β k e^Γ) S; o = (q e^Γ) S + lower(q e^Γ (k e^-Γ)ᵀ) Δ;
-    S ← e^Γ_last ⊙ S + (k e^(Γ_last − Γ))ᵀ Δ. Same shapes as the recurrent kernel.
+    S ← e^Γ_last ⊙ S + (k e^(Γ_last − Γ))ᵀ Δ. Same shapes as the recurrent kernel, and
+    h [B, N, n_chunks, K, V]: with STATES_ONLY, the state entering every chunk is stored there
+    instead of o (the backward's recomputation). fp32 throughout, fp64 for fp64 states.
     """
     bn = tl.program_id(0)
     b = bn // N
@@ -140,45 +191,129 @@ def _kda_chunk_fwd_kernel(
     cc = tl.arange(0, CHUNK)
     k_ok = kk < K
     v_ok = vv < V
-    s_offs = bn.to(tl.int64) * K * V + kk[:, None] * V + vv[None, :]
+    s_offs = kk[:, None] * V + vv[None, :]
     s_mask = k_ok[:, None] & v_ok[None, :]
+    cd = s_ptr.dtype.element_ty
     if HAS_STATE:
-        S = tl.load(s0_ptr + s_offs, mask=s_mask, other=0.0).to(tl.float32)
+        S = tl.load(s0_ptr + bn.to(tl.int64) * K * V + s_offs, mask=s_mask, other=0.0).to(cd)
     else:
-        S = tl.zeros([BLOCK_K, BLOCK_V], tl.float32)
-    strict = cc[:, None] > cc[None, :]
-    incl = cc[:, None] >= cc[None, :]
-    for t0 in range(0, T, CHUNK):
-        t = t0 + cc
+        S = tl.zeros([BLOCK_K, BLOCK_V], cd)
+    n_chunks = tl.cdiv(T, CHUNK)
+    for c in range(n_chunks):
+        t = c * CHUNK + cc
         t_ok = t < T
         row = (b.to(tl.int64) * T + t) * N + n
-        kmask = t_ok[:, None] & k_ok[None, :]
-        k = tl.load(k_ptr + row[:, None] * K + kk[None, :], mask=kmask, other=0.0).to(tl.float32)
-        q = tl.load(q_ptr + row[:, None] * K + kk[None, :], mask=kmask, other=0.0).to(tl.float32) * scale
-        g = tl.load(g_ptr + row[:, None] * K + kk[None, :], mask=kmask, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + row[:, None] * V + vv[None, :], mask=t_ok[:, None] & v_ok[None, :], other=0.0).to(tl.float32)
-        beta = tl.load(beta_ptr + row, mask=t_ok, other=0.0).to(tl.float32)
-        G = tl.cumsum(g, axis=0)
-        G_last = tl.sum(tl.where((cc == CHUNK - 1)[:, None], G, 0.0), axis=0)  # [BLOCK_K]
+        q, k, G, G_last, beta = _load_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, row, t_ok, kk, k_ok, cc, K, scale, CHUNK, cd)
+        v_mask = t_ok[:, None] & v_ok[None, :]
+        v = tl.load(v_ptr + row[:, None] * V + vv[None, :], mask=v_mask, other=0.0).to(cd)
         k_up = k * tl.exp(G)
         k_down = k * tl.exp(-G)
-        q_up = q * tl.exp(G)
-        A = tl.where(strict, beta[:, None] * tl.dot(k_up, tl.trans(k_down), input_precision="ieee"), 0.0)
-        # (I + A)^-1, row by row: X_i = e_i - sum_{j<i} A_ij X_j
-        X = tl.zeros([CHUNK, CHUNK], tl.float32)
-        for i in tl.static_range(CHUNK):
-            a_i = tl.sum(tl.where((cc == i)[:, None], A, 0.0), axis=0)  # row i of A, [CHUNK]
-            x_i = (cc == i).to(tl.float32) - tl.sum(a_i[:, None] * X, axis=0)
-            X = tl.where((cc == i)[:, None], x_i[None, :], X)
+        _, X = _wy_inverse(k_up, k_down, beta, cc, CHUNK)
         U = tl.dot(X, beta[:, None] * v, input_precision="ieee")
         W = tl.dot(X, beta[:, None] * k_up, input_precision="ieee")
         delta = U - tl.dot(W, S, input_precision="ieee")
-        M = tl.where(incl, tl.dot(q_up, tl.trans(k_down), input_precision="ieee"), 0.0)
-        o = tl.dot(q_up, S, input_precision="ieee") + tl.dot(M, delta, input_precision="ieee")
-        tl.store(o_ptr + row[:, None] * V + vv[None, :], o, mask=t_ok[:, None] & v_ok[None, :])
+        if STATES_ONLY:
+            tl.store(h_ptr + (bn.to(tl.int64) * n_chunks + c) * K * V + s_offs, S, mask=s_mask)
+        else:
+            q_up = q * tl.exp(G)
+            M = tl.where(cc[:, None] >= cc[None, :], tl.dot(q_up, tl.trans(k_down), input_precision="ieee"), 0.0)
+            o = tl.dot(q_up, S, input_precision="ieee") + tl.dot(M, delta, input_precision="ieee")
+            tl.store(o_ptr + row[:, None] * V + vv[None, :], o, mask=v_mask)
         S = tl.exp(G_last)[:, None] * S + tl.dot(tl.trans(k * tl.exp(G_last[None, :] - G)), delta,
                                                  input_precision="ieee")
-    tl.store(s_ptr + s_offs, S, mask=s_mask)
+    tl.store(s_ptr + bn.to(tl.int64) * K * V + s_offs, S, mask=s_mask)
+
+
+@triton.jit
+def _kda_chunk_bwd_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, h_ptr, do_ptr, dst_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dg_ptr, dbeta_ptr, ds0_ptr,
+    T, N, K, V, scale,
+    CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """Program (b·N + n, value block vb): the chunks in reverse, carrying dS = ∂L/∂(state leaving
+    the chunk), [K, BLOCK_V], from dst (∂L/∂final state) down to ds0 (∂L/∂initial state).
+
+    Per chunk, with qg = q e^Γ, kg = k e^Γ, kn = k e^-Γ, kd = k e^(Γ_last − Γ), S = h[chunk]
+    and U, W, Δ, M, X as in the forward (reverse-mode of its five lines, last to first):
+        dΔ = Mᵀ dO + kd dS;   dM = lower(dO Δᵀ);   dkd = Δ dSᵀ;   dW = −dΔ Sᵀ
+        dqg = dO Sᵀ + dM kn;  dkn = dMᵀ qg + dKKᵀ kg;   dbv = Xᵀ dΔ;   dbkg = Xᵀ dW
+        dA = −strict_lower(dbv Uᵀ + dbkg Wᵀ);   dKK = β ⊙ dA;   dkg = dKK kn + β dbkg
+        dβ = rowsum(dA ⊙ KK + dbv ⊙ v + dbkg ⊙ kg);   dv = β dbv
+        dΓ = dqg⊙qg + dkg⊙kg − dkn⊙kn − dkd⊙kd,
+            plus at the last row colsum(dkd⊙kd) + e^Γ_last ⊙ rowsum(dS⊙S)
+        dg = reverse cumsum of dΓ;   dS ← e^Γ_last ⊙ dS + qgᵀ dO − Wᵀ dΔ
+    dv and ds0 cover only this program's value block and are complete; dq, dk, dg, dβ are its
+    share of a sum over value blocks: they go to [n_vblocks, ...] buffers indexed by vb.
+    """
+    bn = tl.program_id(0)
+    vb = tl.program_id(1)
+    b = bn // N
+    n = bn % N
+    kk = tl.arange(0, BLOCK_K)
+    vv = vb * BLOCK_V + tl.arange(0, BLOCK_V)
+    cc = tl.arange(0, CHUNK)
+    k_ok = kk < K
+    v_ok = vv < V
+    s_offs = kk[:, None] * V + vv[None, :]
+    s_mask = k_ok[:, None] & v_ok[None, :]
+    cd = h_ptr.dtype.element_ty
+    dS = tl.load(dst_ptr + bn.to(tl.int64) * K * V + s_offs, mask=s_mask, other=0.0).to(cd)
+    n_chunks = tl.cdiv(T, CHUNK)
+    part = vb.to(tl.int64) * tl.num_programs(0) * T  # this value block's slice of the partial sums, in rows
+    strict = cc[:, None] > cc[None, :]
+    incl = cc[:, None] >= cc[None, :]
+    for i in range(n_chunks):
+        c = n_chunks - 1 - i
+        t = c * CHUNK + cc
+        t_ok = t < T
+        row = (b.to(tl.int64) * T + t) * N + n
+        q, k, G, G_last, beta = _load_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, row, t_ok, kk, k_ok, cc, K, scale, CHUNK, cd)
+        v_mask = t_ok[:, None] & v_ok[None, :]
+        v = tl.load(v_ptr + row[:, None] * V + vv[None, :], mask=v_mask, other=0.0).to(cd)
+        do = tl.load(do_ptr + row[:, None] * V + vv[None, :], mask=v_mask, other=0.0).to(cd)
+        S = tl.load(h_ptr + (bn.to(tl.int64) * n_chunks + c) * K * V + s_offs, mask=s_mask, other=0.0)
+        e_up = tl.exp(G)
+        e_down = tl.exp(-G)
+        e_dec = tl.exp(G_last[None, :] - G)
+        qg = q * e_up
+        kg = k * e_up
+        kn = k * e_down
+        kd = k * e_dec
+        KK, X = _wy_inverse(kg, kn, beta, cc, CHUNK)
+        U = tl.dot(X, beta[:, None] * v, input_precision="ieee")
+        W = tl.dot(X, beta[:, None] * kg, input_precision="ieee")
+        delta = U - tl.dot(W, S, input_precision="ieee")
+        M = tl.where(incl, tl.dot(qg, tl.trans(kn), input_precision="ieee"), 0.0)
+
+        d_delta = tl.dot(tl.trans(M), do, input_precision="ieee") + tl.dot(kd, dS, input_precision="ieee")
+        dM = tl.where(incl, tl.dot(do, tl.trans(delta), input_precision="ieee"), 0.0)
+        dkd = tl.dot(delta, tl.trans(dS), input_precision="ieee")
+        dW = -tl.dot(d_delta, tl.trans(S), input_precision="ieee")
+        dqg = tl.dot(do, tl.trans(S), input_precision="ieee") + tl.dot(dM, kn, input_precision="ieee")
+        dbv = tl.dot(tl.trans(X), d_delta, input_precision="ieee")
+        dbkg = tl.dot(tl.trans(X), dW, input_precision="ieee")
+        dA = -tl.where(strict, tl.dot(dbv, tl.trans(U), input_precision="ieee")
+                       + tl.dot(dbkg, tl.trans(W), input_precision="ieee"), 0.0)
+        dKK = beta[:, None] * dA
+        dkg = tl.dot(dKK, kn, input_precision="ieee") + beta[:, None] * dbkg
+        dkn = tl.dot(tl.trans(dM), qg, input_precision="ieee") + tl.dot(tl.trans(dKK), kg, input_precision="ieee")
+        dbeta = tl.sum(dA * KK, axis=1) + tl.sum(dbv * v, axis=1) + tl.sum(dbkg * kg, axis=1)
+        dG = dqg * qg + dkg * kg - dkn * kn - dkd * kd
+        dG_last = tl.sum(dkd * kd, axis=0) + tl.exp(G_last) * tl.sum(dS * S, axis=1)
+        dG += tl.where((cc == CHUNK - 1)[:, None], dG_last[None, :], 0.0)
+        dg = tl.sum(dG, axis=0)[None, :] - tl.cumsum(dG, axis=0) + dG  # Σ_{j ≥ i} dΓ_j
+
+        tl.store(dv_ptr + row[:, None] * V + vv[None, :], beta[:, None] * dbv, mask=v_mask)
+        kmask = t_ok[:, None] & k_ok[None, :]
+        offs = (part + row)[:, None] * K + kk[None, :]
+        tl.store(dq_ptr + offs, dqg * e_up * scale, mask=kmask)
+        tl.store(dk_ptr + offs, dkg * e_up + dkn * e_down + dkd * e_dec, mask=kmask)
+        tl.store(dg_ptr + offs, dg, mask=kmask)
+        tl.store(dbeta_ptr + part + row, dbeta, mask=t_ok)
+        dS = tl.exp(G_last)[:, None] * dS + tl.dot(tl.trans(qg), do, input_precision="ieee") \
+            - tl.dot(tl.trans(W), d_delta, input_precision="ieee")
+    tl.store(ds0_ptr + bn.to(tl.int64) * K * V + s_offs, dS, mask=s_mask)
 
 
 # ---------------------------------------------------------------------------------------
@@ -207,24 +342,84 @@ def _kda_recurrent_triton(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK
     return o, S
 
 
-def _kda_chunk_triton(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK: Tensor, beta_BTN: Tensor,
-                      state_BNKV: Tensor | None, config: ChunkConfig = CHUNK_CONFIG) -> tuple[Tensor, Tensor]:
+def _work_dtype(v: Tensor) -> torch.dtype:
+    """fp32, or fp64 for fp64 values (the interpreter tests check the algebra in fp64)."""
+    return torch.float64 if v.dtype == torch.float64 else torch.float32
+
+
+def _kda_chunk_launch(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK: Tensor, beta_BTN: Tensor,
+                      state_BNKV: Tensor | None, states_only: bool, config: ChunkConfig = CHUNK_CONFIG
+                      ) -> tuple[Tensor, Tensor]:
+    """→ (o [B, T, N, V], final state), or with ``states_only`` (h [B, N, n_chunks, K, V] = the
+    state entering each chunk, final state)."""
     B, T, N, K = k_BTNK.shape
     V = v_BTNV.shape[-1]
-    dev = v_BTNV.device
-    o = torch.empty(B, T, N, V, dtype=torch.float32, device=dev)
-    S = torch.empty(B, N, K, V, dtype=torch.float32, device=dev)
+    dev, work = v_BTNV.device, _work_dtype(v_BTNV)
+    n_chunks = triton.cdiv(T, config.chunk)
+    out = torch.empty(*((B, N, n_chunks, K, V) if states_only else (B, T, N, V)), dtype=work, device=dev)
+    S = torch.empty(B, N, K, V, dtype=work, device=dev)
     if B * N == 0 or K * V == 0:
-        return o.zero_(), S.zero_()
-    s0 = state_BNKV.to(torch.float32).contiguous() if state_BNKV is not None else S
+        return out.zero_(), S.zero_()
+    s0 = state_BNKV.to(work).contiguous() if state_BNKV is not None else S
     kernel = launcher(_kda_chunk_fwd_kernel, dev)
     kernel[(B * N, triton.cdiv(V, config.block_v))](
         q_BTNK.contiguous(), k_BTNK.contiguous(), v_BTNV.contiguous(), g_BTNK.contiguous(),
-        beta_BTN.contiguous(), s0, o, S, T, N, K, V, K**-0.5,
-        HAS_STATE=state_BNKV is not None, CHUNK=config.chunk, BLOCK_K=max(16, triton.next_power_of_2(K)),
-        BLOCK_V=config.block_v, num_warps=config.num_warps,
+        beta_BTN.contiguous(), s0, out, S, out, T, N, K, V, K**-0.5,
+        HAS_STATE=state_BNKV is not None, STATES_ONLY=states_only, CHUNK=config.chunk,
+        BLOCK_K=max(16, triton.next_power_of_2(K)), BLOCK_V=config.block_v, num_warps=config.num_warps,
     )
-    return o, S
+    return out, S
+
+
+def _kda_chunk_triton(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK: Tensor, beta_BTN: Tensor,
+                      state_BNKV: Tensor | None) -> tuple[Tensor, Tensor]:
+    return _kda_chunk_launch(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV, states_only=False)
+
+
+def _kda_chunk_bwd_triton(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK: Tensor, beta_BTN: Tensor,
+                          state_BNKV: Tensor | None, do_BTNV: Tensor, dstate_BNKV: Tensor | None,
+                          config: ChunkBwdConfig = CHUNK_BWD_CONFIG) -> tuple[Tensor, ...]:
+    """Gradients (dq, dk, dv, dg, dβ, d state₀) in the work dtype, given ∂L/∂o and ∂L/∂(final
+    state) (None: zero). Recomputes the chunk-entry states first (one extra forward pass, held
+    only during the backward: B·N·⌈T/16⌉·K·V floats)."""
+    B, T, N, K = k_BTNK.shape
+    V = v_BTNV.shape[-1]
+    dev, work = v_BTNV.device, _work_dtype(v_BTNV)
+    h, _ = _kda_chunk_launch(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV, states_only=True)
+    n_vblocks = triton.cdiv(V, config.block_v)
+    dq, dk, dg = (torch.empty(n_vblocks, B, T, N, K, dtype=work, device=dev) for _ in range(3))
+    dbeta = torch.empty(n_vblocks, B, T, N, dtype=work, device=dev)
+    dv = torch.empty(B, T, N, V, dtype=work, device=dev)
+    ds0 = torch.empty(B, N, K, V, dtype=work, device=dev)
+    dst = (torch.zeros(B, N, K, V, dtype=work, device=dev) if dstate_BNKV is None
+           else dstate_BNKV.to(work).contiguous())
+    if B * N == 0 or K * V == 0:
+        return dq.sum(0).zero_(), dk.sum(0).zero_(), dv.zero_(), dg.sum(0).zero_(), dbeta.sum(0).zero_(), dst
+    kernel = launcher(_kda_chunk_bwd_kernel, dev)
+    kernel[(B * N, n_vblocks)](
+        q_BTNK.contiguous(), k_BTNK.contiguous(), v_BTNV.contiguous(), g_BTNK.contiguous(), beta_BTN.contiguous(),
+        h, do_BTNV.to(work).contiguous(), dst, dq, dk, dv, dg, dbeta, ds0, T, N, K, V, K**-0.5,
+        CHUNK=CHUNK_CONFIG.chunk, BLOCK_K=max(16, triton.next_power_of_2(K)), BLOCK_V=config.block_v,
+        num_warps=config.num_warps,
+    )
+    return dq.sum(0), dk.sum(0), dv, dg.sum(0), dbeta.sum(0), ds0
+
+
+class _KDAChunk(torch.autograd.Function):
+    """o, final state = the chunked kernel; the backward recomputes the chunk states (above)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, state):
+        ctx.save_for_backward(q, k, v, g, beta, state)
+        return _kda_chunk_triton(q, k, v, g, beta, state)
+
+    @staticmethod
+    def backward(ctx, do, dstate):
+        q, k, v, g, beta, state = ctx.saved_tensors
+        grads = _kda_chunk_bwd_triton(q, k, v, g, beta, state, do, dstate)
+        dq, dk, dv, dg, dbeta, ds0 = (d.to(x.dtype) if x is not None else None
+                                      for d, x in zip(grads, (q, k, v, g, beta, state)))
+        return dq, dk, dv, dg, dbeta, ds0
 
 
 # ---------------------------------------------------------------------------------------
@@ -264,20 +459,19 @@ def kda_recurrent(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK: Tensor
     return _kda_recurrent_torch(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
 
 
-def kda_chunk_forward(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK: Tensor, beta_BTN: Tensor,
-                      state_BNKV: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def kda_chunk(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK: Tensor, beta_BTN: Tensor,
+              state_BNKV: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """KDA over a whole sequence in the chunked (WY) form: the same values as
-    :func:`kda_recurrent` up to rounding, for prefill. Forward only: with autograd recording
-    (an input requires grad) it runs the torch reference instead. Same arguments and returns
+    :func:`kda_recurrent` up to rounding, for prefill and training. Differentiable in q, k, v,
+    g, beta and the state (the Triton path through an ``autograd.Function`` whose backward is
+    the chunked backward kernel; the reference through autograd). Same arguments and returns
     as :func:`kda_recurrent`.
 
-    The kernel factors ``exp(Γ_i − Γ_j)`` as ``exp(Γ_i) · exp(−Γ_j)`` inside 16-token chunks, so
+    The kernels factor ``exp(Γ_i − Γ_j)`` as ``exp(Γ_i) · exp(−Γ_j)`` inside 16-token chunks, so
     the summed log-decay of any chunk must stay above about −80 per channel (fp32 range); the
     model's gate (softplus or the ``linear_lower_bound`` form) gives far less in practice.
     """
     _check_inputs(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
-    needs_grad = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV))
-    if not needs_grad and v_BTNV.dtype != torch.float64 and use_triton(v_BTNV.device):
-        return _kda_chunk_triton(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
+    if v_BTNV.dtype != torch.float64 and use_triton(v_BTNV.device):
+        return _KDAChunk.apply(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
     return _kda_recurrent_torch(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)

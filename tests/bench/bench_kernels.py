@@ -14,8 +14,10 @@ bandwidth; decode-shaped MXFP4 MoE matmul >= 50% of copy bandwidth on the weight
 On CPU (no GPU), it runs only the torch references on smaller shapes and says so: Triton
 kernels need CUDA (or the interpreter, which is a correctness tool, not a benchmark).
 
-Not benchmarked: KDA chunk forward/backward (issue #4: no kernel yet), so the "no slower than
-fla's chunk_kda" target cannot be checked by this script; top-k selection is torch.
+KDA chunk (forward, and forward + backward) is checked against ``model.kda.kda_chunked`` (the
+model's torch chunked form, through autograd for the gradients) and timed beside it and, when
+``fla`` is importable, beside fla's ``chunk_kda`` (target: no slower than fla at T = 8192,
+H = 16, d = 128). The DSA top-k kernel is checked id for id against its torch reference.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
-from jointrl.kernels import dispatch, dsa, kda, moe_matmul, mxfp4, paged_attention
+from jointrl.kernels import dispatch, dsa, kda, moe_matmul, mxfp4, paged_attention, topk
+from jointrl.model import kda as model_kda
 
 
 def _median_ms(fn: Callable[[], object], repeats: int, cuda: bool) -> float:
@@ -191,6 +195,84 @@ def bench_kda_decode(report: Report, dev: torch.device, cuda: bool, repeats: int
     report.row(f"  torch ref: {label}", "-", ms_ref, nbytes)
 
 
+def _fla_chunk_kda():
+    """fla's ``chunk_kda`` if fla is installed (it is not a dependency), else None."""
+    try:
+        from fla.ops.kda import chunk_kda
+    except ImportError:
+        return None
+    return chunk_kda
+
+
+def bench_kda_chunk(report: Report, dev: torch.device, cuda: bool, repeats: int, B: int, T: int, N: int, K: int
+                    ) -> None:
+    g = torch.Generator(device=dev).manual_seed(4)
+    bf = torch.bfloat16
+    q, k = (F.normalize(torch.randn(B, T, N, K, device=dev, generator=g), dim=-1).to(bf) for _ in range(2))
+    v = torch.randn(B, T, N, K, device=dev, generator=g).to(bf)
+    gate = -0.1 * F.softplus(torch.randn(B, T, N, K, device=dev, generator=g))  # fp32, the model's gate form
+    beta = torch.rand(B, T, N, device=dev, generator=g).to(bf)
+    do = torch.randn(B, T, N, K, device=dev, generator=g)
+    xs = [x.requires_grad_() for x in (q, k, v, gate, beta)]
+    nbytes = 2 * B * T * N * (3 * K + 1) + 4 * B * T * N * 2 * K  # read q, k, v, beta (bf16), g; write o (fp32)
+    label = f"kda chunk B{B} T{T} N{N} K=V={K}"
+
+    def ref(*inputs):
+        return model_kda.kda_chunked(*(x.float() for x in inputs), None, chunk=64)
+
+    def fwd_bwd(fn):
+        return lambda: torch.autograd.grad(fn(*xs)[0], xs, do)
+
+    with torch.no_grad():
+        o_ref, s_ref = ref(*xs)
+    g_ref = fwd_bwd(ref)()
+    with torch.no_grad():
+        ms_ref_f = _median_ms(lambda: ref(*xs), max(1, repeats // 5), cuda)
+    ms_ref_fb = _median_ms(fwd_bwd(ref), max(1, repeats // 5), cuda)
+    if cuda:
+        with dispatch.backend("triton"):
+            with torch.no_grad():
+                o, s = kda.kda_chunk(*xs)
+                ms_f = _median_ms(lambda: kda.kda_chunk(*xs), repeats, cuda)
+            grads = fwd_bwd(kda.kda_chunk)()
+            ms_fb = _median_ms(fwd_bwd(kda.kda_chunk), repeats, cuda)
+        err_f = max(_rel(o, o_ref), _rel(s, s_ref))
+        err_b = max(_rel(a, b) for a, b in zip(grads, g_ref))
+        fla = _fla_chunk_kda()
+        target = "<= fla chunk_kda" if fla is not None else "fla not importable: no comparison"
+        report.row(label + " fwd", _check(report, err_f < 1e-3, f"rel {err_f:.1e}"), ms_f, nbytes, target=target)
+        report.row(label + " fwd+bwd", _check(report, err_b < 1e-3, f"rel {err_b:.1e}"), ms_fb, 3 * nbytes)
+        if fla is not None:
+            def fla_fn(*inputs):
+                return fla(*inputs, scale=K**-0.5, output_final_state=True)
+            try:  # an optional peer whose signature changes between versions: report, don't abort
+                with torch.no_grad():
+                    err = _rel(fla_fn(*xs)[0], o_ref)
+                    ms = _median_ms(lambda: fla_fn(*xs), repeats, cuda)
+                report.row(f"  fla chunk_kda fwd (ours/fla {ms_f / ms:.2f}x)", f"rel {err:.1e}", ms, nbytes)
+                ms = _median_ms(fwd_bwd(fla_fn), repeats, cuda)
+                report.row(f"  fla chunk_kda fwd+bwd (ours/fla {ms_fb / ms:.2f}x)", "-", ms, 3 * nbytes)
+            except Exception as e:  # noqa: BLE001
+                print(f"  fla chunk_kda did not run: {type(e).__name__}: {e}")
+    report.row("  torch ref: model.kda.kda_chunked fwd", "-", ms_ref_f, nbytes)
+    report.row("  torch ref: model.kda.kda_chunked fwd+bwd", "-", ms_ref_fb, 3 * nbytes)
+
+
+def bench_topk(report: Report, dev: torch.device, cuda: bool, repeats: int, T: int, k: int) -> None:
+    g = torch.Generator(device=dev).manual_seed(5)
+    scores = torch.relu(torch.randn(1, T, T, device=dev, generator=g))  # ReLU-like: many exact zeros (ties)
+    visible = torch.ones(T, T, dtype=torch.bool, device=dev).tril()[None]
+    nbytes = 5 * T * T  # scores (fp32) and the mask (1 byte), each read once
+    label = f"dsa top-k T=S={T} k={k} (causal)"
+    want = topk._select_topk_torch(scores, visible, k)
+    ms_ref = _median_ms(lambda: topk._select_topk_torch(scores, visible, k), max(1, repeats // 5), cuda)
+    if cuda:
+        got = topk._select_topk_triton(scores, visible, k)
+        ms = _median_ms(lambda: topk._select_topk_triton(scores, visible, k), repeats, cuda)
+        report.row(label, _check(report, torch.equal(got, want), "ids equal"), ms, nbytes)
+    report.row(f"  torch ref: sort-based top-k T={T}", "-", ms_ref, nbytes)
+
+
 def bench_dsa(report: Report, dev: torch.device, cuda: bool, repeats: int, T: int, Hq: int, Hkv: int, D: int,
               topk: int, n_idx: int) -> None:
     g = torch.Generator(device=dev).manual_seed(3)
@@ -263,12 +345,15 @@ def main() -> int:
         bench_paged(report, dev, cuda, repeats, B=4, ctx=1000, Hq=8, Hkv=2, D=64, block_size=16)
         bench_kda_decode(report, dev, cuda, repeats, B=4, N=4, K=64)
         bench_dsa(report, dev, cuda, repeats, T=256, Hq=4, Hkv=1, D=64, topk=64, n_idx=4)
+        bench_topk(report, dev, cuda, repeats, T=256, k=64)
+        bench_kda_chunk(report, dev, cuda, repeats, B=1, T=200, N=2, K=64)
     else:  # Qwen3-30B-A3B-shaped experts; decode (64 tokens) and prefill (4096 tokens)
         bench_moe(report, dev, cuda, repeats, E=128, H=2048, I=768, k=8, tokens=[64, 4096])
         bench_paged(report, dev, cuda, repeats, B=64, ctx=4096, Hq=32, Hkv=4, D=128, block_size=16)
         bench_kda_decode(report, dev, cuda, repeats, B=64, N=16, K=128)
         bench_dsa(report, dev, cuda, repeats, T=2048, Hq=32, Hkv=4, D=128, topk=1024, n_idx=16)
-    print("KDA chunk forward/backward: no kernel yet (issue #4), so no comparison with fla's chunk_kda")
+        bench_topk(report, dev, cuda, repeats, T=8192, k=2048)
+        bench_kda_chunk(report, dev, cuda, repeats, B=1, T=8192, N=16, K=128)
     if report.failed:
         print("FAILED: a kernel disagreed with its reference (rows marked FAIL)")
     return int(report.failed)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jointrl.kernels import dsa, kda, moe_matmul, mxfp4, paged_attention
+from jointrl.kernels import dsa, kda, moe_matmul, mxfp4, paged_attention, topk
+
 
 def _has_sass_or_ptx(compiled) -> bool:
     return "cubin" in compiled.asm and len(compiled.asm["cubin"]) > 0
@@ -82,14 +83,38 @@ def test_kda_recurrent_compiles(sm90, dtype, has_state):
     assert _has_sass_or_ptx(c)
 
 
-def test_kda_chunk_forward_compiles(sm90):
+def _kda_chunk_args(dtype, *names):
+    """The chunk kernels' runtime arguments: q, k, v, beta in ``dtype`` (the model's), g and
+    everything the launchers allocate in fp32."""
+    args = {name: torch.float32 for name in names}
+    args.update({"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "g_ptr": torch.float32, "beta_ptr": dtype,
+                 "T": "i32", "N": "i32", "K": "i32", "V": "i32", "scale": "fp32"})
+    return args
+
+
+@pytest.mark.parametrize("states_only", [False, True], ids=["forward", "backward-recompute"])
+def test_kda_chunk_forward_compiles(sm90, states_only):
     cfg = kda.CHUNK_CONFIG
-    bf16 = torch.bfloat16
-    c = sm90(kda._kda_chunk_fwd_kernel,
-             {"q_ptr": bf16, "k_ptr": bf16, "v_ptr": bf16, "g_ptr": torch.float32, "beta_ptr": bf16,
-              "s0_ptr": torch.float32, "o_ptr": torch.float32, "s_ptr": torch.float32,
-              "T": "i32", "N": "i32", "K": "i32", "V": "i32", "scale": "fp32"},
-             {"HAS_STATE": True, "CHUNK": cfg.chunk, "BLOCK_K": 128, "BLOCK_V": cfg.block_v}, num_warps=cfg.num_warps)
+    c = sm90(kda._kda_chunk_fwd_kernel, _kda_chunk_args(torch.bfloat16, "s0_ptr", "o_ptr", "s_ptr", "h_ptr"),
+             {"HAS_STATE": True, "STATES_ONLY": states_only, "CHUNK": cfg.chunk, "BLOCK_K": 128,
+              "BLOCK_V": cfg.block_v}, num_warps=cfg.num_warps)
+    assert _has_sass_or_ptx(c)
+
+
+def test_kda_chunk_backward_compiles(sm90):
+    cfg = kda.CHUNK_BWD_CONFIG
+    names = ("h_ptr", "do_ptr", "dst_ptr", "dq_ptr", "dk_ptr", "dv_ptr", "dg_ptr", "dbeta_ptr", "ds0_ptr")
+    c = sm90(kda._kda_chunk_bwd_kernel, _kda_chunk_args(torch.bfloat16, *names),
+             {"CHUNK": kda.CHUNK_CONFIG.chunk, "BLOCK_K": 128, "BLOCK_V": cfg.block_v}, num_warps=cfg.num_warps)
+    assert _has_sass_or_ptx(c)
+    assert c.metadata.shared <= 228 * 1024
+
+
+def test_topk_compiles(sm90):
+    cfg = topk.TOPK_CONFIG
+    c = sm90(topk._topk_kernel, {"scores_ptr": torch.float32, "visible_ptr": torch.uint8, "ids_ptr": torch.int32,
+                                 "S": "i32", "TOPK": "i32"},
+             {"BLOCK_S": topk._block_s(4096)}, num_warps=cfg.num_warps)  # 1024-key blocks
     assert _has_sass_or_ptx(c)
 
 

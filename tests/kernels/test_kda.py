@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from jointrl.kernels import dispatch
-from jointrl.kernels.kda import kda_recurrent
+from jointrl.kernels.kda import kda_chunk, kda_recurrent
 
 
 def _inputs(B, T, N, K, V, seed, dtype=torch.float64):
@@ -51,6 +51,23 @@ def test_reference_equals_the_model_layers_forms():
         o_m, s_m = form(q, k, v, gate, beta, s0)
         torch.testing.assert_close(o, o_m, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(s, s_m, rtol=1e-10, atol=1e-10)
+
+
+def test_reference_gradients_equal_the_model_layers_chunked_form():
+    """The reference the chunked backward kernel is tested against (autograd through the token
+    loop) has the gradients of the model's own chunked layer form."""
+    model_kda = pytest.importorskip("jointrl.model.kda")
+    xs = [x.requires_grad_() for x in _inputs(1, 21, 2, 8, 6, seed=4)]
+    g = torch.Generator().manual_seed(5)
+    w_o = torch.randn(1, 21, 2, 6, generator=g, dtype=torch.float64)
+    w_s = torch.randn(1, 2, 8, 6, generator=g, dtype=torch.float64)
+    with dispatch.backend("torch"):
+        o, s = kda_chunk(*xs)
+    got = torch.autograd.grad((o * w_o).sum() + (s * w_s).sum(), xs)
+    o_m, s_m = model_kda.kda_chunked(*xs, chunk=8)
+    want = torch.autograd.grad((o_m * w_o).sum() + (s_m * w_s).sum(), xs)
+    for name, a, b in zip(("q", "k", "v", "g", "beta", "state"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
 
 
 def test_input_validation():
