@@ -140,11 +140,12 @@ class CadEnv:
         try:
             reply = await asyncio.to_thread(self.sandbox.call, code, stl=stl,
                                             step="part.step" if export == "step" else None)
-            image = await asyncio.to_thread(self._views, stl) if reply.summary.get("num_solids") and self.image else None
+            made_solid = bool(reply.summary.get("num_solids"))
+            image = await asyncio.to_thread(self._views, stl) if made_solid and self.image else None
         except OSError as e:
             raise EnvError(f"the CAD sandbox failed: {e}") from e
         text = describe(reply, self.cad.call_timeout_s)
-        if export and reply.summary.get("num_solids"):
+        if export and made_solid:
             text += f"\nwritten: /work/part.{export}"
         if image is not None:
             text += "\n[image: front, top and isometric views]"

@@ -35,7 +35,8 @@ def plate_holes(rng: random.Random) -> Part:
     prompt = (f"Model a flat rectangular plate {L} long (X), {W} wide (Y) and {T} thick (Z), centred on the "
               f"origin, with a {nx} x {ny} grid of {d} diameter through-holes along Z, spaced {px} in X and "
               f"{py} in Y, the grid centred on the plate.")
-    body = "result = (cq.Workplane('XY').box({L}, {W}, {T})\n          .faces('>Z').workplane().rarray({px}, {py}, {nx}, {ny}).hole({d}))\n"
+    body = ("result = (cq.Workplane('XY').box({L}, {W}, {T})\n"
+            "          .faces('>Z').workplane().rarray({px}, {py}, {nx}, {ny}).hole({d}))\n")
     return Part(prompt + SUFFIX, body.format(L=L, W=W, T=T, px=px, py=py, nx=nx, ny=ny, d=d),
                 body.format(L=L, W=T, T=W, px=px, py=py, nx=nx, ny=1, d=d))  # width and thickness swapped
 

@@ -25,4 +25,5 @@ def load_policy(task: Task, name: str) -> Policy:
     if name == "noop":
         return [[ToolCall(name="submit", arguments={"code": ""})]]
     code = task.metadata[_SOURCES[name]]
-    return [[ToolCall(name="run_cadquery", arguments={"code": code})], [ToolCall(name="submit", arguments={"code": code})]]
+    return [[ToolCall(name="run_cadquery", arguments={"code": code})],
+            [ToolCall(name="submit", arguments={"code": code})]]
