@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = ("train", "serve", "export")
+COMMANDS = ("train", "serve", "export", "eval")
 
 
 def main() -> None:
@@ -24,3 +24,7 @@ def main() -> None:
         from jointrl.rl.export import main as export_main
 
         export_main()
+    elif command == "eval":
+        from jointrl.rl.eval import main as eval_main
+
+        eval_main()
