@@ -21,6 +21,7 @@ or LibreOffice failing, raises ``EnvError``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shlex
 from pathlib import Path
@@ -31,6 +32,7 @@ from jointrl.envs.office.tools import MAX_ARGUMENT_CHARS, TOOLS, check_call
 from jointrl.envs.sandbox.base import SandboxConfig
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
 from jointrl.envs.sandbox.pool import SandboxPool
+from jointrl.envs.terminal.verifier import FinalFiles
 
 TOOL_DIR = Path(__file__).parent / "tool"
 TOOL_MOUNT = "/opt/jointrl-office"
@@ -45,8 +47,6 @@ def office_config(config: SandboxConfig | None = None) -> SandboxConfig:
 
     Raises ``EnvError`` naming the setup script when the venv is missing.
     """
-    import dataclasses
-
     if not Path(TOOL_VENV, "bin", "python").exists():
         raise EnvError(f"the office tool venv {TOOL_VENV} is missing: run .ci/setup.d/office.sh")
     c = config or SandboxConfig()
@@ -152,15 +152,13 @@ class OfficeEnv:
         finally:
             final.discard()
 
-    async def final_files(self):
+    async def final_files(self) -> FinalFiles:
         """Snapshot ``/work`` now; the result opens fresh verification sandboxes (outlives ``close``)."""
         if self.sandbox is None or self.task is None:
             raise RuntimeError("OfficeEnv.final_files() called before reset()")
         return await asyncio.to_thread(self._take)
 
-    def _take(self):
-        from jointrl.envs.terminal.verifier import FinalFiles
-
+    def _take(self) -> FinalFiles:
         try:
             # tool/ is the read-only tests dir, at VERIFY_TOOL_MOUNT: the checker runs the script from there.
             return FinalFiles.take(self.sandbox, TOOL_DIR, self.config)
