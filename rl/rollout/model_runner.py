@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from jointrl.kernels.paged_attention_cpu import paged_decode
 from jointrl.model import MoETransformer
 from jointrl.model.rope import rotate_half
-from jointrl.rl.rollout.paged_state import PagedState
+from jointrl.rl.rollout.paged_state import DecodeBatchState, PagedState
 from jointrl.rl.rollout.sequence import Sequence
 
 
@@ -33,7 +33,7 @@ class ModelRunner:
     def __init__(self, model: MoETransformer, num_blocks: int, block_size: int) -> None:
         cfg = model.config
         kinds = tuple(getattr(cfg, "kinds", ("full",) * cfg.num_hidden_layers))
-        self.hybrid = set(kinds) != {"full"}  # kda / gated_dsa layers: one sequence per forward
+        self.hybrid = set(kinds) != {"full"}  # kda / gated_dsa layers: through the model's own forward
         self.model, self.bs = model, block_size
         self.dtype = next(model.parameters()).dtype
         self.Hq, self.Hkv, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -44,6 +44,18 @@ class ModelRunner:
         self.index_pool = {layer: j for j, layer in enumerate(index_layers)}  # layer -> index_LPD row
         self.kv_LPCHD = torch.zeros(len(kv_layers), P, 2, self.Hkv, self.D, dtype=self.dtype)
         self.index_LPD = torch.zeros(len(index_layers), P, getattr(cfg, "index_head_dim", 1), dtype=self.dtype)
+        self._fused: dict[int, tuple[tuple, torch.Tensor]] = {}  # id(attention) -> (weights' versions, qkv weight)
+
+    def _qkv_weight(self, attn) -> torch.Tensor:
+        """q, k, v projections as one [(Hq + 2·Hkv)·D, H] weight (one matmul instead of three),
+        rebuilt when any of them changes: ``update_weights`` copies in place, which bumps a
+        tensor's version counter; a replaced parameter has a new address."""
+        ws = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+        key = tuple((w.data_ptr(), w._version) for w in ws)
+        cached = self._fused.get(id(attn))
+        if cached is None or cached[0] != key:
+            cached = self._fused[id(attn)] = (key, torch.cat(ws))
+        return cached[1]
 
     @property
     def cache_bytes(self) -> int:
@@ -114,9 +126,11 @@ class ModelRunner:
             attn = layer.self_attn
             h_NH = layer.input_layernorm(x_NH)
             N = h_NH.shape[0]
-            q_NHD = attn.q_norm(attn.q_proj(h_NH).view(N, self.Hq, self.D))
-            k_NHD = attn.k_norm(attn.k_proj(h_NH).view(N, self.Hkv, self.D))
-            v_NHD = attn.v_proj(h_NH).view(N, self.Hkv, self.D)
+            q_NF, k_NF, v_NF = F.linear(h_NH, self._qkv_weight(attn)).split(
+                (self.Hq * self.D, self.Hkv * self.D, self.Hkv * self.D), dim=-1)
+            q_NHD = attn.q_norm(q_NF.reshape(N, self.Hq, self.D))
+            k_NHD = attn.k_norm(k_NF.reshape(N, self.Hkv, self.D))
+            v_NHD = v_NF.reshape(N, self.Hkv, self.D)
             q_NHD = q_NHD * cos_N1D + rotate_half(q_NHD) * sin_N1D
             k_NHD = k_NHD * cos_N1D + rotate_half(k_NHD) * sin_N1D
             kv_PCHD.index_copy_(0, slot_N, torch.stack((k_NHD, v_NHD), dim=1))
@@ -154,16 +168,27 @@ class ModelRunner:
 
     def _run_per_sequence(self, batch: list[tuple[Sequence, int]], want_routed: bool
                           ) -> tuple[torch.Tensor, list[int], torch.Tensor | None]:
-        """Hybrid models: the model's own forward per sequence, its state in a ``PagedState``."""
+        """Hybrid models, through the model's own forward: every decoding sequence in one batched
+        forward (``DecodeBatchState``), each prefill chunk in its own (``PagedState``)."""
+        decoding = [i for i, (seq, n) in enumerate(batch) if n == 1 and seq.num_computed > 0]
+        rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # batch index -> (logits [n, V], routed [n, L, k])
+        if len(decoding) > 1:
+            state = DecodeBatchState(self, [batch[i][0] for i in decoding])
+            ids_B1 = torch.tensor([[batch[i][0].token_ids[batch[i][0].num_computed]] for i in decoding])
+            out = self.model(ids_B1, position_ids=state.position_ids_B1, attention_mask=state.attention_mask_BS,
+                             cache=state)
+            rows = {i: (out.logits[b], out.topk_ids[b]) for b, i in enumerate(decoding)}
         logits, ends, routed = [], [], []
         for i, (seq, n) in enumerate(batch):
             c = seq.num_computed
-            out = self.model(torch.tensor([seq.token_ids[c:c + n]]), position_ids=torch.arange(c, c + n)[None],
-                             cache=PagedState(self, seq, n))
+            if i not in rows:
+                out = self.model(torch.tensor([seq.token_ids[c:c + n]]), position_ids=torch.arange(c, c + n)[None],
+                                 cache=PagedState(self, seq, n))
+                rows[i] = (out.logits[0], out.topk_ids[0])
             if c + n == len(seq):
                 ends.append(i)
-                logits.append(out.logits[0, -1])
+                logits.append(rows[i][0][-1])
             if want_routed:
-                routed.append(out.topk_ids[0])
+                routed.append(rows[i][1])
         logits_RV = torch.stack(logits) if logits else torch.empty(0, self.model.config.vocab_size, dtype=self.dtype)
         return logits_RV, ends, torch.cat(routed) if want_routed else None

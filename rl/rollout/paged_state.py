@@ -6,6 +6,11 @@ layers and the indexer keys of ``gated_dsa`` layers live in the runner's paged p
 sequence's block-table slots; the fixed-size KDA state (conv window [3NK, W-1] and delta
 state [N, K, K] per layer) lives on the ``Sequence`` itself, so it travels with a session and
 is dropped with it (its bytes do not grow with the context: ``model.state.state_layout``).
+
+``DecodeBatchState`` is the same store for B sequences that each decode one token, so a step's
+decodes run as one batched forward: keys are gathered left-padded to the longest context
+(``attention_mask`` marks the padding, which the model's full and gated-DSA layers mask out),
+the KDA states are stacked in and split back out.
 """
 
 from __future__ import annotations
@@ -52,3 +57,56 @@ class PagedState:
 
     def advance(self, num_tokens: int) -> None:
         pass  # the engine advances Sequence.num_computed after the step
+
+
+class DecodeBatchState:
+    """``AttentionState`` for B decoding sequences (one new token each) at once; see the module docstring.
+
+    ``attention_mask_BS`` [B, S] and ``position_ids_B1`` are what the model's forward needs with it;
+    S = the longest context + 1, and ``length`` = S - 1 (the padded past)."""
+
+    def __init__(self, runner, seqs: list[Sequence]) -> None:
+        self.runner, self.seqs = runner, seqs
+        bs = runner.bs
+        ctx = [s.num_computed for s in seqs]
+        S = max(ctx) + 1
+        self.S = S
+        pos_BS = torch.arange(S)[None, :] - torch.tensor([S - 1 - c for c in ctx])[:, None]  # left padding
+        self.attention_mask_BS = pos_BS >= 0
+        pos_BS = pos_BS.clamp_min(0)
+        width = -(-S // bs)
+        table_BM = torch.tensor([s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in seqs])
+        self.slots_BS = table_BM.gather(1, pos_BS // bs) * bs + pos_BS % bs  # padding reads slot of position 0
+        self.new_slots_B = self.slots_BS[:, -1].contiguous()
+        self.position_ids_B1 = torch.tensor(ctx)[:, None]
+
+    @property
+    def batch(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def length(self) -> int:
+        return self.S - 1
+
+    def update(self, layer: int, k_BHTD: torch.Tensor, v_BHTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        kv_PCHD = self.runner.kv_LPCHD[self.runner.pool_index[layer]]
+        kv_PCHD.index_copy_(0, self.new_slots_B, torch.stack((k_BHTD[:, :, 0], v_BHTD[:, :, 0]), dim=1))
+        B, (_, _, H, D) = self.batch, kv_PCHD.shape
+        kv_BSCHD = kv_PCHD.index_select(0, self.slots_BS.reshape(-1)).view(B, self.S, 2, H, D)
+        return kv_BSCHD[:, :, 0].transpose(1, 2), kv_BSCHD[:, :, 1].transpose(1, 2)
+
+    def update_index(self, layer: int, k_BTD: torch.Tensor) -> torch.Tensor:
+        ik_PD = self.runner.index_LPD[self.runner.index_pool[layer]]
+        ik_PD.index_copy_(0, self.new_slots_B, k_BTD[:, 0].to(ik_PD.dtype))
+        return ik_PD.index_select(0, self.slots_BS.reshape(-1)).view(self.batch, self.S, -1)
+
+    def recurrent(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        states = [s.recurrent[layer] for s in self.seqs]  # decoding: every sequence has run this layer
+        return torch.cat([c for c, _ in states]), torch.cat([st for _, st in states])
+
+    def set_recurrent(self, layer: int, conv_BCw: torch.Tensor, state_BNKV: torch.Tensor) -> None:
+        for b, seq in enumerate(self.seqs):  # copies: a session keeps only its own state's bytes
+            seq.recurrent[layer] = (conv_BCw[b:b + 1].clone(), state_BNKV[b:b + 1].clone())
+
+    def advance(self, num_tokens: int) -> None:
+        pass

@@ -243,3 +243,27 @@ def test_batched_sampling_equals_sampling_each_row_alone():
     for i, (sp, t) in enumerate(zip(params, tokens)):
         want = torch.log_softmax(logits_RV[i] / (sp.temperature or 1.0), -1)[t]
         assert logprobs[i] == pytest.approx(float(want), abs=1e-12)
+
+
+def test_hybrid_decodes_run_as_one_batched_forward_equal_to_full_recompute(hybrid, monkeypatch):
+    """Sequences of different lengths decode together (keys left-padded, KDA states stacked):
+    greedy tokens, log-probs and routed experts equal the plain full-recompute forward."""
+    import jointrl.rl.rollout.model_runner as model_runner
+
+    sizes = []
+
+    class Recording(model_runner.DecodeBatchState):
+        def __init__(self, runner, seqs):
+            super().__init__(runner, seqs)
+            sizes.append(len(seqs))
+
+    monkeypatch.setattr(model_runner, "DecodeBatchState", Recording)
+    eng = engine(hybrid, max_num_batched_tokens=64, return_routed_experts=True)
+    ps = prompts(3, 17, 40, 9, seed=3)
+    outs = eng.generate_batch(ps, [GREEDY] * 4)
+    assert max(sizes) == 4
+    for p, out in zip(ps, outs):
+        assert_matches(hybrid, p, out)
+    with torch.no_grad():
+        ref = hybrid(torch.tensor([ps[2] + outs[2].token_ids])).topk_ids[0].tolist()
+    assert (outs[2].routed_from, outs[2].routed_experts) == (0, ref[:len(ps[2]) + len(outs[2].token_ids) - 1])
