@@ -158,7 +158,9 @@ class DomainConfig:
 
 @dataclass
 class EnvsConfig:
-    domains: dict[str, DomainConfig] = field(default_factory=lambda: {"terminal": DomainConfig()})
+    # No default domain here: conf/envs/<group>.yaml names them, and a dict default would be
+    # merged with (not replaced by) the chosen group's domains.
+    domains: dict[str, DomainConfig] = field(default_factory=dict)
     num_workers: int = 2
     max_concurrent_episodes: int = 16  # per env worker
     max_env_retries: int = 2
@@ -169,8 +171,6 @@ class EnvsConfig:
         from jointrl.envs.registry import DOMAINS
         from jointrl.envs.splits import SPLITS
 
-        if not self.domains:
-            raise ValueError("config key 'envs.domains' needs at least one domain; allowed: " + str(sorted(DOMAINS)))
         for name, d in self.domains.items():
             _check_choice("envs.domains", name, tuple(sorted(DOMAINS)))
             _check_positive(f"envs.domains.{name}.weight", d.weight)
@@ -280,6 +280,10 @@ class Config:
 
     def __post_init__(self) -> None:
         _check_positive("checkpoint_every", self.checkpoint_every, allow_zero=True)
+        if not self.envs.domains:  # checked here: the schema's EnvsConfig() is built empty
+            from jointrl.envs.registry import DOMAINS
+
+            raise ValueError("config key 'envs.domains' needs at least one domain; allowed: " + str(sorted(DOMAINS)))
 
 
 def register_schemas() -> None:

@@ -61,3 +61,9 @@ def test_model_presets_in_conf_equal_the_model_presets():
     assert model_config(sigmoid).scoring_func == "sigmoid"
     with pytest.raises(ValueError, match=r"model.scoring_func.*\['softmax', 'sigmoid'\]"):
         load_config(["model.scoring_func=relu"])
+
+
+def test_an_envs_group_replaces_the_default_domains():
+    """`envs=code_repo` trains on code_repo alone: the schema has no default domain to merge with."""
+    assert list(load_config(["envs=code_repo"]).envs.domains) == ["code_repo"]
+    assert list(load_config().envs.domains) == ["terminal"]
