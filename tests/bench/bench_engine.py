@@ -4,9 +4,14 @@ Run: ``python tests/bench/bench_engine.py`` (``--quick`` for a smaller run). One
 both sides on the same thread count (default 1: on a shared 2-core machine two threads
 spin-wait on each other), float32, EOS ignored on both sides. Reports, never asserts:
 
+Every row also gives the ratio in CPU seconds (``time.process_time``, all threads of this
+process): on a machine shared with other jobs, wall-clock ratios swing with their load, the CPU
+time each side spent does much less (agentic: wall time is the target, it overlaps env delays).
+
 1. fixed batch: batch 1, 8, 32; 256-token prompts; exactly 128 new tokens. Generated tok/s,
-   ms per decode step, and the arithmetic floor of a decode step (its FLOPs at this
-   machine's measured GEMM rate) as a fraction of the engine's step.
+   ms per decode step, and two floors of a decode step as fractions of the engine's step:
+   arithmetic (its FLOPs at this machine's measured GEMM rate) and memory (the weights plus
+   every cached key/value read once, at the measured copy bandwidth).
 2. GRPO rollout: 16 prompts x 8 samples, 256-token prompts, per-request max_tokens drawn
    (seeded) from [16, 512]; the engine takes all 128 at once, HF runs static batches of 32
    (4 prompts x 8), each to its longest request. Tok/s counts requested tokens only.
@@ -81,6 +86,31 @@ def gemm_gflops() -> float:
     return 20 * 2 * 256 * 256 * 4096 / (time.perf_counter() - t0) / 1e9
 
 
+def stream_gbps() -> float:
+    """Read + write bandwidth of a 64 MiB copy (out of cache)."""
+    a = torch.randn(16 * 2**20)
+    b = a.clone()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        b.copy_(a)
+    return 5 * 2 * a.numel() * 4 / (time.perf_counter() - t0) / 1e9
+
+
+def decode_bytes(model, batch: int, context: int) -> int:
+    """Bytes a decode step must read: every weight but the embedding table (routed experts: the
+    expected share of them that ``batch`` uniformly routed tokens hit), and the KV cache."""
+    cfg = model.config
+    active = 1 - (1 - cfg.num_experts_per_tok / cfg.num_experts) ** batch
+    weights = sum(p.numel() * (active if ".experts." in n else 1)
+                  for n, p in model.named_parameters() if "embed_tokens" not in n) * 4
+    return weights + batch * context * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4
+
+
+def clock() -> tuple[float, float]:
+    """(wall, CPU) seconds."""
+    return time.perf_counter(), time.process_time()
+
+
 def decode_flops(cfg: MoEConfig, batch: int, context: int) -> float:
     H, L, D = cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim
     attn_proj = H * D * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
@@ -91,30 +121,32 @@ def decode_flops(cfg: MoEConfig, batch: int, context: int) -> float:
 
 
 def fixed_batch(model, hf, cfg, batches, prompt_len, new) -> list[str]:
-    rows, gflops = [], gemm_gflops()
+    rows, gflops, gbps = [], gemm_gflops(), stream_gbps()
     for B in batches:
         ps = rand_prompts(B, prompt_len, seed=B)
         eng = engine(model, num_blocks=B * (prompt_len + new) // 16 + 8, chunk=2048)
         seqs = [eng.add_request(p, SamplingParams(max_tokens=new, temperature=0)) for p in ps]
-        t0 = time.perf_counter()
+        (t0, c0) = clock()
         while eng.stats.computed_tokens < B * prompt_len:  # the prefill steps
             eng.step()
-        t1 = time.perf_counter()
+        (t1, c1) = clock()
         while eng.scheduler.has_work():
             eng.step()
-        t2 = time.perf_counter()
+        (t2, c2) = clock()
         assert all(len(s.out.token_ids) == new for s in seqs)
-        eng_tps, eng_step = B * new / (t2 - t0), (t2 - t1) / (new - 1)
-        t0 = time.perf_counter()
+        eng_tps, eng_step, eng_cpu = B * new / (t2 - t0), (t2 - t1) / (new - 1), c2 - c0
+        (t0, c0) = clock()
         hf_generate(hf, ps, 1, False)
-        t1 = time.perf_counter()
+        (t1, c1) = clock()
         hf_generate(hf, ps, new, False)
-        t2 = time.perf_counter()
-        hf_tps, hf_step = B * new / (t2 - t1), ((t2 - t1) - (t1 - t0)) / (new - 1)
-        floor = decode_flops(cfg, B, prompt_len + new // 2) / (gflops * 1e9)
+        (t2, c2) = clock()
+        hf_tps, hf_step, hf_cpu = B * new / (t2 - t1), ((t2 - t1) - (t1 - t0)) / (new - 1), c2 - c1
+        flop_floor = decode_flops(cfg, B, prompt_len + new // 2) / (gflops * 1e9)
+        mem_floor = decode_bytes(model, B, prompt_len + new // 2) / (gbps * 1e9 / 2)  # reads: half the copy traffic
         rows.append(f"| fixed batch {B:>2} | {eng_tps:8.0f} | {hf_tps:8.0f} | {eng_tps / hf_tps:5.1f}x | "
-                    f"step {eng_step * 1e3:.2f} ms vs HF {hf_step * 1e3:.2f} ms; floor {floor * 1e3:.2f} ms "
-                    f"({floor / eng_step:.0%} reached, GEMM {gflops:.0f} GFLOP/s) |")
+                    f"{hf_cpu / eng_cpu:5.1f}x | step {eng_step * 1e3:.2f} ms vs HF {hf_step * 1e3:.2f} ms; floors: "
+                    f"arithmetic {flop_floor * 1e3:.2f} ms ({flop_floor / eng_step:.0%} reached, GEMM {gflops:.0f} "
+                    f"GFLOP/s), memory {mem_floor * 1e3:.2f} ms ({mem_floor / eng_step:.0%}, copy {gbps:.1f} GB/s) |")
         print(rows[-1], flush=True)
     return rows
 
@@ -125,17 +157,20 @@ def grpo(model, hf, prompts_n, group, prompt_len, lo, hi) -> list[str]:
     reqs = [(p, rng.randint(lo, hi)) for p in ps for _ in range(group)]
     wanted = sum(m for _, m in reqs)
     eng = engine(model, num_blocks=len(reqs) * (prompt_len + hi) // 16 + 64)
-    t0 = time.perf_counter()
+    (t0, c0) = clock()
     eng.generate_batch([p for p, _ in reqs],
                        [SamplingParams(max_tokens=m, temperature=1.0, seed=i) for i, (_, m) in enumerate(reqs)])
-    eng_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    (t1, c1) = clock()
+    eng_s, eng_cpu = t1 - t0, c1 - c0
+    (t0, c0) = clock()
     for i in range(0, len(reqs), 32):
         chunk = reqs[i:i + 32]
         hf_generate(hf, [p for p, _ in chunk], max(m for _, m in chunk), True)
-    hf_s = time.perf_counter() - t0
+    (t1, c1) = clock()
+    hf_s, hf_cpu = t1 - t0, c1 - c0
     ratio = eng.stats.computed_tokens / (len(reqs) * prompt_len + wanted)
     row = (f"| GRPO {prompts_n}x{group} | {wanted / eng_s:8.0f} | {wanted / hf_s:8.0f} | {hf_s / eng_s:5.1f}x | "
+           f"{hf_cpu / eng_cpu:5.1f}x | "
            f"engine {eng_s:.1f} s, HF {hf_s:.1f} s; engine computed {ratio:.2f} of prompt+generated tokens |")
     print(row, flush=True)
     return [row]
@@ -162,16 +197,16 @@ def agentic_engine(model, n_traj, turns, prompt_len, gen, obs, delays, num_block
         finally:
             await eng.close()
 
-    t0 = time.perf_counter()
+    (t0, c0) = clock()
     lengths = asyncio.run(run())
-    wall = time.perf_counter() - t0
-    return wall, eng.stats, sum(lengths), eng.scheduler.num_evicted, eng.scheduler.num_preempted
+    (t1, c1) = clock()
+    return t1 - t0, c1 - c0, eng.stats, sum(lengths), eng.scheduler.num_evicted, eng.scheduler.num_preempted
 
 
 def agentic_hf(hf, n_traj, turns, prompt_len, gen, obs, delays):
     ids = rand_prompts(n_traj, prompt_len, seed=2)
     obs_ids = rand_prompts(n_traj * turns, obs, seed=3)
-    t0 = time.perf_counter()
+    (t0, c0) = clock()
     for t in range(turns):
         S = max(map(len, ids))
         x = torch.tensor(ids)
@@ -183,20 +218,22 @@ def agentic_hf(hf, n_traj, turns, prompt_len, gen, obs, delays):
         if t < turns - 1:
             time.sleep(max(delays[i * turns + t] for i in range(n_traj)))
             ids = [r + obs_ids[i * turns + t] for i, r in enumerate(ids)]
-    return time.perf_counter() - t0
+    (t1, c1) = clock()
+    return t1 - t0, c1 - c0
 
 
 def agentic(model, hf, n_traj, turns, prompt_len, gen, obs, budgets) -> list[str]:
     rng = random.Random(0)
     delays = [rng.uniform(0.05, 0.5) for _ in range(n_traj * turns)]
     generated = n_traj * turns * gen
-    hf_s = agentic_hf(hf, n_traj, turns, prompt_len, gen, obs, delays)
+    hf_s, hf_cpu = agentic_hf(hf, n_traj, turns, prompt_len, gen, obs, delays)
     rows = []
     for name, blocks in budgets:
-        wall, st, final_tokens, evicted, preempted = agentic_engine(model, n_traj, turns, prompt_len, gen, obs,
-                                                                    delays, blocks)
+        wall, cpu, st, final_tokens, evicted, preempted = agentic_engine(model, n_traj, turns, prompt_len, gen, obs,
+                                                                         delays, blocks)
         rows.append(f"| agentic {n_traj}x{turns}, {name} budget ({blocks} blocks) | {generated / wall:8.0f} | "
-                    f"{generated / hf_s:8.0f} | {hf_s / wall:5.1f}x | wall {wall:.1f} s vs HF {hf_s:.1f} s; "
+                    f"{generated / hf_s:8.0f} | {hf_s / wall:5.1f}x | {hf_cpu / cpu:5.1f}x | "
+                    f"wall {wall:.1f} s vs HF {hf_s:.1f} s; "
                     f"forward {st.forward_s / st.step_s:.0%} of step time; computed / final context "
                     f"{st.computed_tokens / final_tokens:.2f}; {evicted} sessions evicted, {preempted} preempted |")
         print(rows[-1], flush=True)
@@ -255,7 +292,7 @@ def main() -> None:
     q = args.quick
     print(f"bench_moe: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, float32, "
           f"{args.threads} thread(s)\n")
-    print("| workload | engine tok/s | HF tok/s | ratio | notes |\n|---|---|---|---|---|")
+    print("| workload | engine tok/s | HF tok/s | ratio | ratio in CPU s | notes |\n|---|---|---|---|---|---|")
     if "fixed" in args.only:
         fixed_batch(model, hf, cfg, (1, 8) if q else (1, 8, 32), 256, 32 if q else 128)
     if "grpo" in args.only:

@@ -10,6 +10,12 @@ from jointrl.model import MoEConfig
 from jointrl.model.moe import Experts
 
 
+@pytest.fixture(autouse=True)
+def kernel():
+    if moe_cpu.load_kernel() is None:  # Experts then keeps its torch loop (use_kernel is False)
+        pytest.skip("no C++ toolchain here")
+
+
 def experts(E: int, H: int, I: int, dtype: torch.dtype, seed: int = 0) -> Experts:
     ex = Experts(MoEConfig(hidden_size=H, moe_intermediate_size=I, num_experts=E)).to(dtype)
     g = torch.Generator().manual_seed(seed)
