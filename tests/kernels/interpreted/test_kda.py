@@ -100,7 +100,10 @@ def test_chunk_backward_matches_reference_autograd(T, dtype, with_state, loss_on
 def test_chunk_backward_lengths(T, with_state, rel):
     got, want = _chunk_grads(T, 48, 32, with_state, with_state, torch.float32, seed=T + 100 * with_state)
     for name, a, b in zip(("q", "k", "v", "g", "beta", "state"), got, want):
-        assert rel(a, b) < 1e-5, name
+        if b.abs().max() == 0:  # one token from a zero state: o does not depend on g at all
+            assert a.abs().max() < 1e-6, name
+        else:
+            assert rel(a, b) < 1e-5, name
 
 
 @pytest.mark.slow

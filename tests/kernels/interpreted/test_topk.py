@@ -43,3 +43,11 @@ def test_topk_equals_torch_topk_on_distinct_scores():
     got = topk.select_topk(scores, visible, 10)
     want = torch.topk(scores.float().masked_fill(~visible, float("-inf")), 10, dim=-1).indices
     assert torch.equal(got, want.sort(dim=-1).values.to(torch.int32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [1, 16, 100, 299, 300])
+def test_topk_longer_rows(k):
+    scores, visible = _causal_scores(2, 6, 300, seed=k)
+    got = topk._select_topk_triton(scores, visible, k, topk.TopkConfig(block_s=64, num_warps=4))
+    assert torch.equal(got, topk._select_topk_torch(scores, visible, k))
