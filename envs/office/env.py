@@ -55,17 +55,18 @@ def office_config(config: SandboxConfig | None = None) -> SandboxConfig:
                                tool_mounts={**c.tool_mounts, TOOL_VENV: TOOL_VENV})
 
 
-def tool_command(command: str, args: dict[str, Any], script_dir: str = TOOL_MOUNT) -> str:
+def tool_command(command: str, args: dict[str, Any], script_dir: str | None = None) -> str:
     """The shell command that runs ``office_tool.py command args`` in ``/work`` of a sandbox."""
-    return (f"cd /work && HOME=/tmp {TOOL_VENV}/bin/python -I {script_dir}/office_tool.py "
+    return (f"cd /work && HOME=/tmp {TOOL_VENV}/bin/python -I {script_dir or TOOL_MOUNT}/office_tool.py "
             f"{command} {shlex.quote(json.dumps(args))}")
 
 
 def run_tool(sandbox: BwrapSandbox, command: str, args: dict[str, Any], timeout_s: float = TOOL_TIMEOUT_S,
-             script_dir: str = TOOL_MOUNT) -> dict:
+             script_dir: str | None = None) -> dict:
     """Run the tool script; its JSON result (``ok``, ``text`` / ``error``). ``EnvError`` if it broke.
 
-    ``script_dir``: where the sandbox has ``tool/`` mounted (``VERIFY_TOOL_MOUNT`` in a verification sandbox).
+    ``script_dir``: where the sandbox has ``tool/`` (default ``TOOL_MOUNT``; ``VERIFY_TOOL_MOUNT`` in a
+    verification sandbox).
     """
     try:
         r = sandbox.exec(tool_command(command, args, script_dir), timeout=timeout_s)

@@ -133,6 +133,21 @@ def test_a_missing_tool_venv_is_a_clear_error(monkeypatch):
         OfficeEnv()
 
 
+def test_a_broken_tool_is_an_env_error_not_a_policy_error(monkeypatch):
+    """A tool script that cannot run (here: not where the command looks) is infrastructure."""
+    async def episode():
+        env = OfficeEnv()
+        try:
+            await env.reset(TASKS["budget-lookup-0"])
+            monkeypatch.setattr(office_env, "TOOL_MOUNT", "/opt/elsewhere")
+            await env.step(read("budget.xlsx"))
+        finally:
+            await env.close()
+
+    with pytest.raises(EnvError, match="office_tool read crashed"):
+        asyncio.run(episode())
+
+
 def _openpyxl_reads(workbook: Path, sheet: str, cell: str):
     """What openpyxl alone (no recalculation) reads as the cell's value: the cached one."""
     code = (f"import openpyxl; print(repr(openpyxl.load_workbook({str(workbook)!r}, data_only=True)"
