@@ -16,7 +16,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from jointrl.envs.base import Env, Task
+from jointrl.envs.base import Env, Task, ToolCall
 from jointrl.envs.splits import select
 
 # domain name -> module exposing load_tasks / make_env
@@ -26,6 +26,16 @@ DOMAINS: dict[str, str] = {
     "cad": "jointrl.envs.cad.domain",
     "office": "jointrl.envs.office.domain",
     "browser": "jointrl.envs.browser.domain",
+}
+
+# domain name -> "module:function(task, name)" giving a task's named scripted policy as turns of tool
+# calls (``oracle`` solves the task; ``noop``, ``wrong`` do not): demonstrations for ``jointrl sft``
+POLICIES: dict[str, str] = {
+    "terminal": "jointrl.envs.terminal.policies:load_policy",
+    "code_repo": "jointrl.envs.code_repo.policies:load_policy",
+    "cad": "jointrl.envs.cad.policies:load_policy",
+    "office": "jointrl.envs.office.tasks:load_policy",
+    "browser": "jointrl.envs.browser.tasks:policy",
 }
 
 
@@ -44,6 +54,14 @@ def load_tasks(domain: str, task_dir: str | None = None, split: str = "all") -> 
         raise ValueError(f"domain {domain!r}: its {split!r} split is empty (all {len(tasks)} tasks are in the other "
                          f"split); set envs.domains.{domain}.split=all to use them")
     return chosen
+
+
+def scripted_policy(task: Task, name: str) -> list[list[ToolCall]]:
+    """``task``'s scripted policy ``name`` (e.g. ``oracle``), one list of tool calls per turn."""
+    if task.domain not in POLICIES:
+        raise ValueError(f"domain {task.domain!r} ships no scripted policies; those that do: {list(POLICIES)}")
+    module, fn = POLICIES[task.domain].split(":")
+    return getattr(importlib.import_module(module), fn)(task, name)
 
 
 def make_env(domain: str, envs_cfg: Any) -> Env:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = ("train", "serve", "export", "eval")
+COMMANDS = ("train", "serve", "export", "eval", "sft")
 
 
 def main() -> None:
@@ -28,3 +28,7 @@ def main() -> None:
         from jointrl.rl.eval import main as eval_main
 
         eval_main()
+    elif command == "sft":
+        from jointrl.rl.sft import main as sft_main
+
+        sft_main()

@@ -64,7 +64,7 @@ ModelConfig = _model_schema()
 
 @dataclass
 class AlgoConfig:
-    name: str = "grpo"  # grpo | gspo | ppo (rl/losses/)
+    name: str = "grpo"  # grpo | gspo | ppo (rl/losses/); sft: jointrl sft on oracle transcripts (rl/sft.py)
     total_steps: int = 4
     prompts_per_step: int = 4  # informative GRPO groups per step (zero-variance groups are refilled)
     group_size: int = 4  # samples per prompt
@@ -88,7 +88,7 @@ class AlgoConfig:
     mismatch_high: float = 2.0
 
     def __post_init__(self) -> None:
-        _check_choice("algo.name", self.name, ("grpo", "gspo", "ppo"))
+        _check_choice("algo.name", self.name, ("grpo", "gspo", "ppo", "sft"))
         _check_choice("algo.behaviour_logprobs", self.behaviour_logprobs, ("rollout", "learner"))
         _check_choice("algo.aggregation", self.aggregation, ("token_mean", "seq_mean", "seq_sum"))
         _check_choice("algo.kl_estimator", self.kl_estimator, ("k1", "k3"))

@@ -45,6 +45,8 @@ THINK_ID, THINK_END_ID = ByteTokenizer().think_id, ByteTokenizer().think_end_id
 
 def train(cfg: Config) -> dict[str, float]:
     """Run ``cfg.algo.total_steps`` GRPO steps; returns the last step's metrics."""
+    if cfg.algo.name == "sft":
+        raise ValueError("algo.name=sft trains on oracle transcripts, not on rollouts: run `jointrl sft [overrides]`")
     out_dir = Path(cfg.output_dir).resolve()
     ckpt_dir = out_dir / "checkpoints"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from jointrl.rl.config import Config
 from jointrl.rl.losses import (Aggregation, GRPOLoss, GSPOLoss, KLEstimator, MismatchCorrection, PPOLoss,
-                               Regularizers)
+                               Regularizers, SFTLoss)
 
 
-def build_loss(cfg: Config) -> GRPOLoss | GSPOLoss | PPOLoss:
+def build_loss(cfg: Config) -> GRPOLoss | GSPOLoss | PPOLoss | SFTLoss:
     a = cfg.algo
     reg = Regularizers(kl_coef=a.kl_coef, kl_estimator=KLEstimator(a.kl_estimator), entropy_coef=a.entropy_coef)
     if a.name == "gspo":
         return GSPOLoss(a.clip_low, a.clip_high, reg)
+    if a.name == "sft":  # demonstrations (rl/sft.py): the same batches, negative log-likelihood
+        return SFTLoss(Aggregation(a.aggregation), reg)
     if a.name == "ppo":
         return PPOLoss(a.clip_low, a.clip_high, a.value_clip, a.vf_coef, Aggregation(a.aggregation), reg)
     return GRPOLoss(a.clip_low, a.clip_high, Aggregation(a.aggregation), reg)

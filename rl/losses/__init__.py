@@ -3,6 +3,7 @@ from jointrl.rl.losses.grpo import GRPOLoss
 from jointrl.rl.losses.gspo import GSPOLoss
 from jointrl.rl.losses.mismatch import MismatchCorrection, MismatchMode
 from jointrl.rl.losses.ppo import PPOLoss
+from jointrl.rl.losses.sft import SFTLoss
 
 __all__ = ["Aggregation", "GRPOLoss", "GSPOLoss", "KLEstimator", "LossInputs", "MismatchCorrection", "MismatchMode",
-           "PPOLoss", "Regularizers"]
+           "PPOLoss", "Regularizers", "SFTLoss"]

@@ -1,0 +1,99 @@
+"""``jointrl sft [overrides]``: a supervised warm start on the domains' oracle transcripts.
+
+    each train-split task's scripted oracle (envs.registry.scripted_policy), played once through
+    the chat template, the agent loop and the real env (rl/eval.play) -> the transcripts it solved
+    -> algo.total_steps learner steps, algo.prompts_per_step transcripts each (a seeded shuffle,
+       cycled), loss on the assistant tokens only (the agent loop's loss_mask; SFTLoss)
+    -> checkpoints in the driver's format (<output_dir>/checkpoints: jointrl train resume=true,
+       jointrl eval checkpoint=..., jointrl export read them)
+
+The batches are GRPO's (``TrainBatch``: the same token ids the policy would sample, never
+re-tokenized); only the loss differs, so ``algo.name`` is set to ``sft`` here. Oracle turns are
+generated under ``rollout.max_tokens_per_turn`` and ``rollout.max_context`` as a sampled turn
+would be: a demonstration that does not fit (and so is not solved) is left out and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from pathlib import Path
+
+import hydra
+import ray
+from omegaconf import DictConfig, OmegaConf
+
+from jointrl.envs.registry import scripted_policy
+from jointrl.rewards.base import succeeded
+from jointrl.rl.config import Config, register_schemas, to_config
+from jointrl.rl.eval import EvalSpec, eval_tasks, play
+from jointrl.rl.learner.batch import TrainBatch
+from jointrl.rl.rollout.scripted import ScriptedEngine
+from jointrl.rl.types import Trajectory
+
+
+def oracle_transcripts(cfg: Config, limit: int = 0) -> tuple[list[Trajectory], int]:
+    """(the solved oracle transcripts of every configured domain's train split -- its first ``limit``
+    tasks by id, 0: all --, how many were not solved)."""
+    spec = EvalSpec(tiers=("low",), k=1, split="train", limit=limit)
+    oracle = lambda task, _: ScriptedEngine(scripted_policy(task, "oracle"))  # noqa: E731
+    trajs = asyncio.run(play(cfg, eval_tasks(cfg, spec), spec, oracle))
+    solved = [t for t in trajs if succeeded(t.reward_info)]
+    return solved, len(trajs) - len(solved)
+
+
+def sft_batch(trajs: list[Trajectory]) -> TrainBatch:
+    """Transcripts as a learner batch: every assistant token trains, with weight 1."""
+    return TrainBatch([t.token_ids for t in trajs], [t.loss_mask for t in trajs], [t.logprobs for t in trajs],
+                      [1.0] * len(trajs))
+
+
+def sft(cfg: Config) -> dict[str, float]:
+    """``cfg.algo.total_steps`` SFT steps on the oracle transcripts; returns the last step's metrics."""
+    from jointrl.rl.learner.group import LearnerGroup
+    from jointrl.rl.tracking import RunTracker
+    from jointrl.rl.train import _start_ray
+
+    cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, name="sft"))
+    out_dir = Path(cfg.output_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.structured(cfg), out_dir / "config.yaml")
+    demos, unsolved = oracle_transcripts(cfg)
+    if not demos:
+        raise ValueError(f"no oracle transcript solved its task within rollout.max_context={cfg.rollout.max_context} "
+                         f"and rollout.max_tokens_per_turn={cfg.rollout.max_tokens_per_turn}; raise them")
+    print(f"sft: {len(demos)} oracle transcripts ({unsolved} unsolved, left out), "
+          f"{sum(sum(t.loss_mask) for t in demos)} assistant tokens", flush=True)
+    _start_ray(cfg)
+    learner = LearnerGroup(cfg)
+    tracker = RunTracker(cfg, out_dir)
+    order, rng = [], random.Random(cfg.seed)
+    metrics: dict[str, float] = {}
+    for step in range(1, cfg.algo.total_steps + 1):
+        batch = []
+        while len(batch) < min(cfg.algo.prompts_per_step, len(demos)):
+            if not order:
+                order = rng.sample(range(len(demos)), len(demos))
+            batch.append(demos[order.pop()])
+        metrics = {f"sft/{k}": v for k, v in learner.train_step(sft_batch(batch)).items()}
+        if tracker.run is not None:
+            tracker.run.log(metrics, step=step)
+        print(f"sft step {step:4d} | loss {metrics['sft/loss']:.4f} | nll {metrics.get('sft/nll', 0.0):.4f} "
+              f"| tokens {int(metrics.get('sft/tokens', 0))} | {metrics['sft/time_s']:.1f}s", flush=True)
+        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.algo.total_steps:
+            learner.save_checkpoint(str(out_dir / "checkpoints"), step)
+    tracker.finish()
+    learner.shutdown()
+    return metrics
+
+
+register_schemas()
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base=None)
+def main(raw: DictConfig) -> None:
+    try:
+        sft(to_config(raw))
+    finally:
+        ray.shutdown()
