@@ -20,9 +20,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from jointrl.envs.base import Env, EnvError, Message, Observation, Task
 from jointrl.model.chat_template import ChatTemplate
 from jointrl.rewards.base import Episode, combine
+from jointrl.rl.image_inputs import ImageInputs
 from jointrl.rl.parser import CallError, parse_turn
 from jointrl.rl.rollout.engine import RolloutEngine
 from jointrl.rl.types import FinishReason, SamplingParams, Trajectory
@@ -33,6 +36,8 @@ class AgentConfig:
     max_context: int = 4096  # tokens; the history may not grow past this
     episode_timeout_s: float = 600.0  # wall clock for the whole episode (a policy result)
     max_env_retries: int = 2
+    # screenshots as model inputs: the template's image_tokens must equal images.num_tokens
+    images: ImageInputs | None = None
 
 
 async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: ChatTemplate,
@@ -45,6 +50,7 @@ async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: Cha
     traj = Trajectory(token_ids=list(ids), loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids),
                       policy_version=[-1] * len(ids), domain=task.domain, task_id=task.id,
                       group_id=group_id, tier=task.tier, messages=list(messages))
+    _add_patches(traj, template, cfg, messages)
     finish, answer, ended = FinishReason.TOOL_LIMIT, None, False
     for _ in range(task.max_turns):
         room = cfg.max_context - len(traj.token_ids)
@@ -54,12 +60,17 @@ async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: Cha
         if time.monotonic() > deadline:
             finish = FinishReason.TIMEOUT
             break
-        out = await engine.generate(traj.token_ids, dataclasses.replace(params, max_tokens=min(params.max_tokens, room)))
+        turn_params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
+        if traj.image_patches is not None and len(traj.image_patches):
+            out = await engine.generate(traj.token_ids, turn_params, image_patches=traj.image_patches)
+        else:
+            out = await engine.generate(traj.token_ids, turn_params)
         traj.token_ids += out.token_ids
         traj.loss_mask += out.sampled
         traj.logprobs += out.logprobs
         traj.policy_version += [out.policy_version if s else -1 for s in out.sampled]
         _record_routes(traj, out)
+        _add_patches(traj, template, cfg, [], sampled=out.token_ids)
         traj.num_turns += 1
         turn = parse_turn(out.token_ids, tok)
         ended = turn.ended
@@ -76,6 +87,7 @@ async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: Cha
         if done:
             finish, answer = FinishReason.STOP, done.text
             break
+        _add_patches(traj, template, cfg, results)
         cont = template.continuation(results)
         traj.token_ids += cont
         traj.loss_mask += [0] * len(cont)
@@ -90,6 +102,26 @@ async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: Cha
     result = combine(task.reward, task, episode)
     traj.reward, traj.reward_info, traj.reward_time_s = result.score, result.info, time.perf_counter() - t0
     return traj
+
+
+def _add_patches(traj: Trajectory, template: ChatTemplate, cfg: AgentConfig, messages: list[Message],
+                 sampled: list[int] = ()) -> None:
+    """Keep ``traj.image_patches`` one row per ``<image>`` id: the new messages' screenshots, or a
+    zero row for each ``<image>`` the policy sampled (``rl/image_inputs.slot_patches``' rule)."""
+    if cfg.images is None:
+        if template.image_tokens:
+            raise ValueError("ChatTemplate(image_tokens=...) writes <image> slots but AgentConfig.images is None")
+        return
+    if template.image_tokens != cfg.images.num_tokens:
+        raise ValueError(f"ChatTemplate.image_tokens={template.image_tokens} but AgentConfig.images "
+                         f"takes {cfg.images.num_tokens} slots per image")
+    rows = [] if traj.image_patches is None else [traj.image_patches]
+    new = cfg.images.for_messages(messages)
+    if new is not None:
+        rows.append(new)
+    n = list(sampled).count(template.tok.special_ids["<image>"])
+    rows.append(torch.zeros(n, cfg.images.patch_dim))
+    traj.image_patches = torch.cat(rows)
 
 
 def _record_routes(traj: Trajectory, out) -> None:

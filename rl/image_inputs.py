@@ -6,6 +6,11 @@ the agent loop keeps it on the tool message, and ``ChatTemplate(image_tokens=n)`
 messages' images, in order, into the ``[P, C*p*p]`` patches that ``MoETransformer(...,
 image_patches=...)`` projects into those slots (``model/image.py``): every image is resized to
 ``height x width`` RGB so that each takes the same ``num_tokens`` slots.
+
+Engines and the learner hand the model ``slot_patches(...)``: the n-th ``<image>`` id of a
+sequence takes the sequence's n-th patch row; an ``<image>`` past the rows given (one the model
+sampled itself: no screenshot behind it) takes a zero row. Both sides apply the same rule, so
+their log-probs agree whatever the policy samples.
 """
 
 from __future__ import annotations
@@ -51,3 +56,16 @@ class ImageInputs:
         """The patches of every message image, in order (None when there is none)."""
         shots = [self.patches(m.image) for m in messages if m.image is not None]
         return torch.cat(shots) if shots else None
+
+
+def slot_patches(token_ids: list[int], patches: torch.Tensor | None, image_token_id: int, patch_dim: int,
+                 start: int = 0, end: int | None = None) -> torch.Tensor:
+    """``image_patches`` rows for the ``<image>`` ids in ``token_ids[start:end]``: the sequence's
+    n-th ``<image>`` takes ``patches[n]``, one past the rows given takes zeros; [m, patch_dim]."""
+    end = len(token_ids) if end is None else end
+    k = token_ids[:start].count(image_token_id)
+    m = token_ids[start:end].count(image_token_id)
+    have = patches[k:k + m] if patches is not None else torch.zeros(0, patch_dim)
+    if have.shape[0] < m:
+        have = torch.cat([have, have.new_zeros(m - have.shape[0], patch_dim)])
+    return have

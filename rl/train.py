@@ -146,7 +146,8 @@ def _train_batch(cfg: Config, adv: AdvantageResult) -> TrainBatch:
         raise ValueError("learner.routing_replay=true but the rollout recorded no routed experts "
                          "(the rollout backend must record them: rollout.backend=simple)")
     return TrainBatch([t.token_ids for t in kept], [t.loss_mask for t in kept], [t.logprobs for t in kept],
-                      adv.advantages, rewards=[t.reward for t in kept], routed_experts=routes)
+                      adv.advantages, rewards=[t.reward for t in kept], routed_experts=routes,
+                      image_patches=[t.image_patches for t in kept])
 
 
 def _start_ray(cfg: Config) -> None:

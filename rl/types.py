@@ -111,6 +111,9 @@ class Trajectory:
     # replay); None for a token the engine never ran as input (the episode's last token: no log-prob
     # depends on it). The whole field is None when the engine does not record routes.
     routed_experts: list[list[list[int]] | None] | None = None
+    # [P, patch_dim] float: one row per <image> id in token_ids, in order (rl/image_inputs.py;
+    # an <image> the policy sampled gets a zero row); None when the episode ran without images
+    image_patches: Any = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -126,4 +129,5 @@ class Trajectory:
         out = asdict(self)
         out["finish_reason"] = str(self.finish_reason)
         out["messages"] = [m.to_openai() for m in self.messages]
+        out["image_patches"] = None if self.image_patches is None else list(self.image_patches.shape)
         return out

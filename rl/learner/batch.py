@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from jointrl.rl.image_inputs import slot_patches
+
 
 @dataclass(slots=True)
 class TrainBatch:
@@ -14,6 +16,8 @@ class TrainBatch:
     ``advantages`` are per sequence (GRPO/GSPO); PPO computes per-token GAE advantages from
     ``rewards`` and its critic. ``routed_experts[i][t]`` is ``[L][k]`` expert ids the rollout
     used for token t, or None where it has none (the final token, which predicts nothing).
+    ``image_patches[i]`` is the trajectory's ``[P, patch_dim]`` screenshot patches (one row per
+    ``<image>`` id) or None.
     """
 
     token_ids: list[list[int]]
@@ -22,12 +26,13 @@ class TrainBatch:
     advantages: list[float]
     rewards: list[float] | None = None
     routed_experts: list[list[list[list[int]] | None]] | None = None
+    image_patches: list[torch.Tensor | None] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
         if not (len(self.loss_mask) == len(self.old_logprobs) == len(self.advantages) == n):
             raise ValueError("TrainBatch fields need one entry per sequence")
-        for name in ("rewards", "routed_experts"):
+        for name in ("rewards", "routed_experts", "image_patches"):
             if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"TrainBatch.{name} needs one entry per sequence")
         for i, (ids, m) in enumerate(zip(self.token_ids, self.loss_mask)):
@@ -50,7 +55,8 @@ class TrainBatch:
     def select(self, idx: list[int]) -> TrainBatch:
         pick = lambda xs: None if xs is None else [xs[i] for i in idx]  # noqa: E731
         return TrainBatch(pick(self.token_ids), pick(self.loss_mask), pick(self.old_logprobs),
-                          pick(self.advantages), pick(self.rewards), pick(self.routed_experts))
+                          pick(self.advantages), pick(self.rewards), pick(self.routed_experts),
+                          pick(self.image_patches))
 
     def shard(self, rank: int, world_size: int) -> TrainBatch:
         """Sequences for one data-parallel rank, balanced by length (longest first, greedy)."""
@@ -67,7 +73,8 @@ class TrainBatch:
 class MicroBatch:
     """Tensors [B, T] (one packed row, or right-padded rows). ``seg`` is each token's sequence
     index within the micro-batch (-1 on padding); ``pos`` restarts at 0 per sequence;
-    ``adv`` is the sequence's advantage on each of its tokens; ``replay`` [B, T, L, k] or None."""
+    ``adv`` is the sequence's advantage on each of its tokens; ``replay`` [B, T, L, k] or None;
+    ``images`` [P, patch_dim]: a row per ``<image>`` id, row-major over [B, T], or None."""
 
     input_ids: torch.Tensor
     pos: torch.Tensor
@@ -78,6 +85,7 @@ class MicroBatch:
     replay: torch.Tensor | None
     num_seqs: int
     rewards: list[float] | None = None
+    images: torch.Tensor | None = None
 
     @property
     def real(self) -> torch.Tensor:
@@ -103,11 +111,13 @@ def plan_micro_batches(lengths: list[int], max_tokens: int, max_seqs: int, pack:
     return groups
 
 
-def collate(part: TrainBatch, pack: bool, pad_id: int, dtype: torch.dtype, topk: tuple[int, int] | None = None
-            ) -> MicroBatch:
+def collate(part: TrainBatch, pack: bool, pad_id: int, dtype: torch.dtype, topk: tuple[int, int] | None = None,
+            image: tuple[int, int] | None = None) -> MicroBatch:
     """One micro-batch from ``part``: one packed row, or right-padded rows. ``topk = (L, k)``
     builds the replay tensor from ``part.routed_experts``; positions without recorded experts
-    (padding, the final token) get experts 0..k-1, which no trained log-prob depends on."""
+    (padding, the final token) get experts 0..k-1, which no trained log-prob depends on.
+    ``image = (image_token_id, patch_dim)`` (a model with image input) builds ``images`` from
+    ``part.image_patches`` by ``slot_patches``' rule, in the rows' token order."""
     lens = [len(s) for s in part.token_ids]
     rows = [list(range(len(part)))] if pack else [[i] for i in range(len(part))]
     B, T = len(rows), (sum(lens) if pack else max(lens))
@@ -140,14 +150,19 @@ def collate(part: TrainBatch, pack: bool, pad_id: int, dtype: torch.dtype, topk:
                     if r is not None:
                         replay[b, at + t] = torch.tensor(r)
             at += n
-    return MicroBatch(ids, pos, seg, lmask, old, adv, replay, len(part), part.rewards)
+    images = None
+    if image is not None:
+        given = part.image_patches or [None] * len(part)
+        images = torch.cat([slot_patches(part.token_ids[i], given[i], *image) for m in rows for i in m])
+    return MicroBatch(ids, pos, seg, lmask, old, adv, replay, len(part), part.rewards, images)
 
 
 def micro_batches(batch: TrainBatch, size: int, pad_id: int, dtype: torch.dtype, *, max_tokens: int = 0,
-                  pack: bool = False, topk: tuple[int, int] | None = None) -> list[MicroBatch]:
+                  pack: bool = False, topk: tuple[int, int] | None = None,
+                  image: tuple[int, int] | None = None) -> list[MicroBatch]:
     """``plan_micro_batches`` then ``collate`` each group (``size``: sequences per micro-batch)."""
     plan = plan_micro_batches([len(s) for s in batch.token_ids], max_tokens, size, pack)
-    return [collate(batch.select(g), pack, pad_id, dtype, topk) for g in plan]
+    return [collate(batch.select(g), pack, pad_id, dtype, topk, image) for g in plan]
 
 
 def logprobs_from_logits(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

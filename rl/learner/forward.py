@@ -49,10 +49,12 @@ def check_packable(config) -> None:
 
 
 def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor, seg_BT: torch.Tensor,
-                    replay_BTLk: torch.Tensor | None = None, grad_checkpoint: bool = False) -> LearnerForward:
+                    replay_BTLk: torch.Tensor | None = None, grad_checkpoint: bool = False,
+                    image_patches: torch.Tensor | None = None) -> LearnerForward:
     """Forward ``ids_BT`` with RoPE positions ``pos_BT`` and sequence ids ``seg_BT`` (-1 = padding).
 
     ``replay_BTLk`` [B, T, L_moe, k]: routing replay (the rollout's experts; valid ids everywhere).
+    ``image_patches`` [P, patch_dim]: one row per ``<image>`` id, row-major (``MicroBatch.images``).
     """
     B, T = ids_BT.shape
     cfg = model.config
@@ -61,6 +63,8 @@ def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
         raise ValueError(f"routed experts must be [B, T, L, k] = {(B, T, L, k)}, got {tuple(replay_BTLk.shape)}")
     backbone = model.model
     x_BTH = backbone.embed_tokens(ids_BT)
+    if image_patches is not None:
+        x_BTH = backbone.image_projector.merge(x_BTH, ids_BT, image_patches)
     real_BT = seg_BT >= 0
     batch = AttentionBatch(
         rope=backbone.rotary_emb(pos_BT, x_BTH.dtype),

@@ -110,6 +110,7 @@ class LearnerWorker:
         self.temperature = cfg.rollout.temperature or 1.0
         mc = model.config
         self.topk = (mc.num_moe_layers, mc.num_experts_per_tok)  # replay when a batch carries routed experts
+        self.image = (mc.image_token_id, mc.image_patch_dim) if mc.image_patch_dim else None  # screenshot slots
         self.has_router_bias = any(getattr(m, "e_score_correction_bias", None) is not None for m in model.modules())
 
     def ready(self) -> int:
@@ -121,7 +122,8 @@ class LearnerWorker:
     def _micro_batches(self, batch: TrainBatch, topk: tuple[int, int] | None) -> list[MicroBatch]:
         lc = self.cfg.learner
         mbs = micro_batches(batch, lc.micro_batch_size, self.tok.pad_id, self.dtype,
-                            max_tokens=lc.max_tokens_per_micro_batch, pack=lc.pack_sequences, topk=topk)
+                            max_tokens=lc.max_tokens_per_micro_batch, pack=lc.pack_sequences, topk=topk,
+                            image=self.image)
         if lc.ep_size > 1:  # every rank of the expert-parallel group runs the same number of passes
             import torch.distributed as dist
 
@@ -129,7 +131,7 @@ class LearnerWorker:
             dist.all_reduce(n, op=dist.ReduceOp.MAX)
             empty = TrainBatch([[self.tok.pad_id]], [[0]], [[0.0]], [0.0], [0.0],
                                None if topk is None else [[None]])
-            mbs += [collate(empty, False, self.tok.pad_id, self.dtype, topk) for _ in range(int(n) - len(mbs))]
+            mbs += [collate(empty, False, self.tok.pad_id, self.dtype, topk, self.image) for _ in range(int(n) - len(mbs))]
         return mbs
 
     def train_step(self, shard: TrainBatch, num_tokens_global: int, num_seqs_global: int | None = None
@@ -145,7 +147,8 @@ class LearnerWorker:
         parts, load_LE, loss_sum, aux_sum = [], None, 0.0, 0.0
         mbs = self._micro_batches(shard, self.topk if shard.routed_experts is not None else None)
         for mb in mbs:
-            fwd = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg, mb.replay, lc.gradient_checkpointing)
+            fwd = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg, mb.replay, lc.gradient_checkpointing,
+                                  mb.images)
             logp = logprobs_from_logits(fwd.logits_BTV, mb.input_ids, self.temperature)
             inp = self._loss_inputs(mb, fwd, logp, norm)
             loss, m = self.loss_fn(inp)
@@ -181,7 +184,7 @@ class LearnerWorker:
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_fwd = learner_forward(self.ref_model, mb.input_ids, mb.pos, mb.seg, mb.replay)
+                ref_fwd = learner_forward(self.ref_model, mb.input_ids, mb.pos, mb.seg, mb.replay, image_patches=mb.images)
                 ref = logprobs_from_logits(ref_fwd.logits_BTV, mb.input_ids, self.temperature)
         adv = mb.adv
         v = old_v = ret = None
@@ -230,7 +233,8 @@ class LearnerWorker:
                            [0.0] * len(token_ids))
         out = []
         for mb in self._micro_batches(batch, None):
-            lp = logprobs_from_logits(learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg).logits_BTV,
+            lp = logprobs_from_logits(learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg,
+                                                      image_patches=mb.images).logits_BTV,
                                       mb.input_ids, self.temperature)
             for b in range(lp.shape[0]):
                 for i in sorted(set(mb.seg[b][mb.seg[b] >= 0].tolist())):

@@ -20,7 +20,11 @@ class RolloutEngine(Protocol):
         ...
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
-        """Continue ``prompt_ids`` by one assistant turn (until a stop token or max_tokens)."""
+        """Continue ``prompt_ids`` by one assistant turn (until a stop token or max_tokens).
+
+        Engines that read screenshots (``LLMEngine``, ``SimpleSampler``) also take
+        ``image_patches=`` [P, patch_dim]: one row per ``<image>`` id of ``prompt_ids``
+        (``rl/image_inputs.slot_patches``); the agent loop passes it only when there are images."""
         ...
 
     def update_weights(self, version: int, bundle: Any) -> None:

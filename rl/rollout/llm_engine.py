@@ -24,6 +24,7 @@ computed by older weights.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import threading
 import time
@@ -106,9 +107,13 @@ class LLMEngine:
         return self.runner.cache_bytes
 
     # -- requests ---------------------------------------------------------------------------
-    def make_sequence(self, prompt_ids: list[int], params: SamplingParams, waiter=None) -> Sequence:
+    def make_sequence(self, prompt_ids: list[int], params: SamplingParams, waiter=None,
+                      image_patches: torch.Tensor | None = None) -> Sequence:
+        """``image_patches`` [P, patch_dim]: one row per ``<image>`` id of ``prompt_ids``, prefilled
+        into those slots (an ``<image>`` the model samples later gets a zero row, as in the learner)."""
         if not prompt_ids:
             raise ValueError("prompt_ids needs at least one token")
+        image_keys = self._image_keys(prompt_ids, image_patches)
         need = self.block_manager.blocks_for(len(prompt_ids) + params.max_tokens)
         if need > self.config.num_blocks:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_tokens={params.max_tokens} needs {need} "
@@ -121,10 +126,27 @@ class LLMEngine:
                         stops=frozenset(params.stop_token_ids if self.config.ignore_eos
                                         else (self.tok.im_end_id, *params.stop_token_ids)), gen=gen,
                         in_think=prompt_ids[-1] == self.tok.think_id,
-                        out=GenerationOutput([], [], [], "length", -1), waiter=waiter)
+                        out=GenerationOutput([], [], [], "length", -1), waiter=waiter,
+                        images=image_patches, image_keys=image_keys)
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams, waiter=None) -> Sequence:
-        seq = self.make_sequence(prompt_ids, params, waiter)
+    def _image_keys(self, prompt_ids: list[int], image_patches: torch.Tensor | None) -> dict[int, int]:
+        """Position of each ``<image>`` id -> a digest of its patch row (the prefix cache's key)."""
+        if image_patches is None:
+            return {}
+        cfg = self.model.config
+        if not cfg.image_patch_dim:
+            raise ValueError("image_patches given but MoEConfig.image_patch_dim is 0 (a text-only model)")
+        slots = [p for p, t in enumerate(prompt_ids) if t == cfg.image_token_id]
+        if tuple(image_patches.shape) != (len(slots), cfg.image_patch_dim):
+            raise ValueError(f"image_patches must be [<image> ids in the prompt = {len(slots)}, {cfg.image_patch_dim}], "
+                             f"got {tuple(image_patches.shape)}")
+        rows = image_patches.detach().cpu().contiguous().numpy()
+        return {p: int.from_bytes(hashlib.blake2b(row.tobytes(), digest_size=8).digest(), "little")
+                for p, row in zip(slots, rows)}
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, waiter=None,
+                    image_patches: torch.Tensor | None = None) -> Sequence:
+        seq = self.make_sequence(prompt_ids, params, waiter, image_patches)
         self._inbox.append(seq)
         return seq
 
@@ -191,11 +213,13 @@ class LLMEngine:
             done.append(seq)
         return done
 
-    def generate_batch(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[GenerationOutput]:
+    def generate_batch(self, prompts: list[list[int]], params: list[SamplingParams],
+                       images: list[torch.Tensor | None] | None = None) -> list[GenerationOutput]:
         """Synchronous: run ``prompts`` (with any requests already queued) to the end of their turns."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        seqs = [self.make_sequence(p, sp) for p, sp in zip(prompts, params)]
+        images = images or [None] * len(prompts)
+        seqs = [self.make_sequence(p, sp, image_patches=im) for p, sp, im in zip(prompts, params, images)]
         self._inbox.extend(seqs)
         pending = set(map(id, seqs))
         while pending:
@@ -204,13 +228,14 @@ class LLMEngine:
         return [s.out for s in seqs]
 
     # -- async front (the RolloutEngine protocol) ------------------------------------------
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       image_patches: torch.Tensor | None = None) -> GenerationOutput:
         loop = asyncio.get_running_loop()
         if self._loop_task is None:
             self._wake = asyncio.Event()
             self._loop_task = loop.create_task(self._serve())
         fut = loop.create_future()
-        self.add_request(prompt_ids, params, fut)
+        self.add_request(prompt_ids, params, fut, image_patches)
         self._wake.set()
         return await fut
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from jointrl.kernels.paged_attention_cpu import paged_decode
 from jointrl.model import MoETransformer
 from jointrl.model.rope import rotate_half
+from jointrl.rl.image_inputs import slot_patches
 from jointrl.rl.rollout.paged_state import DecodeBatchState, PagedState
 from jointrl.rl.rollout.sequence import Sequence
 
@@ -45,6 +46,7 @@ class ModelRunner:
         self.kv_LPCHD = torch.zeros(len(kv_layers), P, 2, self.Hkv, self.D, dtype=self.dtype)
         self.index_LPD = torch.zeros(len(index_layers), P, getattr(cfg, "index_head_dim", 1), dtype=self.dtype)
         self._fused: dict[int, tuple[tuple, torch.Tensor]] = {}  # id(attention) -> (weights' versions, qkv weight)
+        self.image = (cfg.image_token_id, cfg.image_patch_dim) if getattr(cfg, "image_patch_dim", 0) else None
 
     def _qkv_weight(self, attn) -> torch.Tensor:
         """q, k, v projections as one [(Hq + 2·Hkv)·D, H] weight (one matmul instead of three),
@@ -60,6 +62,16 @@ class ModelRunner:
     @property
     def cache_bytes(self) -> int:
         return (self.kv_LPCHD.numel() + self.index_LPD.numel()) * self.kv_LPCHD.element_size()
+
+    def _patches(self, parts: list[tuple[Sequence, int]]) -> torch.Tensor | None:
+        """``image_patches`` for the next ``n`` tokens of each ``(seq, n)``, in that order (None for a
+        text-only model): the sequence's screenshot rows by ``slot_patches``' rule."""
+        if self.image is None:
+            return None
+        image_id, dim = self.image
+        rows = [slot_patches(seq.token_ids, seq.images, image_id, dim, seq.num_computed, seq.num_computed + n)
+                for seq, n in parts if image_id in seq.token_ids[seq.num_computed:seq.num_computed + n]]
+        return torch.cat(rows) if rows else torch.zeros(0, dim, dtype=self.dtype)
 
     def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
         pos = torch.arange(start, end)
@@ -118,6 +130,8 @@ class ModelRunner:
 
         m = self.model
         x_NH = m.model.embed_tokens(ids_N)
+        if self.image is not None and bool((ids_N == self.image[0]).any()):
+            x_NH = m.model.image_projector.merge(x_NH[None], ids_N[None], self._patches([batch[i] for i in order]))[0]
         cos_ND, sin_ND = (t[0] for t in m.model.rotary_emb(pos_N[None], x_NH.dtype))
         cos_N1D, sin_N1D = cos_ND[:, None], sin_ND[:, None]
         routed = []
@@ -176,14 +190,14 @@ class ModelRunner:
             state = DecodeBatchState(self, [batch[i][0] for i in decoding])
             ids_B1 = torch.tensor([[batch[i][0].token_ids[batch[i][0].num_computed]] for i in decoding])
             out = self.model(ids_B1, position_ids=state.position_ids_B1, attention_mask=state.attention_mask_BS,
-                             cache=state)
+                             cache=state, image_patches=self._patches([batch[i] for i in decoding]))
             rows = {i: (out.logits[b], out.topk_ids[b]) for b, i in enumerate(decoding)}
         logits, ends, routed = [], [], []
         for i, (seq, n) in enumerate(batch):
             c = seq.num_computed
             if i not in rows:
                 out = self.model(torch.tensor([seq.token_ids[c:c + n]]), position_ids=torch.arange(c, c + n)[None],
-                                 cache=PagedState(self, seq, n))
+                                 cache=PagedState(self, seq, n), image_patches=self._patches([(seq, n)]))
                 rows[i] = (out.logits[0], out.topk_ids[0])
             if c + n == len(seq):
                 ends.append(i)

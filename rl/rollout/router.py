@@ -78,12 +78,12 @@ class RoutedEngineClient:
         self.handles, self.router, self.session = handles, router, session
         self.index: int | None = None
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, image_patches=None) -> GenerationOutput:
         if self.index is None:
             self.index = await self.router.acquire.remote(self.session)
         index = self.index
         try:
-            return await self.handles[index].generate.remote(prompt_ids, params)
+            return await self.handles[index].generate.remote(prompt_ids, params, image_patches)
         except ray.exceptions.RayActorError as e:
             self.index = None
             await self.router.mark_dead.remote(index)

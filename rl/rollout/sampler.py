@@ -24,6 +24,7 @@ import torch
 
 from jointrl.model import KVCache, MoETransformer
 from jointrl.model.tokenizer import ByteTokenizer
+from jointrl.rl.image_inputs import slot_patches
 from jointrl.rl.learner.batch import position_ids
 from jointrl.rl.types import GenerationOutput, SamplingParams
 
@@ -62,12 +63,13 @@ class SimpleSampler:
         self._version = version
 
     # -- async front: requests that arrive together are batched --------------------------
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       image_patches: torch.Tensor | None = None) -> GenerationOutput:
         if self._queue is None:
             self._queue = asyncio.Queue()
             self._loop_task = asyncio.get_running_loop().create_task(self._serve())
         fut = asyncio.get_running_loop().create_future()
-        await self._queue.put((prompt_ids, params, fut))
+        await self._queue.put((prompt_ids, params, image_patches, fut))
         return await fut
 
     async def close(self) -> None:
@@ -86,17 +88,19 @@ class SimpleSampler:
                 pending.append(self._queue.get_nowait())
             try:
                 outs = await loop.run_in_executor(
-                    None, self.generate_batch, [p for p, _, _ in pending], [s for _, s, _ in pending])
+                    None, self.generate_batch, [p[0] for p in pending], [p[1] for p in pending], [p[2] for p in pending])
             except Exception as e:  # hand the failure to every waiter; keep serving
-                for _, _, fut in pending:
+                for *_, fut in pending:
                     fut.set_exception(e)
                 continue
-            for (_, _, fut), out in zip(pending, outs):
+            for (*_, fut), out in zip(pending, outs):
                 fut.set_result(out)
 
     # -- the batch itself ------------------------------------------------------------------
     @torch.no_grad()
-    def generate_batch(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[GenerationOutput]:
+    def generate_batch(self, prompts: list[list[int]], params: list[SamplingParams],
+                       images: list[torch.Tensor | None] | None = None) -> list[GenerationOutput]:
+        """``images[b]``: prompt b's screenshot patches (one row per ``<image>`` id), or None."""
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         if any(len(p) == 0 for p in prompts):
@@ -115,7 +119,8 @@ class SimpleSampler:
 
         dtype = next(self.model.parameters()).dtype
         cache = KVCache.empty(self.model.config, B, dtype)
-        out = self.model(ids_BS, position_ids=pos_BS, attention_mask=mask_BS, cache=cache)
+        out = self.model(ids_BS, position_ids=pos_BS, attention_mask=mask_BS, cache=cache,
+                         image_patches=self._patches(prompts, images or [None] * B))
         logits_BV = out.logits[:, -1]
         if self.record_routes:
             for b, p in enumerate(prompts):
@@ -127,7 +132,7 @@ class SimpleSampler:
                 break
             mask_BS = torch.cat([mask_BS, torch.ones((B, 1), dtype=torch.bool)], dim=1)
             out = self.model(torch.tensor(step_ids)[:, None], position_ids=next_pos_B[:, None],
-                             attention_mask=mask_BS, cache=cache)
+                             attention_mask=mask_BS, cache=cache, image_patches=self._patches([[t] for t in step_ids]))
             logits_BV = out.logits[:, -1]
             if self.record_routes:
                 for b, o in enumerate(outs):  # rows still generating fed their last token; keep P + n - 1
@@ -139,6 +144,17 @@ class SimpleSampler:
             if self.record_routes:
                 del o.routed_experts[len(prompts[b]) + len(o.token_ids) - 1:]
         return outs
+
+    def _patches(self, rows: list[list[int]], images: list[torch.Tensor | None] | None = None) -> torch.Tensor | None:
+        """``image_patches`` for a forward over ``rows`` (row-major; ``slot_patches``' rule), or None
+        for a text-only model. Decode steps pass no images: a sampled ``<image>`` gets a zero row."""
+        cfg = self.model.config
+        images = images or [None] * len(rows)
+        if not cfg.image_patch_dim:
+            if any(p is not None for p in images):
+                raise ValueError("image_patches given but MoEConfig.image_patch_dim is 0 (a text-only model)")
+            return None
+        return torch.cat([slot_patches(r, p, cfg.image_token_id, cfg.image_patch_dim) for r, p in zip(rows, images)])
 
     def _pick(self, row: _Row, logits_V: torch.Tensor, out: GenerationOutput) -> int:
         """Choose this row's next token, record it, and update the row's state."""

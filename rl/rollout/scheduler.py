@@ -62,7 +62,8 @@ class Scheduler:
     def _find_session(self, seq: Sequence) -> Sequence | None:
         for i in range(len(seq.chain) - 1, -1, -1):
             for s in self._idle_index.get(seq.chain[i], ()):
-                if len(s) <= len(seq) and seq.token_ids[:len(s)] == s.token_ids:
+                if len(s) <= len(seq) and seq.token_ids[:len(s)] == s.token_ids and s.image_keys == {
+                        p: k for p, k in seq.image_keys.items() if p < len(s)}:  # same screenshots too
                     return s
         return None
 
@@ -233,7 +234,12 @@ class Scheduler:
             self._inflight.difference_update(hash((self.version, c)) for c in seq.chain[seq.num_registered:])
 
     def _extend_chain(self, seq: Sequence, num_blocks: int) -> None:
-        chain, bs = seq.chain, self.bs
+        """A block's hash covers its tokens and, when it holds ``<image>`` slots, the digests of their
+        patches: identical placeholder ids behind different screenshots never share keys/values."""
+        chain, bs, keys = seq.chain, self.bs, seq.image_keys
         while len(chain) < num_blocks:
             i = len(chain)
-            chain.append(chain_hash(chain[-1] if chain else 0, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
+            content = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            if keys:
+                content = (content, tuple(keys.get(p) for p in range(i * bs, (i + 1) * bs)))
+            chain.append(chain_hash(chain[-1] if chain else 0, content))

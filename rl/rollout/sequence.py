@@ -45,6 +45,8 @@ class Sequence:
     routed: list[list[list[int]] | None] | None = None  # per position: [layer][k] expert ids (None: not run here)
     routed_from: int = -1              # first position this turn ran through the model
     recurrent: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # kda layer -> state
+    images: torch.Tensor | None = None  # [P, patch_dim]: a row per <image> id of the prompt (slot_patches' rule)
+    image_keys: dict[int, int] = field(default_factory=dict)  # position of an <image> id -> digest of its row
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -33,8 +33,10 @@ class RolloutWorker:
             self.engine = SimpleSampler(build_model(cfg), ByteTokenizer(), max_batch=r.max_batch,
                                         record_routes=cfg.learner.routing_replay)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
-        return await self.engine.generate(prompt_ids, params)
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, image_patches=None) -> GenerationOutput:
+        if image_patches is None:
+            return await self.engine.generate(prompt_ids, params)
+        return await self.engine.generate(prompt_ids, params, image_patches=image_patches)
 
     def update_weights(self, version: int, *bundles) -> dict[str, float]:
         """One push through Ray's object store: every sending rank's bundle (rank 0's first),
