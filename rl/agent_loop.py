@@ -107,10 +107,9 @@ async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: Cha
 def _add_patches(traj: Trajectory, template: ChatTemplate, cfg: AgentConfig, messages: list[Message],
                  sampled: list[int] = ()) -> None:
     """Keep ``traj.image_patches`` one row per ``<image>`` id: the new messages' screenshots, or a
-    zero row for each ``<image>`` the policy sampled (``rl/image_inputs.slot_patches``' rule)."""
+    zero row for each ``<image>`` the policy sampled (``rl/image_inputs.slot_patches``' rule).
+    Without ``cfg.images`` nothing is kept: the engine sees the slots' plain placeholder ids."""
     if cfg.images is None:
-        if template.image_tokens:
-            raise ValueError("ChatTemplate(image_tokens=...) writes <image> slots but AgentConfig.images is None")
         return
     if template.image_tokens != cfg.images.num_tokens:
         raise ValueError(f"ChatTemplate.image_tokens={template.image_tokens} but AgentConfig.images "

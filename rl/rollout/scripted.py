@@ -25,6 +25,7 @@ class ScriptedEngine:
         self.template = template or ChatTemplate()
         self.turns, self.reasoning = list(turns), reasoning
         self.prompts: list[list[int]] = []  # what the engine was shown, per turn
+        self.images: list = []  # the image_patches it was given, per turn (None: none)
         self._next = 0  # index of the next scripted turn
         self._version = 0
 
@@ -42,10 +43,11 @@ class ScriptedEngine:
             ids += [t.tool_call_id, *t.encode(json.dumps({"name": c.name, "arguments": c.arguments})), t.tool_call_end_id]
         return ids + [t.im_end_id]
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationOutput:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, image_patches=None) -> GenerationOutput:
         if not self.prompts or prompt_ids[: len(self.prompts[-1])] != self.prompts[-1]:
             self._next = 0  # a new episode
         self.prompts.append(list(prompt_ids))
+        self.images.append(image_patches)
         if self._next >= len(self.turns):  # the script is over: end the turn without a call
             ids = self.render_turn([])
         else:
