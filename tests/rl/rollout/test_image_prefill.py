@@ -27,6 +27,13 @@ def model():
     return MoETransformer.from_config(cfg, dtype=torch.float64, seed=3)
 
 
+@pytest.fixture(scope="module")
+def hybrid():
+    """KDA + gated DSA layers: the engine runs them through the model's own forward, per sequence."""
+    cfg = MoEConfig.preset("tiny_hybrid", initializer_range=0.1, image_patch_dim=DIM)
+    return MoETransformer.from_config(cfg, dtype=torch.float64, seed=3)
+
+
 def screenshot(seed: int) -> torch.Tensor:
     return torch.rand(SLOTS, DIM, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
@@ -84,11 +91,14 @@ def assert_engine_matches_learner(model, p, shot, out):
     assert out.logprobs == pytest.approx(lp[len(p):], abs=1e-10)
 
 
-@pytest.mark.parametrize("backend", ["engine", "simple"])
-def test_rollout_logprobs_with_a_screenshot_equal_the_learner(model, backend):
+@pytest.mark.parametrize("backend", ["engine", "simple", "engine_hybrid"])
+def test_rollout_logprobs_with_a_screenshot_equal_the_learner(model, hybrid, backend):
     p = prompt()
     shots = [screenshot(1), screenshot(2)]
-    if backend == "engine":
+    if backend == "engine_hybrid":
+        model = hybrid
+        outs = engine(model, max_num_batched_tokens=32).generate_batch([p, p], [PARAMS, PARAMS], images=shots)
+    elif backend == "engine":
         outs = engine(model).generate_batch([p, p], [PARAMS, PARAMS], images=shots)
     else:
         outs = SimpleSampler(model, TEMPLATE.tok).generate_batch([p, p], [PARAMS, PARAMS], images=shots)
