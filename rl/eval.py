@@ -10,7 +10,9 @@ running concurrently (``envs.max_concurrent_episodes``) so the engine batches th
 ``checkpoint``: a run's ``.../checkpoints`` (its ``latest``), ``.../checkpoints/step_N`` or an
 HF directory; ``null`` evaluates the untrained ``model`` from config. The model's shape is the
 run's (its ``config.yaml`` beside ``checkpoints/``) when there is one, else ``model=``'s.
-Other ``key=value``s are config overrides (``envs=joint``, ``rollout.temperature=0.7``, ...).
+``policy=oracle`` (or ``noop``, ``wrong``) plays each task's scripted policy
+(``registry.scripted_policy``) instead of a model, through the same episodes: the ceiling every
+held-out task must reach. Other ``key=value``s are config overrides (``envs=joint``, ...).
 
 A task is solved when every outcome reward module scores 1 (``rewards.base.succeeded``).
 Per task, with c of n = k samples solved, pass@j is the unbiased estimator of Chen et al. 2021
@@ -34,7 +36,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from jointrl.envs.base import TIERS, Task
-from jointrl.envs.registry import load_tasks, make_env
+from jointrl.envs.registry import load_tasks, make_env, scripted_policy
 from jointrl.envs.splits import SPLITS
 from jointrl.model.chat_template import ChatTemplate
 from jointrl.rewards.base import succeeded
@@ -42,11 +44,12 @@ from jointrl.rl.agent_loop import AgentConfig, run_episode_with_retries
 from jointrl.rl.config import Config, load_config
 from jointrl.rl.env_worker import sampling_params
 from jointrl.rl.rollout.engine import RolloutEngine
+from jointrl.rl.rollout.scripted import ScriptedEngine
 from jointrl.rl.types import FinishReason, Trajectory
 
-ARGS = ("tier", "k", "split", "limit", "out")  # the command's own; every other key=value overrides the config
+ARGS = ("tier", "k", "split", "limit", "out", "policy")  # the command's own; every other key=value overrides the config
 USAGE = ("usage: jointrl eval checkpoint=<run>/checkpoints|null [envs=<group>] [tier=low,high,max] [k=4] "
-         "[split=heldout] [limit=0] [out=<dir>] [key=value ...]")
+         "[split=heldout] [limit=0] [out=<dir>] [policy=model|oracle|noop|wrong] [key=value ...]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,9 +164,9 @@ def write_results(cfg: Config, out: Path, rows: list[dict], trajs: list[Trajecto
 
 
 def evaluate(cfg: Config, spec: EvalSpec, out: Path,
-             engine_for: Callable[[Task, int], RolloutEngine] | None = None) -> dict:
+             engine_for: Callable[[Task, int], RolloutEngine] | None = None, policy: str = "model") -> dict:
     """Play, tabulate, write. ``engine_for`` None: the engine over ``cfg.checkpoint`` (or the
-    untrained model), shared by every episode."""
+    untrained model), shared by every episode; else ``policy`` names what it plays."""
     tasks = eval_tasks(cfg, spec)
     engine = None
     if engine_for is None:
@@ -182,9 +185,10 @@ def evaluate(cfg: Config, spec: EvalSpec, out: Path,
     trajs = asyncio.run(run())
     rows = table(trajs, spec.k)
     version = engine.version if engine is not None else 0
-    meta = {"checkpoint": cfg.checkpoint, "policy_version": version, "split": spec.split, "k": spec.k,
-            "tiers": list(spec.tiers), "domains": list(cfg.envs.domains)}
-    print(f"eval: checkpoint {cfg.checkpoint} (policy version {version}), split {spec.split}, k={spec.k}", flush=True)
+    meta = {"policy": policy, "checkpoint": cfg.checkpoint if engine is not None else None, "policy_version": version,
+            "split": spec.split, "k": spec.k, "tiers": list(spec.tiers), "domains": list(cfg.envs.domains)}
+    print(f"eval: {f'checkpoint {cfg.checkpoint} (policy version {version})' if engine is not None else policy}, "
+          f"split {spec.split}, k={spec.k}", flush=True)
     print(format_table(rows), flush=True)
     return write_results(cfg, out, rows, trajs, meta)
 
@@ -213,4 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
     except ValueError as e:
         raise SystemExit(f"{e}\n{USAGE}") from None
     cfg = eval_config(overrides)
-    return evaluate(cfg, spec, Path(mine.get("out", Path(cfg.output_dir) / "eval")))
+    policy, engine_for = mine.get("policy", "model"), None
+    if policy != "model":  # a scripted policy through the same episodes: the ceiling (oracle) or a floor
+        engine_for = lambda task, _: ScriptedEngine(scripted_policy(task, policy))  # noqa: E731
+    return evaluate(cfg, spec, Path(mine.get("out", Path(cfg.output_dir) / "eval")), engine_for, policy)

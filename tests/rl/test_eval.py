@@ -4,15 +4,14 @@ the agent loop and the terminal domain's bwrap sandboxes."""
 from __future__ import annotations
 
 import json
-import socket
-
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from jointrl.envs.registry import load_tasks
-from jointrl.envs.terminal import load_policy
+from jointrl.envs.registry import DOMAINS, load_tasks, scripted_policy
+from jointrl.rewards.base import succeeded
 from jointrl.rl.config import load_config
+from jointrl.rl.learner.group import _free_port
 from jointrl.rl.eval import EvalSpec, evaluate, main, pass_at
 from jointrl.rl.rollout.scripted import ScriptedEngine
 
@@ -24,17 +23,17 @@ def test_pass_at_is_the_unbiased_estimator():
         pass_at(2, 1, 3)
 
 
+def test_success_is_every_outcome_module_at_one_format_aside():
+    assert succeeded({"tests_pass": 1.0, "format": 0.0, "tests_pass/failed": 0})
+    assert succeeded({"cad_iou": 0.9999999999989, "cad_chamfer": 1.0})  # an exact part, up to rounding
+    assert not succeeded({"cad_iou": 0.99, "cad_chamfer": 1.0}) and not succeeded({"format": 1.0})
+
+
 def test_bad_arguments_name_the_allowed_values(tmp_path):
     with pytest.raises(SystemExit, match="tier='medium' is not allowed; allowed values: \\['low', 'high', 'max'\\]"):
         main(["checkpoint=null", "tier=low,medium", f"out={tmp_path}"])
     with pytest.raises(SystemExit, match="split='test' is not allowed"):
         main(["checkpoint=null", "split=test", f"out={tmp_path}"])
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +44,7 @@ def checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     cfg = load_config([f"output_dir={out}", "seed=5"])
     OmegaConf.save(OmegaConf.structured(cfg), out / "config.yaml")
-    lw = LearnerWorker(cfg, rank=0, world_size=1, master_addr="127.0.0.1", master_port=_port())
+    lw = LearnerWorker(cfg, rank=0, world_size=1, master_addr="127.0.0.1", master_port=_free_port())
     with torch.no_grad():
         for p in lw.engine.module.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(0), dtype=p.dtype))
@@ -95,8 +94,19 @@ def test_oracle_through_the_eval_path_solves_every_heldout_task(tmp_path):
     oracle's alone: 1), pass@2 = 1, through the same episodes, rewards and table."""
     cfg = load_config(["envs=terminal", "logger.wandb_mode=disabled", "rollout.max_tokens_per_turn=4096",
                        "rollout.max_context=16384"])
-    engine_for = lambda task, sample: ScriptedEngine(load_policy(task, "oracle" if sample == 0 else "noop"))  # noqa: E731
+    engine_for = lambda task, sample: ScriptedEngine(scripted_policy(task, "oracle" if sample == 0 else "noop"))  # noqa: E731
     result = evaluate(cfg, EvalSpec(tiers=("low",), k=2, limit=3), tmp_path, engine_for)
     (row,) = result["rows"]
     assert (row["tasks"], row["pass@1"], row["pass@2"]) == (3, 0.5, 1.0)
     assert all(e["success"] == (e["sample"] == 0) for e in result["episodes"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("domain", sorted(DOMAINS))
+def test_every_heldout_task_is_solved_by_its_oracle(domain, tmp_path):
+    """``jointrl eval policy=oracle``: pass@1 = 1 on every domain's whole held-out split."""
+    result = main([f"envs={domain}", "policy=oracle", "tier=low", "k=1", f"out={tmp_path}", "logger.wandb_mode=disabled",
+                   "rollout.max_tokens_per_turn=65536", "rollout.max_context=262144"])
+    (row,) = result["rows"]
+    assert row["tasks"] == len(load_tasks(domain, split="heldout")) and row["env_error"] == 0
+    assert row["pass@1"] == 1.0, [e for e in result["episodes"] if not e["success"]]

@@ -3,22 +3,15 @@ through the agent loop and bwrap sandboxes, trained on by the DeepSpeed learner.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
 from jointrl.rl.config import load_config
+from jointrl.rl.learner.group import _free_port
 from jointrl.rl.losses import LossInputs, SFTLoss
 from jointrl.rl.sft import oracle_transcripts, sft_batch
 
 LONG_TURNS = ["rollout.max_tokens_per_turn=1024", "rollout.max_context=4096"]  # oracle turns are a few hundred bytes
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_sft_loss_is_the_mean_nll_of_the_loss_tokens():
@@ -43,7 +36,7 @@ def test_sft_on_oracle_transcripts_lowers_their_loss():
         spans = [i for i in range(1, len(t.loss_mask)) if t.loss_mask[i - 1] and not t.loss_mask[i]] + \
             ([len(t.loss_mask)] if t.loss_mask[-1] else [])
         assert len(spans) == t.num_turns and all(t.token_ids[i - 1] == 258 for i in spans), tok(t.token_ids)[spans]
-    lw = LearnerWorker(cfg, rank=0, world_size=1, master_addr="127.0.0.1", master_port=_port())
+    lw = LearnerWorker(cfg, rank=0, world_size=1, master_addr="127.0.0.1", master_port=_free_port())
     batch = sft_batch(demos)
     losses = [lw.train_step(batch, batch.num_loss_tokens, batch.num_loss_seqs)["loss"] for _ in range(5)]
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
