@@ -1,5 +1,8 @@
 """Associative recall at 8× the DSA top-k: the task generator (default tier) and the experiment
-(slow tier: tiny_hybrid trained dense, evaluated dense vs sparse with the same weights)."""
+(slow tier: tiny_hybrid trained dense, evaluated dense vs sparse with the same weights).
+
+The slow test trains with `run`'s default length curriculum (contexts of 16, then 64, then
+256 = 8 × top-32 tokens); accuracy is measured on 256-token contexts only."""
 
 from __future__ import annotations
 
@@ -22,6 +25,11 @@ def test_generator_places_every_pair_once_and_queries_each_key():
             assert ctx[at + 1] == v and v in VALUES  # the answer is the token after the key
         assert all(t in FILLER for t in ctx.tolist() if t not in KEYS and t not in VALUES)
         assert target[b, 258::2].all() and not target[b, :258].any()
+
+
+def test_run_rejects_an_evaluated_context_shorter_than_8x_topk():
+    with pytest.raises(ValueError, match="context_len=128 must be >= 8 x index_topk=32"):
+        run(phases=((10, 64), (10, 128)))
 
 
 @pytest.mark.slow
