@@ -271,7 +271,8 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
-    checkpoint: str | None = None  # jointrl serve: HF dir or DeepSpeed checkpoint dir; None: untrained model
+    checkpoint: str | None = None  # the policy's weights (serve, eval: HF or DeepSpeed dir; train: a DeepSpeed run's
+    # checkpoints, e.g. jointrl sft's, as the initial and reference policy; resume=true takes precedence); None: untrained
     run_name: str = "default"
     output_dir: str = "runs/default"
     seed: int = 0

@@ -90,6 +90,10 @@ class LearnerWorker:
         self.is_ppo = algo.name == "ppo"
         self.dtype = DTYPES[cfg.model.dtype]
         model = build_model(cfg)
+        if cfg.checkpoint:  # start from a run's weights (e.g. jointrl sft's); the optimizer starts fresh
+            from jointrl.rl.export import load_deepspeed
+
+            model.load_state_dict(load_deepspeed(cfg, cfg.checkpoint)[0].state_dict())
         if lc.pack_sequences:
             check_packable(model.config)
         self.ref_model = None
