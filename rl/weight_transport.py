@@ -231,31 +231,48 @@ class WeightPush:
 
     ``senders`` are learner-rank actors with ``weight_bundle`` (ray) or ``open_weight_group`` /
     ``join_weight_group`` / ``push_weights`` (dist); ``receivers`` rollout-worker actors with
-    ``update_weights`` / ``join_weight_group`` / ``receive_weights``.
+    ``update_weights`` / ``pid`` / ``join_weight_group`` / ``receive_weights``. After a push,
+    ``live`` lists the receivers that hold it: a dead receiver is left out (ray: its call fails;
+    dist: it does not answer ``pid``), and a restarted one (a new pid) gets the push -- with
+    ``dist``, the groups are rebuilt over the receivers that answer whenever that set changes.
     """
 
     def __init__(self, transport: str, senders: list, receivers: list, backend: str = "gloo",
                  timeout_s: float = 600.0) -> None:
+        self.transport, self.senders, self.receivers = transport, senders, receivers
+        self.backend, self.timeout_s = backend, timeout_s
+        self.members: list[tuple[int, int]] = []  # dist: (receiver index, pid) in the current groups
+        self.live: list[int] = []
+
+    def _connect(self) -> list[int]:
+        """dist: the receivers that answer now; (re)build the groups when they differ from the last ones."""
         import ray
 
-        self.transport, self.senders, self.receivers = transport, senders, receivers
-        if transport == "dist":
-            addresses = ray.get([s.open_weight_group.remote(len(receivers), backend, timeout_s) for s in senders])
-            ray.get([s.join_weight_group.remote() for s in senders]
-                    + [r.join_weight_group.remote(addresses, i, len(receivers), backend, timeout_s)
-                       for i, r in enumerate(receivers)])
+        members = []
+        for i, r in enumerate(self.receivers):
+            try:
+                members.append((i, ray.get(r.pid.remote(), timeout=self.timeout_s)))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                pass
+        if not members:
+            raise RuntimeError("weight push: no rollout worker is alive")
+        if members != self.members:
+            n = len(members)
+            addresses = ray.get([s.open_weight_group.remote(n, self.backend, self.timeout_s) for s in self.senders])
+            ray.get([s.join_weight_group.remote() for s in self.senders]
+                    + [self.receivers[i].join_weight_group.remote(addresses, k, n, self.backend, self.timeout_s)
+                       for k, (i, _) in enumerate(members)])
+            self.members = members
+        return [i for i, _ in members]
 
     def __call__(self, version: int) -> dict[str, float]:
-        """Push ``version``; ``self.live`` then lists the receivers that hold it. With ``ray`` a dead
-        receiver is skipped (a restarted one gets this push); with ``dist`` every receiver must
-        take part, so a dead one fails the push (after the group's timeout)."""
         import ray
 
         t0 = time.perf_counter()
         if self.transport == "dist":
+            self.live = self._connect()
             sent = ray.get([s.push_weights.remote(version) for s in self.senders]
-                           + [r.receive_weights.remote(version) for r in self.receivers])
-            self.live = list(range(len(self.receivers)))
+                           + [self.receivers[i].receive_weights.remote(version) for i in self.live])
         else:
             bundles = [s.weight_bundle.remote(version) for s in self.senders]
             refs = [r.update_weights.remote(version, *bundles) for r in self.receivers]
@@ -271,4 +288,3 @@ class WeightPush:
         times = {k: max(t.get(k, 0.0) for t in sent) for k in {k for t in sent for k in t} if k != "bytes"}
         times["total"] = time.perf_counter() - t0
         return times
-

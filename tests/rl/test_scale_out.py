@@ -84,9 +84,10 @@ def test_two_learners_two_rollout_workers_four_env_workers(tmp_path, mode):
         assert 0 in versions  # step 2's rollouts ran while the learner trained on step 1
 
 
-@pytest.mark.parametrize("role", ["env", "rollout"])
-def test_sigkill_of_a_worker_mid_step_loses_no_trajectory(tmp_path, role):
-    proc = _train(tmp_path, *SCALE, "rollout.max_tokens_per_turn=256")  # episodes of several seconds
+@pytest.mark.parametrize("role,transport", [("env", "ray"), ("rollout", "ray"), ("rollout", "dist")])
+def test_sigkill_of_a_worker_mid_step_loses_no_trajectory(tmp_path, role, transport):
+    # episodes of several seconds; with dist the push rebuilds its groups over the restarted worker
+    proc = _train(tmp_path, *SCALE, "rollout.max_tokens_per_turn=256", f"rollout.weight_transport={transport}")
     lines: list[str] = []
     pids = _pids(_wait_for(proc, "processes:", lines))
     _wait_for(proc, "step    1", lines)  # step 2's rollouts start now
@@ -99,14 +100,19 @@ def test_sigkill_of_a_worker_mid_step_loses_no_trajectory(tmp_path, role):
 
 
 def test_driver_sigkill_resumes_with_the_same_next_batch(tmp_path):
-    whole = _train(tmp_path / "whole")
+    """Bit-exact replay needs decoding whose float sums do not depend on which requests share a
+    batch: the engine's continuous batching does not give that, so this run decodes one request
+    at a time (the simple sampler, max_batch 1). What is under test is the resume: data order,
+    step count, sampling seeds and the policy version (weights) of the next step."""
+    exact = ("rollout.backend=simple", "rollout.max_batch=1")
+    whole = _train(tmp_path / "whole", *exact)
     _finish(whole, [])
-    killed = _train(tmp_path / "killed")
+    killed = _train(tmp_path / "killed", *exact)
     lines: list[str] = []
     _wait_for(killed, "checkpoint step 1", lines)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
-    resumed = _train(tmp_path / "killed", "resume=true")
+    resumed = _train(tmp_path / "killed", "resume=true", *exact)
     log = _finish(resumed, [])
     assert "resuming after step 1" in log
 
