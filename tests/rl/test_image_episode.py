@@ -1,21 +1,27 @@
 """A browser episode in image mode, end to end into the policy's inputs: the agent loop keeps a
 patch row per ``<image>`` id of the trajectory, hands the engine exactly the screenshots of each
-turn's prompt, and the learner feeds them to the model in those slots (float64, 1e-10)."""
+turn's prompt, and the learner feeds them to the model in those slots (float64, 1e-10); the
+DeepSpeed learner trains on what the engine saw (no log-prob mismatch with the screenshot)."""
 
 import asyncio
 
 import pytest
 import torch
 
+from jointrl.envs.base import Message
 from jointrl.envs.browser.driver_process import check_venv
 from jointrl.envs.browser.env import BrowserEnv
 from jointrl.envs.browser.tasks import make_task, policy
 from jointrl.model import MoEConfig, MoETransformer
 from jointrl.model.chat_template import ChatTemplate
 from jointrl.rl.agent_loop import AgentConfig, run_episode
+from jointrl.rl.build import build_model
+from jointrl.rl.config import load_config
 from jointrl.rl.image_inputs import ImageInputs
 from jointrl.rl.learner.batch import TrainBatch, logprobs_from_logits, micro_batches
 from jointrl.rl.learner.forward import learner_forward
+from jointrl.rl.learner.worker import LearnerWorker
+from jointrl.rl.rollout.llm_engine import LLMEngine
 from jointrl.rl.rollout.scripted import ScriptedEngine
 from jointrl.rl.types import SamplingParams
 
@@ -70,3 +76,24 @@ def test_browser_screenshots_reach_the_engine_and_the_learner():
     assert (seen - direct).abs().max() < 1e-10
     after = traj.token_ids.index(slot) + 1
     assert (seen[after:] - learner(None)[after:]).abs().max() > 1e-3  # blank slots: another policy
+
+
+def test_the_deepspeed_learner_trains_on_what_the_engine_saw():
+    """Engine and learner start from the same weights (``cfg.seed``); lr 1e-30 keeps them there. The
+    learner's ratio to the engine's log-probs is 1 with the screenshot and not without it."""
+    dim, slots = 12, 4
+    cfg = load_config(["model.dtype=float64", f"model.image_patch_dim={dim}", "learner.lr=1e-30"])
+    lw = LearnerWorker(cfg, rank=0, world_size=1, master_addr="127.0.0.1", master_port=29781)
+    tpl = ChatTemplate(image_tokens=slots)
+    prompt = tpl.render([Message("user", "what does the page say?"), Message("tool", "page", name="goto", image=b"png")])
+    shot = torch.rand(slots, dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    out = LLMEngine(build_model(cfg)).generate_batch([prompt], [SamplingParams(max_tokens=10, seed=1)], images=[shot])[0]
+    n = len(out.token_ids)
+
+    def kl(patches):
+        batch = TrainBatch([prompt + out.token_ids], [[0] * len(prompt) + out.sampled], [[0.0] * len(prompt) + out.logprobs],
+                           [1.0], image_patches=[patches])
+        return lw.train_step(batch, n)["mismatch/kl_k1"]
+
+    assert abs(kl(shot)) < 1e-10
+    assert abs(kl(None)) > 1e-4  # blank slots: the learner would train another policy
