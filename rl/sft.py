@@ -44,9 +44,10 @@ def oracle_transcripts(cfg: Config, limit: int = 0) -> tuple[list[Trajectory], i
 
 
 def sft_batch(trajs: list[Trajectory]) -> TrainBatch:
-    """Transcripts as a learner batch: every assistant token trains, with weight 1."""
+    """Transcripts as a learner batch: every assistant token trains, with weight 1 (screenshots
+    ride along as in GRPO's batch)."""
     return TrainBatch([t.token_ids for t in trajs], [t.loss_mask for t in trajs], [t.logprobs for t in trajs],
-                      [1.0] * len(trajs))
+                      [1.0] * len(trajs), image_patches=[t.image_patches for t in trajs])
 
 
 def sft(cfg: Config) -> dict[str, float]:
