@@ -19,6 +19,7 @@ from jointrl.envs.base import Task
 from jointrl.envs.registry import make_env
 from jointrl.model.chat_template import ChatTemplate
 from jointrl.rl.agent_loop import AgentConfig, run_episode_with_retries
+from jointrl.rl.image_inputs import ImageInputs
 from jointrl.rl.config import Config
 from jointrl.rl.placement import Placement
 from jointrl.rl.rollout.router import RoutedEngineClient
@@ -31,13 +32,21 @@ def sampling_params(cfg: Config, tier: str, seed: int | None) -> SamplingParams:
                           top_k=rc.top_k, seed=seed, max_think_tokens=rc.thinking_budget[tier])
 
 
+def episode_setup(cfg: Config) -> tuple[ChatTemplate, AgentConfig]:
+    """The chat template and agent-loop settings of a run's episodes (training and eval alike).
+    A model with image input (``model.image_patch_dim`` > 0) gets image-mode observations'
+    screenshots as patches in its ``<image>`` slots (``rl/image_inputs.py``)."""
+    images = ImageInputs.for_patch_dim(cfg.model.image_patch_dim)
+    template = ChatTemplate(image_tokens=images.num_tokens if images else 0)
+    return template, AgentConfig(max_context=cfg.rollout.max_context, episode_timeout_s=cfg.envs.episode_timeout_s,
+                                 max_env_retries=cfg.envs.max_env_retries, images=images)
+
+
 class EnvWorker:
     def __init__(self, cfg: Config, rollout_handles: list, router) -> None:
         self.cfg = cfg
         self.rollout_handles, self.router = rollout_handles, router
-        self.template = ChatTemplate()
-        self.agent_cfg = AgentConfig(max_context=cfg.rollout.max_context, episode_timeout_s=cfg.envs.episode_timeout_s,
-                                     max_env_retries=cfg.envs.max_env_retries)
+        self.template, self.agent_cfg = episode_setup(cfg)
         self.limit = asyncio.Semaphore(cfg.envs.max_concurrent_episodes)
 
     async def run_groups(self, groups: list[tuple[Task, str]], group_size: int, step: int) -> list[Trajectory]:

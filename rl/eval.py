@@ -38,11 +38,10 @@ from omegaconf import OmegaConf
 from jointrl.envs.base import TIERS, Task
 from jointrl.envs.registry import load_tasks, make_env, scripted_policy
 from jointrl.envs.splits import SPLITS
-from jointrl.model.chat_template import ChatTemplate
 from jointrl.rewards.base import succeeded
-from jointrl.rl.agent_loop import AgentConfig, run_episode_with_retries
+from jointrl.rl.agent_loop import run_episode_with_retries
 from jointrl.rl.config import Config, load_config
-from jointrl.rl.env_worker import sampling_params
+from jointrl.rl.env_worker import episode_setup, sampling_params
 from jointrl.rl.rollout.engine import RolloutEngine
 from jointrl.rl.rollout.scripted import ScriptedEngine
 from jointrl.rl.types import FinishReason, Trajectory
@@ -94,9 +93,7 @@ async def play(cfg: Config, tasks: list[Task], spec: EvalSpec,
     """``spec.k`` episodes of every task at every tier; ``engine_for(task, sample)`` is the policy
     (one shared engine, or a fresh scripted one per episode). Sampling seeds depend only on
     (``cfg.seed``, domain, task, tier, sample), so a rerun replays the same draws."""
-    template = ChatTemplate()
-    agent_cfg = AgentConfig(max_context=cfg.rollout.max_context, episode_timeout_s=cfg.envs.episode_timeout_s,
-                            max_env_retries=cfg.envs.max_env_retries)
+    template, agent_cfg = episode_setup(cfg)
     limit = asyncio.Semaphore(cfg.envs.max_concurrent_episodes)
 
     async def one(task: Task, tier: str, sample: int) -> Trajectory:

@@ -34,6 +34,18 @@ class ImageInputs:
         if self.patch < 1 or self.height % self.patch or self.width % self.patch:
             raise ValueError(f"image height {self.height} and width {self.width} must be multiples of patch {self.patch}")
 
+    @classmethod
+    def for_patch_dim(cls, patch_dim: int) -> ImageInputs | None:
+        """The inputs of a model with ``MoEConfig.image_patch_dim = patch_dim`` (square RGB patches
+        of side p: 3·p·p features); None for a text-only model (0)."""
+        if patch_dim == 0:
+            return None
+        side = round((patch_dim / 3) ** 0.5)
+        if 3 * side * side != patch_dim:
+            raise ValueError(f"config key 'model.image_patch_dim' = {patch_dim} is not 3·p·p (square RGB "
+                             "patches of side p); allowed: 0 (text only), 192 (p=8), 768 (p=16), ...")
+        return cls(patch=side, height=7 * side, width=10 * side)  # 70 slots per screenshot
+
     @property
     def num_tokens(self) -> int:
         """``<image>`` slots per image (``ChatTemplate(image_tokens=...)``)."""

@@ -45,3 +45,17 @@ def test_a_text_only_template_reads_just_the_text():
 def test_bad_grid_is_refused():
     with pytest.raises(ValueError, match="multiples of patch"):
         ImageInputs(patch=16, height=100, width=160)
+
+
+def test_a_model_with_image_input_gets_screenshots_in_training_and_eval_episodes():
+    """`model.image_patch_dim` alone turns it on: the env workers' and eval's template and agent loop."""
+    from jointrl.rl.config import load_config
+    from jointrl.rl.env_worker import episode_setup
+
+    template, agent_cfg = episode_setup(load_config())
+    assert template.image_tokens == 0 and agent_cfg.images is None  # text-only default
+    template, agent_cfg = episode_setup(load_config(["model.image_patch_dim=192"]))
+    assert agent_cfg.images.patch == 8 and agent_cfg.images.patch_dim == 192
+    assert template.image_tokens == agent_cfg.images.num_tokens == 70
+    with pytest.raises(ValueError, match=r"model.image_patch_dim.*3·p·p"):
+        episode_setup(load_config(["model.image_patch_dim=100"]))
