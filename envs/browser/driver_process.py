@@ -2,7 +2,7 @@
 
 The driver is one long-lived process of the episode's bwrap sandbox -- its own namespaces,
 uid and cgroup, so its sites' loopback is private to the episode -- started the way the
-sandbox starts its shell (``BwrapSandbox._spawn`` from the sandbox's spawner thread, so that
+sandbox starts its shell (``BwrapSandbox.start_process``: from the sandbox's spawner thread, so that
 ``--die-with-parent`` holds until ``close``). The browser sandbox never runs shell commands:
 the sweep that follows a ``run`` / ``exec`` would kill the driver.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from jointrl.envs.base import EnvError
 from jointrl.envs.sandbox.base import SandboxConfig
-from jointrl.envs.sandbox.bwrap import _SPAWNER, BwrapSandbox
+from jointrl.envs.sandbox.bwrap import BwrapSandbox
 
 WEB_DIR = Path(__file__).parent / "web"
 WEB_MOUNT = "/opt/jointrl-browser/web"
@@ -58,8 +58,7 @@ class DriverProcess:
         argv = [f"{venv}/bin/python", "-m", "web.driver", "--seed", str(seed), "--mode", mode,
                 "--state", f"/work/{STATE_FILE}"]
         try:
-            self.proc, self._status_r, _, _ = _SPAWNER.submit(
-                self.sandbox._spawn, argv, stdin=subprocess.PIPE).result()  # noqa: SLF001
+            self.proc, self._status_r = self.sandbox.start_process(argv)
         except BaseException as err:
             self.sandbox.close()
             raise EnvError(f"cannot start the page driver: {err}") from err

@@ -35,7 +35,6 @@ from typing import Any
 from jointrl.envs.base import EnvError
 from jointrl.envs.sandbox.base import SandboxConfig
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
-from jointrl.envs.sandbox.bwrap_proc import SPAWNER
 from jointrl.envs.sandbox.uids import kill_uid
 
 VENV = os.environ.get("JOINTRL_CAD_VENV", "/opt/jointrl/venvs/cad")
@@ -106,7 +105,7 @@ class CadSandbox(BwrapSandbox):
     def start_interpreter(self) -> None:
         """Start the warm interpreter and wait for CadQuery's import. Raises ``EnvError``."""
         self.stop_interpreter()
-        self._proc, self._fds = SPAWNER.submit(self._spawn_interpreter).result()
+        self._proc, self._fds = self._spawn_interpreter()
         reply = self._read_reply(time.monotonic() + self.cad.start_timeout_s)
         if reply is None or not reply.get("ready"):
             detail = (reply or {}).get("error") or self._stray_output()
@@ -127,8 +126,8 @@ class CadSandbox(BwrapSandbox):
     def _spawn_interpreter(self) -> tuple[subprocess.Popen, tuple[int, ...]]:
         reply_r, reply_w = os.pipe()
         try:
-            proc, status_r, _, _ = self._spawn([self.cad.python, "-I", RUNNER_MOUNT, "serve", str(reply_w)],
-                                               stdin=subprocess.PIPE, fds=(reply_w,))
+            proc, status_r = self.start_process([self.cad.python, "-I", RUNNER_MOUNT, "serve", str(reply_w)],
+                                                fds=(reply_w,))
         except BaseException:
             os.close(reply_r)
             raise

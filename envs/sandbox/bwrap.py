@@ -83,7 +83,6 @@ from jointrl.envs.sandbox.output import Capped
 from jointrl.envs.sandbox.shell import TIMEOUT_EXIT_CODE, PersistentShell
 from jointrl.envs.sandbox.uids import UidLease, acquire_uid, children_of, kill_uid
 
-_SPAWNER = SPAWNER  # the browser domain spawns its long-lived driver through it
 __all__ = ["SANDBOX_ROOT", "TIMEOUT_EXIT_CODE", "BwrapSandbox", "sandbox_root"]
 
 
@@ -236,6 +235,15 @@ class BwrapSandbox:
                                        status_fd=status_fd, block_fd=block_fd)
 
         return spawn(argv, uid=self.uid, cgroup=self.cgroup, stdin=stdin, fds=fds)
+
+    def start_process(self, argv_cmd: list[str], *, stdin: int = subprocess.PIPE,
+                      fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, int]:
+        """Start a long-lived process in this sandbox (a domain's page driver or warm interpreter)
+        under the sandbox's limits and cgroup, from the spawner thread so that it lives as long as
+        the sandbox, not the calling thread. ``fds`` stay open in it. Returns (process, read end of
+        bwrap's status pipe: keep it open while the process runs, close it after)."""
+        proc, status_r, _, _ = SPAWNER.submit(self._spawn, argv_cmd, stdin=stdin, fds=fds).result()
+        return proc, status_r
 
     def _spawn_shell(self) -> tuple[subprocess.Popen, int, int, tuple[int, ...]]:
         return SPAWNER.submit(self._spawn_shell_here).result()
