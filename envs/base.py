@@ -146,6 +146,20 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+def refuse(env: Any, problem: str | None, final_tool: str) -> Observation | None:
+    """The refusals every env's ``step`` starts with, each counted in ``env.num_tool_errors``:
+    after the episode's final tool (``final_tool``, e.g. ``submit``) nothing runs, and a malformed
+    call (``problem``, from ``validate_call`` and the env's own checks) becomes an error
+    observation to the model. None: go on with the call."""
+    if env.done:
+        env.num_tool_errors += 1
+        return Observation(f"The episode is over: {final_tool} was already called.", done=True, is_error=True)
+    if problem is not None:
+        env.num_tool_errors += 1
+        return Observation(f"Error: {problem}", is_error=True)
+    return None
+
+
 def validate_call(call: ToolCall, tools: list[ToolSpec]) -> str | None:
     """The problem with ``call`` against the tools' JSON schemas, or None if it is valid.
 

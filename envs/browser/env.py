@@ -20,7 +20,7 @@ import base64
 import secrets
 import shutil
 
-from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec, validate_call
+from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec, refuse, validate_call
 from jointrl.envs.browser.driver_process import DriverProcess
 from jointrl.envs.browser.web.sites import PORTS, base_url
 from jointrl.envs.browser.web.text_browser import KEYS, SCROLLS
@@ -92,13 +92,9 @@ class BrowserEnv:
     async def step(self, call: ToolCall) -> Observation:
         if self.driver is None:
             raise RuntimeError("BrowserEnv.step() called before reset()")
-        if self.done:
-            self.num_tool_errors += 1
-            return Observation("The episode is over: answer was already called.", done=True, is_error=True)
         problem = validate_call(call, self.tools)
-        if problem is not None:
-            self.num_tool_errors += 1
-            return Observation(f"Error: {problem}", is_error=True)
+        if (refused := refuse(self, problem, "answer")) is not None:
+            return refused
         if call.name == "answer":
             self.done = True
             return Observation(call.arguments["text"], done=True)

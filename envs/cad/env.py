@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 
-from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec, validate_call
+from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec, refuse, validate_call
 from jointrl.envs.cad.interpreter import CadConfig, CadSandbox, Reply
 from jointrl.envs.cad.render import png, render_views, triangles_from_stl
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
@@ -121,16 +121,12 @@ class CadEnv:
     async def step(self, call: ToolCall) -> Observation:
         if self.sandbox is None:
             raise RuntimeError("CadEnv.step() called before reset()")
-        if self.done:
-            self.num_tool_errors += 1
-            return Observation("The episode is over: submit was already called.", done=True, is_error=True)
         problem = validate_call(call, self.tools)
         export = call.arguments.get("export") if problem is None else None
         if export is not None and export not in EXPORTS:
             problem = f"run_cadquery: argument 'export' must be one of {list(EXPORTS)}, got {export!r}"
-        if problem is not None:
-            self.num_tool_errors += 1
-            return Observation(f"Error: {problem}", is_error=True)
+        if (refused := refuse(self, problem, "submit")) is not None:
+            return refused
         code = call.arguments["code"]
         if call.name == "submit":
             self.submitted, self.done = code, True

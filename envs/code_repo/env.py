@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec, validate_call
+from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec, refuse, validate_call
 from jointrl.envs.code_repo import tools
 from jointrl.envs.code_repo.records import SweRecord
 from jointrl.envs.code_repo.snapshot import RepoStore, default_store
@@ -63,15 +63,11 @@ class CodeRepoEnv:
     async def step(self, call: ToolCall) -> Observation:
         if self.sandbox is None:
             raise RuntimeError("CodeRepoEnv.step() called before reset()")
-        if self.done:
-            self.num_tool_errors += 1
-            return Observation("The episode is over: submit was already called.", done=True, is_error=True)
         problem = validate_call(call, self.tools)
         if problem is None and any("\x00" in v for v in call.arguments.values() if isinstance(v, str)):
             problem = f"{call.name}: arguments must not contain NUL bytes"
-        if problem is not None:
-            self.num_tool_errors += 1
-            return Observation(f"Error: {problem}", is_error=True)
+        if (refused := refuse(self, problem, "submit")) is not None:
+            return refused
         if call.name == "submit":
             self.done = True
             return Observation("Submitted.", done=True)

@@ -27,7 +27,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec
+from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec, refuse
 from jointrl.envs.office.tools import MAX_ARGUMENT_CHARS, TOOLS, check_call
 from jointrl.envs.sandbox.base import SandboxConfig
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
@@ -123,15 +123,11 @@ class OfficeEnv:
     async def step(self, call: ToolCall) -> Observation:
         if self.sandbox is None:
             raise RuntimeError("OfficeEnv.step() called before reset()")
-        if self.done:
-            self.num_tool_errors += 1
-            return Observation("The episode is over: answer was already called.", done=True, is_error=True)
         problem = check_call(call)
         if problem is None and len(json.dumps(call.arguments)) > MAX_ARGUMENT_CHARS:
             problem = f"{call.name}: arguments longer than {MAX_ARGUMENT_CHARS} characters"
-        if problem is not None:
-            self.num_tool_errors += 1
-            return Observation(f"Error: {problem}", is_error=True)
+        if (refused := refuse(self, problem, "answer")) is not None:
+            return refused
         if call.name == "answer":
             self.done = True
             return Observation(call.arguments["text"], done=True)

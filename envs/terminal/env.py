@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec
+from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec, refuse
 from jointrl.envs.base import validate_call as validate_against_schema
 from jointrl.envs.sandbox import BACKENDS, Sandbox, make_sandbox
 from jointrl.envs.sandbox.base import ExecResult, SandboxConfig
@@ -149,13 +149,9 @@ class TerminalEnv:
     async def step(self, call: ToolCall) -> Observation:
         if self.sandbox is None:
             raise RuntimeError("TerminalEnv.step() called before reset()")
-        if self.done:
-            self.num_tool_errors += 1
-            return Observation("The episode is over: submit was already called.", done=True, is_error=True)
         problem = validate_call(call)
-        if problem is not None:
-            self.num_tool_errors += 1
-            return Observation(f"Error: {problem}", is_error=True)
+        if (refused := refuse(self, problem, "submit")) is not None:
+            return refused
         if call.name == "submit":
             self.done = True
             return Observation("Submitted.", done=True)
