@@ -63,8 +63,11 @@ class LightningIndexer(nn.Module):
     def scores(self, q_BcnD: torch.Tensor, w_Bcn: torch.Tensor, k_BSD: torch.Tensor) -> torch.Tensor:
         """I [B, c, S] = Σ_j w[·, j] · ReLU(q_j · k / √Di), in the compute dtype."""
         cdt = w_Bcn.dtype
-        dots_BcnS = torch.einsum("bcnd,bsd->bcns", q_BcnD.to(cdt), k_BSD.to(cdt)) * self.head_dim ** -0.5
-        return torch.einsum("bcn,bcns->bcs", w_Bcn, F.relu(dots_BcnS))
+        B, c, n, D = q_BcnD.shape
+        # Two plain batched matmuls; the 1/√Di goes after the head sum (ReLU(s·x) = s·ReLU(x), s > 0),
+        # on [B, c, S] instead of [B, c, n, S].
+        dots_BcnS = torch.matmul(q_BcnD.to(cdt).reshape(B, c * n, D), k_BSD.to(cdt).transpose(1, 2)).view(B, c, n, -1)
+        return torch.matmul(w_Bcn.unsqueeze(2), F.relu(dots_BcnS)).squeeze(2) * self.head_dim ** -0.5
 
 
 def topk_mask(scores_BcS: torch.Tensor, visible_BcS: torch.Tensor, k: int) -> torch.Tensor:
@@ -127,8 +130,8 @@ class GatedDSAAttention(Attention):
         """softmax over allowed keys of q·k/√D, [B, Hq, c, S] in the compute dtype (GQA by grouping)."""
         B, Hq, c, D = q_BHcD.shape
         G = Hq // self.num_kv_heads
-        q_BKGcD = q_BHcD.view(B, self.num_kv_heads, G, c, D)
-        logits = torch.einsum("bkgcd,bksd->bkgcs", q_BKGcD, k_BHSD).reshape(B, Hq, c, -1) * D ** -0.5
+        q_BKGcD = (q_BHcD * D ** -0.5).view(B, self.num_kv_heads, G, c, D)  # scale q, not [.., c, S]
+        logits = torch.einsum("bkgcd,bksd->bkgcs", q_BKGcD, k_BHSD).reshape(B, Hq, c, -1)
         logits = logits.to(compute_dtype(q_BHcD.dtype)).masked_fill(~allowed_BcS[:, None], float("-inf"))
         return torch.softmax(logits, dim=-1)
 

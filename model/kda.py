@@ -151,9 +151,13 @@ def causal_conv(x_BCT: torch.Tensor, weight_CW: torch.Tensor, state_BCw: torch.T
     full = torch.cat((state_BCw.to(x_BCT.dtype), x_BCT), dim=-1)
     if T == 0:  # an empty step: nothing to convolve, the window is unchanged
         return x_BCT, full
-    # y[b, c, t] = Σ_w weight[c, w] · full[b, c, t + w]: a depthwise conv written as a windowed sum,
-    # because F.conv1d with groups = channels falls to a per-channel slow path in float64 on CPU.
-    y = torch.einsum("bctw,cw->bct", full.unfold(-1, W, 1), weight_CW.to(full.dtype))
+    # y[b, c, t] = Σ_w weight[c, w] · full[b, c, t + w]: a depthwise conv written as W shifted
+    # multiply-adds, because F.conv1d with groups = channels falls to a per-channel slow path in
+    # float64 on CPU (and an unfold + einsum is a per-channel batched matmul, ~2.5x slower).
+    w_CW = weight_CW.to(full.dtype)
+    y = full[:, :, :T] * w_CW[:, 0, None]
+    for i in range(1, W):
+        y = y + full[:, :, i:i + T] * w_CW[:, i, None]
     return F.silu(y), full[:, :, full.shape[-1] - (W - 1):]
 
 
