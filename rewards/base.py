@@ -40,13 +40,21 @@ class Episode:
 
 RewardFn = Callable[[Task, Episode], RewardResult]
 _REGISTRY: dict[str, RewardFn] = {}
+_SUCCESS_AT: dict[str, float] = {}  # a module's success threshold, where it is not 1 (see ``succeeded``)
 
 
-def register(name: str) -> Callable[[RewardFn], RewardFn]:
+def register(name: str, success_at: float | None = None) -> Callable[[RewardFn], RewardFn]:
+    """Register a reward module under ``name``. ``success_at``: the score from which an episode
+    counts as solved (``succeeded``), for a continuous score; default 1 up to ``SUCCESS_TOL``."""
+    if success_at is not None and not 0.0 < success_at <= 1.0:
+        raise ValueError(f"reward {name!r}: success_at must be in (0, 1], got {success_at!r}")
+
     def deco(fn: RewardFn) -> RewardFn:
         if name in _REGISTRY:
             raise ValueError(f"reward {name!r} is registered twice")
         _REGISTRY[name] = fn
+        if success_at is not None:
+            _SUCCESS_AT[name] = success_at
         return fn
 
     return deco
@@ -77,12 +85,22 @@ def combine(weights: dict[str, float], task: Task, episode: Episode) -> RewardRe
     return RewardResult(score=total, info=info)
 
 
-SUCCESS_TOL = 1e-6  # continuous scores (IoU, Chamfer) of an exact answer land a rounding error below 1
+SUCCESS_TOL = 1e-6  # a score that is 1 up to rounding
+
+
+def success_threshold(name: str) -> float:
+    """The score from which reward module ``name`` counts an episode as solved: the module's
+    ``register(..., success_at=)`` (CAD: ``cad_iou`` 0.995, ``cad_chamfer`` 0.95), else 1 - ``SUCCESS_TOL``."""
+    import jointrl.rewards  # noqa: F401  (importing the package registers the built-in modules)
+
+    return _SUCCESS_AT.get(name, 1.0 - SUCCESS_TOL)
 
 
 def succeeded(info: dict[str, Any]) -> bool:
-    """The task is solved: every outcome module in ``combine``'s ``info`` scored 1.0 (``format``,
-    a shaping bonus, does not count). What ``<domain>/success`` and ``jointrl eval``'s pass@k count."""
-    scores = [v for k, v in info.items()
-              if "/" not in k and k not in ("format", "raw_reward", "error") and isinstance(v, (int, float))]
-    return bool(scores) and all(v >= 1.0 - SUCCESS_TOL for v in scores)
+    """The task is solved: every outcome module in ``combine``'s ``info`` reached its
+    ``success_threshold`` -- 1 for the pass/fail modules, a stated threshold for continuous ones
+    (``format``, a shaping bonus, does not count). What ``<domain>/success`` and ``jointrl
+    eval``'s pass@k count."""
+    scores = {k: v for k, v in info.items()
+              if "/" not in k and k not in ("format", "raw_reward", "error") and isinstance(v, (int, float))}
+    return bool(scores) and all(v >= success_threshold(k) for k, v in scores.items())

@@ -14,7 +14,10 @@ run's (its ``config.yaml`` beside ``checkpoints/``) when there is one, else ``mo
 (``registry.scripted_policy``) instead of a model, through the same episodes: the ceiling every
 held-out task must reach. Other ``key=value``s are config overrides (``envs=joint``, ...).
 
-A task is solved when every outcome reward module scores 1 (``rewards.base.succeeded``).
+A task is solved when every outcome reward module reaches its success threshold
+(``rewards.base.succeeded``): 1 for the pass/fail modules (tests, checks, answers, app state),
+and for CAD's continuous scores ``cad_iou`` >= 0.995 and ``cad_chamfer`` >= 0.95
+(``rewards/cad_geometry.py`` gives the measurements behind them).
 Per task, with c of n = k samples solved, pass@j is the unbiased estimator of Chen et al. 2021
 (HumanEval), 1 - C(n-c, j) / C(n, j): pass@1 = c/n, pass@k = [c > 0]. Rows average it over
 the tasks of one (domain, tier). Output: a table on the console, ``<out>/eval.json`` (the rows
