@@ -9,13 +9,12 @@ from jointrl.envs.base import Env, Task
 
 
 def load_tasks(task_dir: Path | None) -> list[Task]:
-    """The shipped tasks (generated from ``tasks.SHIPPED_SEEDS``); browser tasks have no folders."""
+    """The shipped tasks (generated from ``tasks.SHIPPED_SEEDS``), or the ``(kind, seed)`` pairs
+    ``task_dir/tasks.jsonl`` names (``generate.py`` writes one)."""
+    from jointrl.envs.browser.generate import load as load_named
     from jointrl.envs.browser.tasks import load_tasks as load
 
-    if task_dir is not None:
-        raise ValueError(f"browser tasks are generated, not loaded from a folder (got task_dir={str(task_dir)!r}); "
-                         "use jointrl.envs.browser.tasks.make_task(kind, seed) for more")
-    return load()
+    return load() if task_dir is None else load_named(task_dir)
 
 
 def make_env(envs_cfg: Any) -> Env:
