@@ -1,0 +1,245 @@
+"""One GRPO step end to end -- rollout, learner update, weight push -- jointrl vs TRL's ``GRPOTrainer``.
+
+Run: ``python tests/bench/bench_grpo_step.py [--steps 10] [--warmup 2] [--threads 1] [--quick]``
+(needs ``pip install -e ".[bench]"`` for TRL).
+
+The same work on both sides: ``bench_moe`` (conf/model; for TRL the same weights as
+transformers' ``Qwen3MoeForCausalLM``, written by ``model/hf.save_hf``), float32, 2 prompts
+x 8 completions of exactly 64 tokens (EOS ignored: our engine's ``ignore_eos``, TRL's
+``min_new_tokens``), temperature 1, no top-k / top-p, the same reward function
+(``reward``: the share of lowercase ASCII letters in the completion, so every group has
+variance), GRPO with beta = 0, token-mean loss, clip 0.2 / 0.28, one optimizer update per
+batch, AdamW lr 1e-3, grad clip 1, the same torch thread count. Each side runs in its own
+spawned process, one after the other; medians over ``--steps`` steady steps after ``--warmup``.
+
+jointrl, in-process (one process holds the three real pieces, as a one-node user's
+``rollout``/``learner`` actors would, minus Ray's object store between them):
+
+* rollout: ``LLMEngine.generate_batch`` (rl/rollout; engine settings from ``conf/rollout/engine``)
+  over the 16 requests, the reward, ``grpo_advantages``, the ``TrainBatch``;
+* learner: ``LearnerWorker.train_step`` (rl/learner: DeepSpeed ZeRO-2 over gloo, one rank,
+  ``learner.micro_batch_size`` sequences per micro-batch);
+* push: ``LearnerWorker.weight_bundle`` (rl/weight_sync: routed experts to MXFP4, CRCs) and
+  ``LLMEngine.update_weights`` (verify, dequantize, copy in).
+
+TRL: ``GRPOTrainer`` on CPU without vLLM (its only CPU path): rollout is
+``_generate_and_score_completions`` (``model.generate``, the reward, advantages; with one
+update per batch it computes no old log-probs), learner is the rest of the step (forward,
+loss, backward, optimizer), and there is no push: TRL samples from the model it trains.
+
+Reported as one table of per-phase medians (wall seconds) and CPU seconds per step
+(``time.process_time``, all threads of the process: steadier than wall time on a shared
+machine), with the ratio TRL / jointrl. ``--variants`` adds rows for cheap configuration
+changes on our side. Reports; never asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+PROMPTS_PER_STEP, GROUP, NEW_TOKENS = 2, 8, 64
+LR, CLIP_LOW, CLIP_HIGH = 1e-3, 0.2, 0.28
+# name -> extra conf overrides for our side (first: the defaults)
+VARIANTS = {
+    "jointrl (defaults)": [],
+    "jointrl, learner micro-batch 16": ["learner.micro_batch_size=16"],
+    # + no ZeRO partitioning (one rank has nothing to partition) and a dense fp32 push (no MXFP4
+    # round trip: the rollout then runs the learner's exact expert weights, as TRL's does)
+    "jointrl, mb 16 + ZeRO-0 + fp32 push": ["learner.micro_batch_size=16", "learner.zero_stage=0",
+                                            "rollout.quantize_experts=false"],
+}
+
+
+def reward(completion_ids: list[int]) -> float:
+    """Share of the completion's tokens that are lowercase ASCII letters (byte ids 97..122).
+
+    >>> reward([97, 98, 32, 256])
+    0.5
+    """
+    return sum(97 <= t <= 122 for t in completion_ids) / max(len(completion_ids), 1)
+
+
+def trl_reward(prompts, completions, completion_ids, **kwargs) -> list[float]:
+    return [reward(ids) for ids in completion_ids]
+
+
+def prompts(n: int) -> list[str]:
+    """``n`` distinct plain-text prompts of equal length (bytes = token ids on both sides)."""
+    return [f"Task {i:04d}: answer in lowercase letters only, please." for i in range(n)]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _clock() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def _phases(t0, t1, t2, t3) -> dict[str, float]:
+    """Wall and CPU seconds of rollout (t0..t1), learner (t1..t2), push (t2..t3), total."""
+    out = {}
+    for i, clock in enumerate(("", "cpu_")):
+        out |= {f"{clock}rollout": t1[i] - t0[i], f"{clock}learner": t2[i] - t1[i], f"{clock}push": t3[i] - t2[i],
+                f"{clock}total": t3[i] - t0[i]}
+    return out
+
+
+def _ours(args, overrides: list[str], q) -> None:
+    torch.set_num_threads(args.threads)
+    from jointrl.model.tokenizer import ByteTokenizer
+    from jointrl.rl.advantages import grpo_advantages
+    from jointrl.rl.build import build_model
+    from jointrl.rl.config import load_config
+    from jointrl.rl.learner.batch import TrainBatch
+    from jointrl.rl.learner.worker import LearnerWorker
+    from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
+    from jointrl.rl.types import SamplingParams, Trajectory
+
+    cfg = load_config(["model=bench_moe", "rollout=engine", "learner.num_ranks=1", f"learner.lr={LR}",
+                       "learner.grad_clip=1.0", "learner.weight_decay=0.0", "algo.kl_coef=0.0",
+                       f"algo.clip_low={CLIP_LOW}", f"algo.clip_high={CLIP_HIGH}", "algo.scale_adv_by_std=true",
+                       f"algo.group_size={GROUP}", f"algo.prompts_per_step={PROMPTS_PER_STEP}", *overrides])
+    learner = LearnerWorker(cfg, 0, 1, "127.0.0.1", _port())
+    r = cfg.rollout
+    engine = LLMEngine(build_model(cfg), ByteTokenizer(), EngineConfig(
+        num_blocks=r.num_blocks, block_size=r.block_size, max_num_seqs=r.max_batch,
+        max_num_batched_tokens=r.max_num_batched_tokens, session_ttl_s=0.0, ignore_eos=True))
+    engine.update_weights(0, learner.weight_bundle(0))
+    tok = ByteTokenizer()
+    texts = prompts(PROMPTS_PER_STEP * (args.warmup + args.steps))
+    rows = []
+    for step in range(1, args.warmup + args.steps + 1):
+        t0 = _clock()
+        ids = [tok.encode(p) for p in texts[(step - 1) * PROMPTS_PER_STEP: step * PROMPTS_PER_STEP]]
+        reqs = [p for p in ids for _ in range(GROUP)]
+        outs = engine.generate_batch(reqs, [SamplingParams(max_tokens=NEW_TOKENS, temperature=r.temperature,
+                                                           seed=step * 1000 + i) for i in range(len(reqs))])
+        trajs = []
+        for i, (p, o) in enumerate(zip(reqs, outs)):
+            assert len(o.token_ids) == NEW_TOKENS, len(o.token_ids)
+            trajs.append(Trajectory(p + o.token_ids, [0] * len(p) + [1] * NEW_TOKENS, [0.0] * len(p) + o.logprobs,
+                                    [-1] * len(p) + [o.policy_version] * NEW_TOKENS, "bench", f"t{i // GROUP}",
+                                    f"{step}-{i // GROUP}", reward=reward(o.token_ids)))
+        adv = grpo_advantages(trajs, scale_by_std=cfg.algo.scale_adv_by_std)
+        batch = TrainBatch([t.token_ids for t in adv.kept], [t.loss_mask for t in adv.kept],
+                           [t.logprobs for t in adv.kept], adv.advantages, rewards=[t.reward for t in adv.kept])
+        assert len(batch.token_ids) == PROMPTS_PER_STEP * GROUP, adv.stats
+        t1 = _clock()
+        learner.train_step(batch, batch.num_loss_tokens, batch.num_loss_seqs)
+        t2 = _clock()
+        engine.update_weights(step, learner.weight_bundle(step))
+        t3 = _clock()
+        rows.append(_phases(t0, t1, t2, t3))
+    q.put(rows[args.warmup:])
+
+
+def _trl(args, q) -> None:
+    torch.set_num_threads(args.threads)
+    from datasets import Dataset
+    from transformers import AutoTokenizer, Qwen3MoeForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from jointrl.model.hf import save_hf
+    from jointrl.model.hf_tokenizer import save_tokenizer
+    from jointrl.rl.build import build_model
+    from jointrl.rl.config import load_config
+
+    rows: list[dict] = []
+
+    class Timed(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            t0 = _clock()
+            out = super()._generate_and_score_completions(inputs)
+            assert out["completion_mask"].sum(1).eq(NEW_TOKENS).all(), out["completion_mask"].sum(1)
+            self._rollout_end = _clock()
+            return out
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, args_, state, control, **kw):
+            self.t0 = _clock()
+
+        def on_step_end(self, args_, state, control, **kw):
+            t = _clock()
+            assert torch.get_num_threads() == args.threads, torch.get_num_threads()
+            rows.append(_phases(self.t0, trainer._rollout_end, t, t))  # no push: TRL samples from the trained model
+
+    with tempfile.TemporaryDirectory() as d:
+        save_hf(build_model(load_config(["model=bench_moe"])), d)
+        save_tokenizer(d)
+        model = Qwen3MoeForCausalLM.from_pretrained(d, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(d)
+        steps = args.warmup + args.steps
+        data = Dataset.from_dict({"prompt": prompts(PROMPTS_PER_STEP * steps)})
+        config = GRPOConfig(
+            output_dir=f"{d}/out", use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+            logging_steps=10**6, disable_tqdm=True, seed=0, max_steps=steps, shuffle_dataset=False,
+            per_device_train_batch_size=PROMPTS_PER_STEP * GROUP, num_generations=GROUP,
+            gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
+            max_completion_length=NEW_TOKENS, generation_kwargs={"min_new_tokens": NEW_TOKENS},
+            temperature=1.0, top_p=1.0, top_k=0, beta=0.0, loss_type="dapo", scale_rewards="group",
+            epsilon=CLIP_LOW, epsilon_high=CLIP_HIGH, learning_rate=LR, lr_scheduler_type="constant",
+            warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, dataloader_num_workers=0)
+        trainer = Timed(model=model, reward_funcs=trl_reward, args=config, train_dataset=data, processing_class=tok,
+                        callbacks=[StepClock()])
+        trainer.train()
+    assert len(rows) == steps, len(rows)
+    q.put(rows[args.warmup:])
+
+
+def _run(target, *a) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=target, args=(*a, q))
+    p.start()
+    rows = q.get(timeout=3600)
+    p.join()
+    if p.exitcode:
+        raise RuntimeError(f"{target.__name__} exited with {p.exitcode}")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=10, help="steady steps measured per side")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads, both sides")
+    ap.add_argument("--variants", action="store_true", help="also time cheap configuration changes on our side")
+    ap.add_argument("--quick", action="store_true", help="--steps 5 --warmup 1, no variants")
+    args = ap.parse_args()
+    if args.quick:
+        args.steps, args.warmup, args.variants = 5, 1, False
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2].parent))  # spawned children import jointrl alike
+
+    results = {"TRL GRPOTrainer": _run(_trl, args)}
+    for name, overrides in list(VARIANTS.items())[: len(VARIANTS) if args.variants else 1]:
+        results[name] = _run(_ours, args, overrides)
+    med = {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for name, rows in results.items()}
+    trl = med["TRL GRPOTrainer"]
+    print(f"one GRPO step, bench_moe fp32, {PROMPTS_PER_STEP} prompts x {GROUP} completions x {NEW_TOKENS} tokens, "
+          f"{args.threads} torch thread(s), median of {args.steps} steps after {args.warmup} warm-up; "
+          f"seconds per phase, wall | CPU (process time); load average {os.getloadavg()[0]:.1f}")
+    phases = ("rollout", "learner", "push", "total")
+    print(f"{'side':<34}" + "".join(f"{p:>9}" for p in phases) + " |" + "".join(f"{p:>9}" for p in phases)
+          + f"{'TRL/ours wall':>15}{'TRL/ours CPU':>13}")
+    for name, m in med.items():
+        cells = ["n/a" if p == "push" and name.startswith("TRL") else f"{m[clock + p]:.3f}"
+                 for clock in ("", "cpu_") for p in phases]
+        print(f"{name:<34}" + "".join(f"{c:>9}" for c in cells[:4]) + " |" + "".join(f"{c:>9}" for c in cells[4:])
+              + f"{trl['total'] / m['total']:>14.2f}x{trl['cpu_total'] / m['cpu_total']:>12.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
