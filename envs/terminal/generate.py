@@ -27,7 +27,7 @@ import json
 import random
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from jointrl.envs.base import Task, ToolCall
@@ -56,7 +56,7 @@ class Spec:
     expected: str
     oracle: str  # one bash command
     wrong: str  # one bash command: a plausible slip
-    wrong_result: str = field(default="")  # what the slip leaves in ``target`` (asserted to differ)
+    wrong_result: str = ""  # what the slip leaves in ``target`` (asserted to differ)
 
 
 def _norm(text: str) -> str:
