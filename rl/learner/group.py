@@ -23,10 +23,11 @@ class LearnerGroup:
         n = cfg.learner.num_ranks
         self.ep_size = cfg.learner.ep_size
         options = options or [{"num_cpus": 0}] * n
-        port = _free_port()
         actor = ray.remote(LearnerWorker)
-        self.workers = [actor.options(**options[rank]).remote(cfg, rank, n, "127.0.0.1", port) for rank in range(n)]
-        ray.get([w.ready.remote() for w in self.workers])
+        self.workers = [actor.options(**options[rank]).remote(cfg, rank, n) for rank in range(n)]
+        # the process group meets on rank 0's node (its Ray node IP): ranks may sit on other nodes
+        self.master_addr, self.master_port = ray.get(self.workers[0].rendezvous_address.remote())
+        ray.get([w.start.remote(self.master_addr, self.master_port) for w in self.workers])
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         n = len(self.workers)

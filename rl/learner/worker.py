@@ -75,7 +75,31 @@ def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
 
 
 class LearnerWorker:
-    def __init__(self, cfg: Config, rank: int, world_size: int, master_addr: str, master_port: int) -> None:
+    def __init__(self, cfg: Config, rank: int, world_size: int, master_addr: str | None = None,
+                 master_port: int | None = None) -> None:
+        """With ``master_addr`` / ``master_port`` the rank joins the process group now; without, it
+        waits for ``start`` (``LearnerGroup``: rank 0's ``rendezvous_address`` first, so the group
+        meets on rank 0's node, wherever Ray placed it)."""
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        if master_addr is not None:
+            self.start(master_addr, master_port)
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This actor's node IP (as Ray sees it) and a port free on it: where rank 0 hosts the
+        process group's store."""
+        import socket
+
+        import ray
+
+        host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return host, s.getsockname()[1]
+
+    def start(self, master_addr: str, master_port: int) -> int:
+        """Join the learners' process group at rank 0's ``master_addr:master_port``; build the model,
+        the optimizer and the DeepSpeed engine. → this rank."""
+        cfg, rank, world_size = self.cfg, self.rank, self.world_size
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                           WORLD_SIZE=str(world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
@@ -115,6 +139,8 @@ class LearnerWorker:
         mc = model.config
         self.topk = (mc.num_moe_layers, mc.num_experts_per_tok)  # replay when a batch carries routed experts
         self.image = (mc.image_token_id, mc.image_patch_dim) if mc.image_patch_dim else None  # screenshot slots
+        self.master_addr = master_addr
+        return rank
         self.has_router_bias = any(getattr(m, "e_score_correction_bias", None) is not None for m in model.modules())
 
     def ready(self) -> int:
@@ -284,21 +310,37 @@ class LearnerWorker:
 
     def save_checkpoint(self, directory: str, step: int) -> None:
         if self.cfg.learner.ep_size > 1:
+        """``directory/step_N``: DeepSpeed's files (or, with expert parallelism, ``ep_rank_*.pt``) that
+        load exactly into the same ``num_ranks`` / ``ep_size``, and ``portable/`` that loads into
+        any (``portable_checkpoint.py``)."""
+        from jointrl.rl.learner.portable_checkpoint import save_portable
+
+        save_portable(self.engine.module, self.engine.optimizer, os.path.join(directory, f"step_{step}"), rank=self.rank,
+                      num_ranks=self.world_size, ep_size=self.cfg.learner.ep_size, step=step,
+                      row_offsets=expert_row_offsets(self.engine.module))
             return self._save_ep_checkpoint(directory, step)
         self.engine.save_checkpoint(directory, tag=f"step_{step}", client_state={"step": step})
 
     def load_checkpoint(self, directory: str) -> int | None:
-        """Load the latest checkpoint in ``directory``; the step it was saved at, or None."""
+        """Load the latest checkpoint in ``directory``; the step it was saved at, or None. Saved by
+        another ``num_ranks`` / ``ep_size``: from its portable copy."""
+        from jointrl.rl.learner.portable_checkpoint import load_portable, topology
+
         if not os.path.exists(os.path.join(directory, "latest")):
             return None
         if self.cfg.learner.ep_size > 1:
+        with open(os.path.join(directory, "latest")) as f:
+            path = os.path.join(directory, f.read().strip())
+        saved = topology(path)
+        if saved is not None and (saved["num_ranks"], saved["ep_size"]) != (self.world_size, self.cfg.learner.ep_size):
+            return load_portable(self.engine.module, self.engine.optimizer, path, expert_row_offsets(self.engine.module))
             return self._load_ep_checkpoint(directory)
         path, client = self.engine.load_checkpoint(directory)
         return None if path is None else int(client["step"])
 
     # DeepSpeed's own MoE checkpoint files assume its expert naming (deepspeed_moe.experts.*), so with
-    # expert parallelism each rank writes its module (its experts) and its ZeRO partition itself; a
-    # checkpoint loads into the same num_ranks / ep_size only.
+    # expert parallelism each rank writes its module (its experts) and its ZeRO partition itself; these
+    # load into the same num_ranks / ep_size only (another topology reads the portable copy).
     def _save_ep_checkpoint(self, directory: str, step: int) -> None:
         import torch.distributed as dist
 

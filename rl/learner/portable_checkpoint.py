@@ -1,0 +1,137 @@
+"""A checkpoint that loads into any number of learner ranks and any ``ep_size``.
+
+DeepSpeed's ZeRO files hold each rank's slice of one flat fp32 buffer per parameter group, and
+the expert-parallel files (``worker._save_ep_checkpoint``) each rank's experts: both load into
+the ``learner.num_ranks`` / ``learner.ep_size`` that wrote them only. Beside them every
+checkpoint gets ``step_N/portable/``: per parameter, by name, the whole fp32 master copy and
+Adam's two moments (gathered from the ZeRO partitions with DeepSpeed's
+``safe_get_full_fp32_param`` / ``safe_get_full_optimizer_state``), the non-trainable tensors
+(buffers, frozen ones), Adam's step count and the run's step. Expert-parallel rank ``r < ep_size``
+writes ``part_{r}.pt`` with its own experts' rows (and their first row: the tensor is rebuilt by
+concatenating the parts in row order); rank 0's part also holds every replicated tensor, so no
+rank ever holds more than its own share. ``topology.json`` names the writer's ``num_ranks`` /
+``ep_size``.
+
+Loading (``LearnerWorker.load_checkpoint`` when the topology differs): every rank rebuilds the
+whole tensors, cuts the rows of its experts, and writes model weights, fp32 masters and moments
+into its ZeRO partition (``safe_set_full_*``). The update that follows is the one the old
+topology would have taken, up to fp32 summation order (tests/rl/learner/test_reshard.py).
+The gathers are collectives: every rank calls ``save_portable`` with its parameters in the same
+order (they are: same model, same names on every rank).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def topology(path: str | os.PathLike) -> dict | None:
+    """``{"num_ranks", "ep_size"}`` of the checkpoint at ``path`` (a ``step_N`` dir), or None
+    when it has no portable copy (written before it existed)."""
+    f = Path(path) / "portable" / "topology.json"
+    return json.loads(f.read_text()) if f.is_file() else None
+
+
+def save_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, *, rank: int, num_ranks: int,
+                  ep_size: int, step: int, row_offsets: dict[str, int]) -> None:
+    """Every rank calls this (the gathers are collective); ranks ``0..ep_size-1`` write."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    _init_adam_state(zero_optimizer)
+    writes = rank < ep_size
+    params: dict[str, dict] = {}
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        entry = {"fp32": safe_get_full_fp32_param(p)}
+        for key in MOMENTS:
+            entry[key] = safe_get_full_optimizer_state(p, key)
+        if writes and (rank == 0 or name in row_offsets):
+            params[name] = {k: (None if v is None else v.detach().cpu().float()) for k, v in entry.items()}
+            params[name]["row_offset"] = row_offsets.get(name)
+    if not writes:
+        return
+    trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+    frozen = {k: v.detach().cpu() for k, v in module.state_dict().items() if k not in trainable} if rank == 0 else {}
+    steps = [float(s["step"]) for s in zero_optimizer.optimizer.state.values() if "step" in s]
+    out = Path(path) / "portable"
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save({"params": params, "frozen": frozen, "adam_step": max(steps, default=0.0), "step": step},
+               out / f"part_{rank:03d}.pt")
+    if rank == 0:
+        (out / "topology.json").write_text(json.dumps({"num_ranks": num_ranks, "ep_size": ep_size, "step": step}))
+
+
+def read_portable(path: str | os.PathLike) -> dict:
+    """The parts of ``path/portable`` joined: ``{"params": {name: {fp32, exp_avg, exp_avg_sq}},
+    "frozen", "adam_step", "step"}`` with whole tensors (expert rows of all parts, in row order)."""
+    parts = [torch.load(f, map_location="cpu", weights_only=False) for f in sorted((Path(path) / "portable").glob("part_*.pt"))]
+    if not parts:
+        raise ValueError(f"checkpoint {path} has no portable copy (portable/part_*.pt); it loads into the "
+                         "learner.num_ranks / learner.ep_size that wrote it only")
+    pieces: dict[str, list[tuple[int, dict]]] = {}
+    for part in parts:
+        for name, entry in part["params"].items():
+            pieces.setdefault(name, []).append((entry["row_offset"] or 0, entry))
+    params = {}
+    for name, rows in pieces.items():
+        rows.sort(key=lambda r: r[0])
+        params[name] = {k: (None if rows[0][1][k] is None else torch.cat([e[k] for _, e in rows]))
+                        for k in ("fp32", *MOMENTS)}
+    return {"params": params, "frozen": parts[0]["frozen"], "adam_step": parts[0]["adam_step"], "step": parts[0]["step"]}
+
+
+def load_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, row_offsets: dict[str, int]) -> int:
+    """Write the portable checkpoint at ``path`` into this rank's model and ZeRO partition;
+    → the step it was saved at."""
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    saved = read_portable(path)
+    _init_adam_state(zero_optimizer)
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name not in saved["params"]:
+            raise ValueError(f"checkpoint {path} has no parameter {name!r} (saved with another model or algo?)")
+        first = row_offsets.get(name)
+        rows = (lambda t: t) if first is None else (lambda t: t[first:first + p.shape[0]])  # noqa: E731
+        entry = saved["params"][name]
+        if tuple(rows(entry["fp32"]).shape) != tuple(p.shape):
+            raise ValueError(f"checkpoint {path}: {name} has shape {tuple(entry['fp32'].shape)}, "
+                             f"this rank's parameter {tuple(p.shape)}")
+        with torch.no_grad():
+            p.copy_(rows(entry["fp32"]).to(p.dtype))
+        safe_set_full_fp32_param(p, rows(entry["fp32"]))
+        for key in MOMENTS:
+            if entry[key] is not None:
+                safe_set_full_optimizer_state(p, rows(entry[key]), key)
+    with torch.no_grad():
+        state = module.state_dict()
+        for name, t in saved["frozen"].items():
+            if name in state:
+                state[name].copy_(t)
+    for s in zero_optimizer.optimizer.state.values():
+        s["step"] = torch.tensor(saved["adam_step"], dtype=s["step"].dtype)
+    return int(saved["step"])
+
+
+def _init_adam_state(zero_optimizer) -> None:
+    """Adam's per-partition state as its first step would create it (zeros) where no step has run
+    yet, and every parameter linked to its slices of that state. DeepSpeed 0.19 links them once,
+    after the first parameter group's first step, so with expert parallelism (a second group, the
+    experts') the experts stay unlinked and their moments unreadable: link again here."""
+    inner = zero_optimizer.optimizer
+    for group in inner.param_groups:
+        for p in group["params"]:
+            if not inner.state.get(p):
+                inner.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                  "exp_avg_sq": torch.zeros_like(p)}
+    zero_optimizer._hp_optimizer_states_linked = False
+    zero_optimizer._lazy_init_hp_params_optimizer_state()
