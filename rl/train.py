@@ -106,6 +106,7 @@ def train(cfg: Config) -> dict[str, float]:
         metrics = _step_metrics(trajs, adv.stats, learner_metrics, sampler, groups,
                                 {"rollout": t1 - t0, "learner": t2 - t1, "push": t3 - t2})
         metrics.update({f"weight_sync/{k}_s": v for k, v in push_times.items()})
+        metrics["weight_sync/retries"] = float(push.retries)
         if learner_metrics:
             metrics["perf/learner_tokens_per_s"] = sum(len(t.token_ids) for t in adv.kept) / max(t2 - t1, 1e-9)
         routing = ray.get(router.stats.remote())

@@ -132,6 +132,13 @@ class _Group:
         self.pg.broadcast([t], opts).wait()
         return t
 
+    def close(self) -> None:
+        """Drop this member's connections: every other member blocked in a broadcast of this group
+        fails now ("connection closed by peer") instead of at the group's timeout. (``pg.abort()``
+        and ``pg.shutdown()`` do not do this in torch 2.13's gloo: a peer blocked on us still
+        waits; destroying the group closes the sockets.)"""
+        self.pg = None
+
 
 class WeightSender:
     """One learner rank's end: ``open`` (a store on a free port) -> ``connect`` (collective with
@@ -153,9 +160,22 @@ class WeightSender:
     def connect(self) -> None:
         self.group = _Group(self.store, 0, self.size, self.backend, self.timeout_s)
 
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
     def send(self, state: Mapping[str, Tensor], version: int, bucket_bytes: int, **bucket_kw) -> dict[str, float]:
-        """Gather ``state`` off the device, then quantize and broadcast it bucket by bucket."""
+        """Gather ``state`` off the device, then quantize and broadcast it bucket by bucket. A failed
+        broadcast (a receiver died) closes the group, so the live receivers fail at once too."""
         assert self.group is not None, "WeightSender.connect() first"
+        try:
+            return self._send_all(state, version, bucket_bytes, **bucket_kw)
+        except Exception:
+            self.close()
+            raise
+
+    def _send_all(self, state: Mapping[str, Tensor], version: int, bucket_bytes: int, **bucket_kw) -> dict[str, float]:
         t0 = time.perf_counter()
         state = {k: v.detach().cpu() for k, v in state.items()}
         times = {"gather": time.perf_counter() - t0, "quantize": 0.0, "transfer": 0.0}
@@ -196,12 +216,21 @@ class WeightReceiver:
                        for host, port in addresses]
 
     def receive(self, version: int) -> tuple[WeightBundle, dict[str, float]]:
-        """Every sender's buckets of push ``version``, checked and merged into one bundle."""
+        """Every sender's buckets of push ``version``, checked and merged into one bundle. A failed
+        broadcast closes every group of this receiver (their senders fail at once too)."""
         t0 = time.perf_counter()
-        bundles = [self._receive_one(g, version) for g in self.groups]
+        try:
+            bundles = [self._receive_one(g, version) for g in self.groups]
+        except Exception:
+            self.close()
+            raise
         t1 = time.perf_counter()
         merged = merge_bundles(bundles)
         return merged, {"receive": t1 - t0, "merge": time.perf_counter() - t1}
+
+    def close(self) -> None:
+        for g in self.groups:
+            g.close()
 
     @staticmethod
     def _receive_one(group: _Group, version: int) -> WeightBundle:
@@ -231,11 +260,20 @@ class WeightPush:
 
     ``senders`` are learner-rank actors with ``weight_bundle`` (ray) or ``open_weight_group`` /
     ``join_weight_group`` / ``push_weights`` (dist); ``receivers`` rollout-worker actors with
-    ``update_weights`` / ``pid`` / ``join_weight_group`` / ``receive_weights``. After a push,
-    ``live`` lists the receivers that hold it: a dead receiver is left out (ray: its call fails;
-    dist: it does not answer ``pid``), and a restarted one (a new pid) gets the push -- with
-    ``dist``, the groups are rebuilt over the receivers that answer whenever that set changes.
+    ``update_weights`` / ``pid`` / ``join_weight_group`` / ``receive_weights``. After a push, ``live`` lists the receivers that hold it: a dead
+    receiver is left out (ray: its call fails; dist: it does not answer ``pid``), and a restarted
+    one (a new pid) gets the push -- with ``dist``, the groups are rebuilt over the receivers that
+    answer whenever that set changes.
+
+    ``dist`` and a receiver that dies during the broadcast: the sender's next write to it fails
+    at once (connection reset) and the sender closes its group, which fails the live receivers'
+    reads at once; they close all their groups, which fails any other sender still writing. The
+    driver then rebuilds the groups over the receivers that answer and pushes the same version
+    again (``retries`` counts it), at most ``MAX_ATTEMPTS`` times. A receiver Ray is restarting
+    answers once it is back, so it gets this push or the next one.
     """
+
+    MAX_ATTEMPTS = 3
 
     def __init__(self, transport: str, senders: list, receivers: list, backend: str = "gloo",
                  timeout_s: float = 600.0) -> None:
@@ -243,6 +281,7 @@ class WeightPush:
         self.backend, self.timeout_s = backend, timeout_s
         self.members: list[tuple[int, int]] = []  # dist: (receiver index, pid) in the current groups
         self.live: list[int] = []
+        self.retries = 0  # dist: re-pushes the last push needed (a member failed mid-broadcast)
 
     def _connect(self) -> list[int]:
         """dist: the receivers that answer now; (re)build the groups when they differ from the last ones."""
@@ -265,14 +304,35 @@ class WeightPush:
             self.members = members
         return [i for i, _ in members]
 
+    def _push_dist(self, version: int) -> tuple[list[dict], int]:
+        """One dist push, retried over rebuilt groups when a member fails → (per-rank times, retries)."""
+        import ray
+
+        errors: list[str] = []
+        for attempt in range(self.MAX_ATTEMPTS):
+            live = self._connect()
+            refs = [s.push_weights.remote(version) for s in self.senders]
+            refs += [self.receivers[i].receive_weights.remote(version) for i in live]
+            results, failed = [], None
+            for ref in refs:  # a failure anywhere fails everyone's broadcast at once (closed groups)
+                try:
+                    results.append(ray.get(ref))
+                except Exception as e:  # noqa: BLE001 -- a dead receiver or a broken group: rebuild, retry
+                    failed = failed or e
+            if failed is None:
+                self.live = live
+                return results, attempt
+            errors.append(repr(failed)[:300])
+            self.members = []  # rebuild the groups over whoever answers now
+        raise RuntimeError(f"weight push {version}: failed {self.MAX_ATTEMPTS} times over rebuilt groups: {errors}")
+
     def __call__(self, version: int) -> dict[str, float]:
         import ray
 
         t0 = time.perf_counter()
+        self.retries = 0
         if self.transport == "dist":
-            self.live = self._connect()
-            sent = ray.get([s.push_weights.remote(version) for s in self.senders]
-                           + [self.receivers[i].receive_weights.remote(version) for i in self.live])
+            sent, self.retries = self._push_dist(version)
         else:
             bundles = [s.weight_bundle.remote(version) for s in self.senders]
             refs = [r.update_weights.remote(version, *bundles) for r in self.receivers]

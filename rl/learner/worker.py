@@ -107,7 +107,6 @@ class LearnerWorker:
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
         deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
         lc, algo = cfg.learner, cfg.algo
         self.tok = ByteTokenizer()
         self.loss_fn, self.mismatch = build_loss(cfg), build_mismatch(cfg)
@@ -139,9 +138,9 @@ class LearnerWorker:
         mc = model.config
         self.topk = (mc.num_moe_layers, mc.num_experts_per_tok)  # replay when a batch carries routed experts
         self.image = (mc.image_token_id, mc.image_patch_dim) if mc.image_patch_dim else None  # screenshot slots
+        self.has_router_bias = any(getattr(m, "e_score_correction_bias", None) is not None for m in model.modules())
         self.master_addr = master_addr
         return rank
-        self.has_router_bias = any(getattr(m, "e_score_correction_bias", None) is not None for m in model.modules())
 
     def ready(self) -> int:
         return self.rank
@@ -298,6 +297,8 @@ class LearnerWorker:
     def open_weight_group(self, num_receivers: int, backend: str, timeout_s: float) -> tuple[str, int]:
         from jointrl.rl.weight_transport import WeightSender
 
+        if getattr(self, "sender", None) is not None:  # rebuilt groups: leave the old one first
+            self.sender.close()
         self.sender = WeightSender(num_receivers, backend, timeout_s)
         return self.sender.address
 
@@ -309,7 +310,6 @@ class LearnerWorker:
         return self.sender.send(state, version, **kw)
 
     def save_checkpoint(self, directory: str, step: int) -> None:
-        if self.cfg.learner.ep_size > 1:
         """``directory/step_N``: DeepSpeed's files (or, with expert parallelism, ``ep_rank_*.pt``) that
         load exactly into the same ``num_ranks`` / ``ep_size``, and ``portable/`` that loads into
         any (``portable_checkpoint.py``)."""
@@ -318,6 +318,7 @@ class LearnerWorker:
         save_portable(self.engine.module, self.engine.optimizer, os.path.join(directory, f"step_{step}"), rank=self.rank,
                       num_ranks=self.world_size, ep_size=self.cfg.learner.ep_size, step=step,
                       row_offsets=expert_row_offsets(self.engine.module))
+        if self.cfg.learner.ep_size > 1:
             return self._save_ep_checkpoint(directory, step)
         self.engine.save_checkpoint(directory, tag=f"step_{step}", client_state={"step": step})
 
@@ -328,12 +329,12 @@ class LearnerWorker:
 
         if not os.path.exists(os.path.join(directory, "latest")):
             return None
-        if self.cfg.learner.ep_size > 1:
         with open(os.path.join(directory, "latest")) as f:
             path = os.path.join(directory, f.read().strip())
         saved = topology(path)
         if saved is not None and (saved["num_ranks"], saved["ep_size"]) != (self.world_size, self.cfg.learner.ep_size):
             return load_portable(self.engine.module, self.engine.optimizer, path, expert_row_offsets(self.engine.module))
+        if self.cfg.learner.ep_size > 1:
             return self._load_ep_checkpoint(directory)
         path, client = self.engine.load_checkpoint(directory)
         return None if path is None else int(client["step"])

@@ -51,6 +51,8 @@ class RolloutWorker:
     def join_weight_group(self, addresses: list, index: int, num_receivers: int, backend: str, timeout_s: float) -> None:
         from jointrl.rl.weight_transport import WeightReceiver
 
+        if getattr(self, "receiver", None) is not None:  # rebuilt groups: leave the old ones first
+            self.receiver.close()
         self.receiver = WeightReceiver([tuple(a) for a in addresses], index, num_receivers, backend, timeout_s)
 
     async def receive_weights(self, version: int) -> dict[str, float]:

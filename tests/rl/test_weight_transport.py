@@ -1,7 +1,12 @@
 """The torch.distributed weight push (rl/weight_transport.py): 2 sending ranks -> 2 receivers over
-gloo, in separate processes, against the same push applied in process."""
+gloo, in separate processes, against the same push applied in process; a receiver killed in the
+middle of a push (slow tier)."""
 
 import io
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +113,62 @@ def test_wire_format_round_trips_and_corruption_is_named():
         merge_bundles([type(bundle)(2, (broken, *bundle.buckets[1:]), bundle.total_bytes)])
     with pytest.raises(ValueError, match="version 2, the receiver expects 3"):
         apply_bundle(model, bundle, expected_version=3)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _restarted_pid(worker) -> int:
+    """The worker's pid once Ray has restarted it (calls fail while it restarts)."""
+    import ray
+
+    for _ in range(600):
+        try:
+            return ray.get(worker.pid.remote())
+        except ray.exceptions.RayActorError:
+            time.sleep(0.5)
+    raise AssertionError("the killed rollout worker was not restarted")
+
+
+@pytest.mark.slow
+def test_a_receiver_killed_mid_push_is_left_out_and_gets_the_next_one(cluster):
+    """SIGKILL of a rollout worker in the middle of a dist broadcast: the push completes to the live
+    worker (closed groups fail every member at once; the driver rebuilds them and pushes again),
+    well inside a gloo timeout of an hour, and the restarted worker gets the next push."""
+    import ray
+
+    from jointrl.rl.learner.group import LearnerGroup
+    from jointrl.rl.rollout.worker import RolloutWorker
+    from jointrl.rl.weight_transport import WeightPush
+
+    # bench_moe at 12 layers: a push is ~0.7 sender CPU-seconds of quantizing, streamed between ~80 broadcasts
+    cfg = load_config(["model=bench_moe", "model.num_hidden_layers=12", "rollout.num_blocks=64",
+                       "rollout.weight_transport=dist", "rollout.weight_bucket_mb=0.25"])
+    learner = LearnerGroup(cfg)
+    workers = [ray.remote(max_concurrency=1000, max_restarts=-1)(RolloutWorker).remote(cfg) for _ in range(2)]
+    push = WeightPush("dist", learner.senders, workers, "gloo", timeout_s=3600)
+    push(1)
+    assert push.live == [0, 1] and push.retries == 0
+    sender_pid, victim = ray.get(learner.workers[0].pid.remote()), ray.get(workers[0].pid.remote())
+
+    start = _cpu_seconds(sender_pid)
+    pushing = threading.Thread(target=push, args=(2,))
+    pushing.start()
+    while pushing.is_alive() and _cpu_seconds(sender_pid) - start < 0.15:  # the sender is mid-push
+        time.sleep(0.005)
+    os.kill(victim, signal.SIGKILL)
+    pushing.join(timeout=900)
+    assert not pushing.is_alive(), "the push stalled on the dead receiver"
+    assert push.retries >= 1 and 1 in push.live
+    assert ray.get(workers[1].version.remote()) == 2
+
+    assert _restarted_pid(workers[0]) != victim  # Ray restarts the killed worker (max_restarts=-1)
+    push(3)  # it is in the rebuilt groups and holds the weights
+    assert push.live == [0, 1]
+    assert ray.get([w.version.remote() for w in workers]) == [3, 3]
+    states = ray.get([w.__ray_call__.remote(lambda self: self.engine.model.state_dict()) for w in workers])
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+    learner.shutdown()
