@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = ("train", "serve", "export", "eval", "sft")
+COMMANDS = ("train", "serve", "export", "eval", "sft", "recipe")
 
 
 def main() -> None:
@@ -32,3 +32,7 @@ def main() -> None:
         from jointrl.rl.sft import main as sft_main
 
         sft_main()
+    elif command == "recipe":
+        from jointrl.rl.recipe import main as recipe_main
+
+        recipe_main()

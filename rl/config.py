@@ -262,6 +262,29 @@ class ServeConfig:
 
 
 @dataclass
+class RecipeConfig:
+    """``jointrl recipe`` (rl/recipe.py): SFT warm start -> held-out eval -> GRPO -> held-out evals.
+    The GRPO stage runs ``algo`` / ``learner``; the SFT stage overrides only what is named here."""
+
+    sft_steps: int = 20
+    sft_prompts_per_step: int = 8  # oracle transcripts per SFT step
+    sft_lr: float = 3e-3
+    eval_k: int = 4  # samples per held-out task and tier
+    eval_limit: int = 0  # held-out tasks per domain, the first by id (0: all)
+    eval_tiers: list[str] = field(default_factory=lambda: ["low"])
+    eval_every: int = 0  # GRPO steps between held-out evals of the saved checkpoints (0: only the last step)
+    eval_init: bool = False  # also evaluate the untrained model (the curve's first point before SFT)
+
+    def __post_init__(self) -> None:
+        for k in ("sft_steps", "sft_prompts_per_step", "sft_lr", "eval_k"):
+            _check_positive(f"recipe.{k}", getattr(self, k))
+        for k in ("eval_limit", "eval_every"):
+            _check_positive(f"recipe.{k}", getattr(self, k), allow_zero=True)
+        for tier in self.eval_tiers:
+            _check_choice("recipe.eval_tiers", tier, ("low", "high", "max"))
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -271,6 +294,7 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
     checkpoint: str | None = None  # the policy's weights (serve, eval: HF or DeepSpeed dir; train: a DeepSpeed run's
     # checkpoints, e.g. jointrl sft's, as the initial and reference policy; resume=true takes precedence); None: untrained
     run_name: str = "default"

@@ -1,0 +1,230 @@
+"""``jointrl recipe +experiment=cpu_joint [overrides]``: the CPU learning recipe, end to end.
+
+    jointrl sft    recipe.sft_steps steps on the train split's oracle transcripts  -> <out>/sft
+    jointrl eval   the SFT checkpoint on the held-out split (GRPO step 0)           -> <out>/eval/step_0
+    jointrl train  checkpoint=<out>/sft/checkpoints: algo.total_steps GRPO steps    -> <out>/grpo
+    jointrl eval   the GRPO checkpoint every recipe.eval_every steps and the last   -> <out>/eval/step_N
+    curves         <out>/curves.json and <out>/curves.png: the training reward and success per
+                   domain per GRPO step (from the step's trajectories), held-out pass@1 per domain
+                   against the GRPO step; one wandb run ``<run_name>-recipe`` with both as scalars
+                   and the PNG
+
+Each stage is its command's own function (``rl/sft.py``, ``rl/eval.py``, ``rl/train.py``) in this
+process, with the same config, so a stage can be rerun by hand with the command it names; Ray is
+started by a stage that needs it and shut down after it. A stage whose output is complete (the
+SFT / GRPO run's ``latest`` checkpoint at its last step, an eval's ``eval.json``) is reused, so a
+rerun after a crash or with other plot settings continues where the last one stopped.
+Every eval plays the same episodes (seeds from ``seed``, domain, task, tier and sample), so the
+points of the held-out curve differ only by the policy.
+
+CPU seconds are this process's and its reaped children's (Ray's processes, which the stages shut
+down, and their sandboxes): on a shared machine the wall time overstates the cost, this does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import hydra
+import ray
+from omegaconf import DictConfig, OmegaConf
+
+from jointrl.rl.config import Config, register_schemas, to_config
+from jointrl.rl.eval import EvalSpec, evaluate
+
+
+def _cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _finished(ckpt_dir: Path, step: int) -> bool:
+    latest = ckpt_dir / "latest"
+    return latest.is_file() and latest.read_text().strip() == f"step_{step}"
+
+
+def eval_steps(total_steps: int, every: int) -> list[int]:
+    """The GRPO steps whose checkpoints are evaluated (0 is the SFT checkpoint).
+
+    >>> eval_steps(10, 4), eval_steps(3, 0)
+    ([0, 4, 8, 10], [0, 3])
+    """
+    return sorted({0, total_steps, *range(every, total_steps, every or total_steps)})
+
+
+def train_curves(traj_dir: Path) -> dict[str, dict[str, list[float]]]:
+    """Per domain: ``step``, mean ``reward`` and ``success`` share of each GRPO step's scored
+    trajectories (env errors excluded, as in the driver's ``<domain>/reward``)."""
+    from jointrl.rewards.base import succeeded
+
+    per: dict[str, dict[int, list[tuple[float, bool]]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(traj_dir.glob("step_*.jsonl")):
+        step = int(path.stem.split("_")[1])
+        for line in path.read_text().splitlines():
+            t = json.loads(line)
+            if t["finish_reason"] != "env_error":
+                per[t["domain"]][step].append((t["reward"], succeeded(t["reward_info"])))
+    return {d: {"step": sorted(steps), "reward": [sum(r for r, _ in steps[s]) / len(steps[s]) for s in sorted(steps)],
+                "success": [sum(ok for _, ok in steps[s]) / len(steps[s]) for s in sorted(steps)]}
+            for d, steps in sorted(per.items())}
+
+
+def heldout_curves(evals: dict[int, dict]) -> dict[str, dict[str, list]]:
+    """Per (domain, tier) row of the evals: ``step``, ``pass@1``, ``episodes``."""
+    curves: dict[str, dict[str, list]] = defaultdict(lambda: {"step": [], "pass@1": [], "episodes": []})
+    for step in sorted(evals):
+        for row in evals[step]["rows"]:
+            c = curves[row["domain"] if row["tier"] == "low" else f"{row['domain']}/{row['tier']}"]
+            c["step"].append(step)
+            c["pass@1"].append(row["pass@1"])
+            c["episodes"].append(row["episodes"])
+    return dict(sorted(curves.items()))
+
+
+def summary(heldout: dict[str, dict[str, list]], init: dict | None) -> list[dict]:
+    """One row per domain: held-out pass@1 of the untrained model (if evaluated), after SFT, after
+    GRPO, and GRPO's gain over SFT in points."""
+    rows = []
+    for name, c in heldout.items():
+        first = next((r["pass@1"] for r in (init or {}).get("rows", [])
+                      if (r["domain"] if r["tier"] == "low" else f"{r['domain']}/{r['tier']}") == name), None)
+        sft, grpo = c["pass@1"][0], c["pass@1"][-1]
+        rows.append({"domain": name, "episodes": c["episodes"][-1], "init": first, "sft": sft, "grpo": grpo,
+                     "gain_points": 100 * (grpo - sft)})
+    return rows
+
+
+def plot(curves: dict, path: Path, title: str) -> None:
+    """Two panels: training reward per domain against the GRPO step; held-out pass@1 per domain."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_r, ax_h) = plt.subplots(1, 2, figsize=(11, 4))
+    for d, c in curves["train"].items():
+        ax_r.plot(c["step"], c["reward"], marker=".", label=d)
+    ax_r.set(xlabel="GRPO step", ylabel="mean reward (train split, sampled)", title="training reward")
+    for d, c in curves["heldout"].items():
+        ax_h.plot(c["step"], c["pass@1"], marker="o", label=f"{d} ({c['episodes'][-1]} ep.)")
+    ax_h.set(xlabel="GRPO step (0 = SFT checkpoint)", ylabel="pass@1", title="held-out pass@1", ylim=(-0.02, 1.02))
+    for ax in (ax_r, ax_h):
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _eval(cfg: Config, spec: EvalSpec, checkpoint: str | None, out: Path, label: str) -> dict:
+    if (out / "eval.json").is_file():
+        return json.loads((out / "eval.json").read_text())
+    return evaluate(dataclasses.replace(cfg, checkpoint=checkpoint, run_name=f"{cfg.run_name}-{label}"), spec, out)
+
+
+def recipe(cfg: Config) -> dict:
+    """SFT -> eval -> GRPO -> evals -> curves; returns ``curves.json``'s content."""
+    from jointrl.rl.sft import sft
+    from jointrl.rl.train import train
+
+    rc, out = cfg.recipe, Path(cfg.output_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.structured(cfg), out / "config.yaml")
+    spec = EvalSpec(tiers=tuple(rc.eval_tiers), k=rc.eval_k, split="heldout", limit=rc.eval_limit)
+    stages: dict[str, dict[str, float]] = {}
+
+    def stage(name: str, fn, *args):
+        t0, c0 = time.perf_counter(), _cpu_s()
+        try:
+            result = fn(*args)
+        finally:
+            ray.shutdown()
+        stages[name] = {"wall_s": time.perf_counter() - t0, "cpu_s": _cpu_s() - c0}
+        print(f"recipe: {name} done in {stages[name]['wall_s'] / 60:.1f} min wall, "
+              f"{stages[name]['cpu_s'] / 60:.1f} CPU min", flush=True)
+        return result
+
+    init = stage("eval_init", _eval, cfg, spec, None, out / "eval" / "init", "eval-init") if rc.eval_init else None
+    sft_dir = out / "sft"
+    sft_cfg = dataclasses.replace(
+        cfg, output_dir=str(sft_dir), run_name=f"{cfg.run_name}-sft", checkpoint=None, checkpoint_every=0, resume=False,
+        algo=dataclasses.replace(cfg.algo, total_steps=rc.sft_steps, prompts_per_step=rc.sft_prompts_per_step),
+        learner=dataclasses.replace(cfg.learner, lr=rc.sft_lr))
+    if not _finished(sft_dir / "checkpoints", rc.sft_steps):
+        stage("sft", sft, sft_cfg)
+    evals = {0: stage("eval_sft", _eval, cfg, spec, str(sft_dir / "checkpoints"), out / "eval" / "step_0", "eval-sft")}
+    grpo_dir, total = out / "grpo", cfg.algo.total_steps
+    steps = eval_steps(total, rc.eval_every)
+    grpo_cfg = dataclasses.replace(cfg, output_dir=str(grpo_dir), run_name=f"{cfg.run_name}-grpo",
+                                   checkpoint=str(sft_dir / "checkpoints"), checkpoint_every=rc.eval_every or total,
+                                   resume=(grpo_dir / "checkpoints" / "latest").is_file())
+    if not _finished(grpo_dir / "checkpoints", total):
+        stage("grpo", train, grpo_cfg)
+    for s in steps[1:]:
+        evals[s] = stage(f"eval_step_{s}", _eval, cfg, spec, str(grpo_dir / "checkpoints" / f"step_{s}"),
+                         out / "eval" / f"step_{s}", f"eval-step{s}")
+    curves = {"train": train_curves(grpo_dir / "trajectories"), "heldout": heldout_curves(evals)}
+    result = {"run_name": cfg.run_name, "seed": cfg.seed, "domains": list(cfg.envs.domains), "eval_k": rc.eval_k,
+              "grpo_steps": total, "sft_steps": rc.sft_steps, "summary": summary(curves["heldout"], init),
+              "stages": stages, **curves}
+    (out / "curves.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(curves, out / "curves.png", f"{cfg.run_name}: seed {cfg.seed}, {rc.sft_steps} SFT + {total} GRPO steps, "
+                                     f"{cfg.model.name}, held-out k={rc.eval_k}")
+    _log_wandb(cfg, out, curves)
+    print(format_summary(result["summary"]), flush=True)
+    print(f"recipe: {out / 'curves.png'}, {out / 'curves.json'}", flush=True)
+    return result
+
+
+def format_summary(rows: list[dict]) -> str:
+    lines = ["domain            | episodes | init  | sft   | grpo  | gain (points)"]
+    for r in rows:
+        init = "  -  " if r["init"] is None else f"{r['init']:.3f}"
+        lines.append(f"{r['domain']:<17} | {r['episodes']:>8} | {init} | {r['sft']:.3f} | {r['grpo']:.3f} "
+                     f"| {r['gain_points']:+.1f}")
+    return "\n".join(lines)
+
+
+def _log_wandb(cfg: Config, out: Path, curves: dict) -> None:
+    """The curves as per-step scalars (``recipe/train/<domain>/reward``, ``recipe/heldout/<domain>/pass@1``)
+    and the PNG, in one run beside the stages' own."""
+    if cfg.logger.wandb_mode == "disabled":
+        return
+    import wandb
+
+    os.environ.setdefault("WANDB_SILENT", "true")
+    run = wandb.init(project=cfg.logger.project, name=f"{cfg.run_name}-recipe", dir=str(out), mode=cfg.logger.wandb_mode,
+                     config=dataclasses.asdict(cfg))
+    by_step: dict[int, dict[str, float]] = defaultdict(dict)
+    for d, c in curves["train"].items():
+        for s, r, ok in zip(c["step"], c["reward"], c["success"]):
+            by_step[s].update({f"recipe/train/{d}/reward": r, f"recipe/train/{d}/success": ok})
+    for d, c in curves["heldout"].items():
+        for s, p in zip(c["step"], c["pass@1"]):
+            by_step[s][f"recipe/heldout/{d}/pass@1"] = p
+    for s in sorted(by_step):
+        run.log(by_step[s], step=s)
+    run.log({"recipe/curves": wandb.Image(str(out / "curves.png"))}, step=max(by_step, default=0))
+    run.finish()
+
+
+register_schemas()
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base=None)
+def main(raw: DictConfig) -> None:
+    try:
+        recipe(to_config(raw))
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""``jointrl recipe`` (rl/recipe.py) in miniature: SFT on three terminal tasks' oracle transcripts
+(two train, one held out), eval, a GRPO step, an eval of it, curves, wandb -- the real
+sandboxes, Ray learner group, rollout engine and DeepSpeed checkpoints of the full recipe."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from jointrl.envs.registry import load_tasks
+from jointrl.rl.config import load_config
+from jointrl.rl.recipe import eval_steps, heldout_curves, summary
+
+TASKS = Path(__file__).resolve().parents[2] / "envs" / "terminal" / "tasks"
+TRAIN, HELDOUT = ("count-lines", "write-file"), ("word-freq",)
+
+
+def test_eval_steps_start_at_the_sft_checkpoint_and_end_at_the_last_step():
+    assert eval_steps(10, 4) == [0, 4, 8, 10] and eval_steps(3, 0) == [0, 3] and eval_steps(4, 2) == [0, 2, 4]
+
+
+def test_summary_gain_is_the_last_heldout_point_minus_the_sft_point():
+    rows = lambda p: {"rows": [{"domain": "cad", "tier": "low", "pass@1": p, "episodes": 100}]}  # noqa: E731
+    curves = heldout_curves({0: rows(0.25), 5: rows(0.5), 10: rows(0.4)})
+    assert curves == {"cad": {"step": [0, 5, 10], "pass@1": [0.25, 0.5, 0.4], "episodes": [100, 100, 100]}}
+    (row,) = summary(curves, rows(0.0))
+    assert (row["init"], row["sft"], row["grpo"]) == (0.0, 0.25, 0.4) and row["gain_points"] == pytest.approx(15.0)
+
+
+def test_the_experiment_config_composes():
+    cfg = load_config(["+experiment=cpu_joint"])
+    assert cfg.model.name == "tiny_hybrid" and cfg.run_name == "cpu_joint" and len(cfg.envs.domains) >= 2
+    assert cfg.recipe.eval_every and cfg.algo.total_steps % cfg.recipe.eval_every == 0
+    with pytest.raises(ValueError, match="recipe.eval_tiers"):
+        load_config(["+experiment=cpu_joint", "recipe.eval_tiers=[medium]"])
+
+
+def test_recipe_in_miniature_end_to_end(tmp_path):
+    import ray
+    import wandb
+
+    from jointrl.rl.recipe import recipe
+
+    task_dir = tmp_path / "tasks"
+    for name in TRAIN + HELDOUT:
+        shutil.copytree(TASKS / name, task_dir / name)
+    assert {t.id for t in load_tasks("terminal", str(task_dir), "heldout")} == set(HELDOUT)
+    out = tmp_path / "run"
+    cfg = load_config([f"output_dir={out}", "run_name=mini", f"envs.domains.terminal.task_dir={task_dir}",
+                       "envs.num_workers=1", "algo.total_steps=1", "algo.prompts_per_step=2", "algo.group_size=2",
+                       "algo.max_refill_attempts=0", "rollout.max_tokens_per_turn=256", "rollout.max_context=4096",
+                       "recipe.sft_steps=2", "recipe.sft_prompts_per_step=2", "recipe.eval_k=2", "recipe.eval_every=1",
+                       "logger.wandb_mode=offline", "logger.table_rows=0"])
+    try:
+        result = recipe(cfg)
+    finally:
+        ray.shutdown()
+        wandb.teardown()
+    assert json.loads((out / "curves.json").read_text()) == result
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the held-out curve: the SFT checkpoint (step 0, its weights after 2 SFT steps), then the GRPO step's
+    assert result["heldout"] == {"terminal": {"step": [0, 1], "pass@1": result["heldout"]["terminal"]["pass@1"],
+                                              "episodes": [2, 2]}}
+    versions = [json.loads((out / "eval" / f"step_{s}" / "eval.json").read_text())["policy_version"] for s in (0, 1)]
+    assert versions == [2, 1]  # the SFT run's step 2, then GRPO's step 1
+    episodes = json.loads((out / "eval" / "step_0" / "eval.json").read_text())["episodes"]
+    assert {e["task_id"] for e in episodes} == set(HELDOUT)
+    # the training curve comes from the GRPO step's trajectories: 2 prompts x 2 samples
+    train = result["train"]["terminal"]
+    trajs = [json.loads(line) for line in (out / "grpo" / "trajectories" / "step_000001.jsonl").read_text().splitlines()]
+    assert len(trajs) == 4 and {t["task_id"] for t in trajs} <= set(TRAIN)
+    assert train["step"] == [1] and train["reward"] == [pytest.approx(sum(t["reward"] for t in trajs) / 4)]
+    assert set(result["stages"]) == {"sft", "eval_sft", "grpo", "eval_step_1"}
+    assert all(s["cpu_s"] > 0 for s in result["stages"].values())
+    (row,) = result["summary"]
+    assert row["sft"] == result["heldout"]["terminal"]["pass@1"][0] and row["episodes"] == 2
+    # wandb: the recipe's own offline run holds the curves' PNG
+    assert list(out.glob("wandb/offline-run-*/files/media/images/recipe/curves_*.png"))
+    # a rerun reuses every finished stage: no SFT or GRPO step again, the same evals
+    try:
+        again = recipe(cfg)
+    finally:
+        ray.shutdown()
+        wandb.teardown()
+    assert "sft" not in again["stages"] and "grpo" not in again["stages"] and again["heldout"] == result["heldout"]
