@@ -40,3 +40,20 @@ def test_paged_decode_names_bad_shapes():
     with pytest.raises(ValueError, match="slots"):
         paged_decode(torch.zeros(2, 4, 8), torch.zeros(16, 2, 2, 8), torch.zeros(3, 4, dtype=torch.long),
                      torch.ones(2, dtype=torch.long), 1.0)
+
+
+def test_paged_decode_reads_a_bfloat16_cache_as_its_float32_values():
+    """A bfloat16 cache under a float32 query: each element widened exactly, so the result equals the
+    float32 kernel over the same (bfloat16-rounded) values."""
+    g = torch.Generator().manual_seed(1)
+    Hq, Hkv, D, bs, ctx = 4, 2, 64, 16, [1, 16, 37, 80]
+    kv_bf16 = torch.randn(8 * bs, 2, Hkv, D, generator=g).to(torch.bfloat16)
+    q_BHD = torch.randn(len(ctx), Hq, D, generator=g)
+    slots_BS = torch.randperm(8 * bs, generator=g)[:max(ctx)].repeat(len(ctx), 1).contiguous()
+    ctx_B = torch.tensor(ctx)
+    out = paged_decode(q_BHD, kv_bf16, slots_BS, ctx_B, D ** -0.5)
+    assert out.dtype == torch.float32
+    assert (out - paged_decode(q_BHD, kv_bf16.float(), slots_BS, ctx_B, D ** -0.5)).abs().max() < 1e-6
+    assert (out - paged_decode_torch(q_BHD, kv_bf16, slots_BS, ctx_B, D ** -0.5)).abs().max() < 1e-5
+    with pytest.raises(RuntimeError, match="bfloat16 for a float32 q"):
+        paged_decode(q_BHD.double(), kv_bf16, slots_BS, ctx_B, D ** -0.5)
