@@ -128,6 +128,8 @@ class RolloutConfig:
     max_num_batched_tokens: int = 512  # tokens per forward (decodes + prefill chunks)
     session_ttl_s: float = 60.0  # idle sessions are evicted after this (and under memory pressure)
     live_sessions: str = "keep"  # on a weight update: keep session caches, or reprefill
+    kv_dtype: str = "auto"  # KV cache dtype: auto (the model's) | bfloat16 (float32 full-attention models; not exact)
+    batch_invariant: bool = False  # a seeded request's tokens independent of what shares its batch (exact replay)
 
     def __post_init__(self) -> None:
         _check_choice("rollout.backend", self.backend, ("engine", "simple"))

@@ -43,6 +43,7 @@ from jointrl.rl.rollout.sequence import Sequence
 from jointrl.rl.types import GenerationOutput, SamplingParams
 
 LIVE_SESSION_POLICIES = ("keep", "reprefill")
+KV_DTYPES = {"auto": None, "bfloat16": torch.bfloat16}  # rollout.kv_dtype -> the cache dtype (None: the model's)
 
 
 @dataclass(slots=True)
@@ -57,6 +58,8 @@ class EngineConfig:
     live_sessions: str = "keep"            # on update_weights: keep caches, or reprefill
     return_routed_experts: bool = False    # GenerationOutput.routed_experts / routed_from (routing replay)
     ignore_eos: bool = False               # benchmarks: <|im_end|> does not end a turn
+    kv_dtype: str = "auto"                 # KV cache: auto (the model's dtype) | bfloat16 (float32 models, opt-in)
+    batch_invariant: bool = False          # a request's tokens independent of what shares its steps (ModelRunner)
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -68,6 +71,8 @@ class EngineConfig:
         if self.live_sessions not in LIVE_SESSION_POLICIES:
             raise ValueError(f"EngineConfig.live_sessions must be one of {list(LIVE_SESSION_POLICIES)}, "
                              f"got {self.live_sessions!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"EngineConfig.kv_dtype must be one of {list(KV_DTYPES)}, got {self.kv_dtype!r}")
 
 
 @dataclass(slots=True)
@@ -86,7 +91,8 @@ class LLMEngine:
         self.model = model.eval()
         self.tok = tokenizer or ByteTokenizer()
         self.block_manager = BlockManager(self.config.num_blocks, self.config.block_size)
-        self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size)
+        self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size, self.config.batch_invariant,
+                                  kv_dtype=KV_DTYPES[self.config.kv_dtype])
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
                                    self.config.session_ttl_s, prefix_cache="kda" not in getattr(
                                        model.config, "kinds", ()))

@@ -13,6 +13,23 @@ block b holds slots [b·bs, (b+1)·bs). Keys are stored after q/k-norm and RoPE.
 attention reads them in place (``kernels/paged_attention_cpu.paged_decode``: a gather in
 torch would copy the whole cache every step); a prefill chunk gathers its sequence's keys.
 
+bfloat16 cache (``kv_dtype=torch.bfloat16``, ``rollout.kv_dtype: bfloat16``; float32 full-attention
+models only, opt-in): keys and values are rounded to bfloat16 when stored and widened exactly when
+read, everything else stays float32. Half the cache bytes per decode step (the step streams the
+whole cache), at the price of exactness: outputs then match the float32 engine only within
+bfloat16's rounding of the keys and values (tests/rl/rollout/test_kv_dtype.py states the bound).
+
+Batch-invariant mode (``batch_invariant=True``, ``rollout.batch_invariant``): a row's result
+depends only on its sequence's tokens and the weights, never on which other requests share the
+step or on how a prompt was cut into prefill chunks, so a seeded request replays bit for bit
+(resume after a crash, arrival order). Why it is needed: BLAS picks its kernel, and with it the
+order of a dot product's sum, by the row count (here a row of ``F.linear`` over 1, 2, 4 or 64 rows
+gives three different float32 results). So every projection, the MoE block (router, experts --
+always the per-token C++ loop of ``kernels/moe_cpu`` -- and shared experts) and the head run
+on tiles of exactly ``ROW_TILE`` rows (the last one zero-padded), and attention runs every
+query, prefill ones included, through the decode kernel (one query against its keys ``0..pos``
+in fixed 16-token tiles). Full-attention models only; it needs both C++ kernels built.
+
 Shapes: N new tokens, Bd decoding sequences, S keys of a sequence, Hq/Hkv heads, D head_dim,
 V vocab, L layers, k experts per token.
 """
@@ -22,6 +39,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from jointrl.kernels import moe_cpu, paged_attention_cpu
 from jointrl.kernels.paged_attention_cpu import paged_decode
 from jointrl.model import MoETransformer
 from jointrl.model.rope import rotate_half
@@ -29,21 +47,31 @@ from jointrl.rl.image_inputs import slot_patches
 from jointrl.rl.rollout.paged_state import DecodeBatchState, PagedState
 from jointrl.rl.rollout.sequence import Sequence
 
+ROW_TILE = 16  # batch_invariant: rows per GEMM call (a fixed shape, so a fixed summation order per row)
+
 
 class ModelRunner:
-    def __init__(self, model: MoETransformer, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model: MoETransformer, num_blocks: int, block_size: int, batch_invariant: bool = False,
+                 kv_dtype: torch.dtype | None = None) -> None:
         cfg = model.config
         kinds = tuple(getattr(cfg, "kinds", ("full",) * cfg.num_hidden_layers))
         self.hybrid = set(kinds) != {"full"}  # kda / gated_dsa layers: through the model's own forward
+        self.invariant = batch_invariant
+        if batch_invariant:
+            _check_batch_invariant(self.hybrid, next(model.parameters()).dtype)
         self.model, self.bs = model, block_size
         self.dtype = next(model.parameters()).dtype
+        self.kv_dtype = kv_dtype or self.dtype  # the cache's dtype (module docstring: bfloat16 cache)
+        if self.kv_dtype != self.dtype and (self.hybrid or (self.dtype, self.kv_dtype) != (torch.float32, torch.bfloat16)):
+            raise ValueError(f"rollout.kv_dtype={self.kv_dtype} needs a float32 model with full-attention layers only "
+                             f"(this one: {self.dtype}, hybrid={self.hybrid}); use auto (the model's dtype)")
         self.Hq, self.Hkv, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         P = num_blocks * block_size
         kv_layers = [i for i, k in enumerate(kinds) if k in ("full", "gated_dsa")]
         index_layers = [i for i, k in enumerate(kinds) if k == "gated_dsa"]
         self.pool_index = {layer: j for j, layer in enumerate(kv_layers)}      # layer -> kv_LPCHD row
         self.index_pool = {layer: j for j, layer in enumerate(index_layers)}  # layer -> index_LPD row
-        self.kv_LPCHD = torch.zeros(len(kv_layers), P, 2, self.Hkv, self.D, dtype=self.dtype)
+        self.kv_LPCHD = torch.zeros(len(kv_layers), P, 2, self.Hkv, self.D, dtype=self.kv_dtype)
         self.index_LPD = torch.zeros(len(index_layers), P, getattr(cfg, "index_head_dim", 1), dtype=self.dtype)
         self._fused: dict[int, tuple[tuple, torch.Tensor]] = {}  # id(attention) -> (weights' versions, qkv weight)
         self.image = (cfg.image_token_id, cfg.image_patch_dim) if getattr(cfg, "image_patch_dim", 0) else None
@@ -61,7 +89,7 @@ class ModelRunner:
 
     @property
     def cache_bytes(self) -> int:
-        return (self.kv_LPCHD.numel() + self.index_LPD.numel()) * self.kv_LPCHD.element_size()
+        return self.kv_LPCHD.numel() * self.kv_LPCHD.element_size() + self.index_LPD.numel() * self.index_LPD.element_size()
 
     def _patches(self, parts: list[tuple[Sequence, int]]) -> torch.Tensor | None:
         """``image_patches`` for the next ``n`` tokens of each ``(seq, n)``, in that order (None for a
@@ -116,7 +144,7 @@ class ModelRunner:
             row += n
         ids_N, pos_N, slot_N = torch.cat(parts_ids), torch.cat(parts_pos), torch.cat(parts_slot)
 
-        dec_slots_BS = dec_mask_B11S = None
+        dec_slots_BS = ctx_B = None
         if n_dec:
             ctx_B = pos_N[:n_dec] + 1
             S = int(ctx_B.max())
@@ -127,6 +155,13 @@ class ModelRunner:
                 blocks = seq.block_table[:M]
                 table_BM[b, :len(blocks)] = torch.tensor(blocks)
             dec_slots_BS = (table_BM[:, :, None] * bs + torch.arange(bs)).view(n_dec, M * bs)[:, :S].contiguous()
+        if self.invariant:  # every row a decode query: its keys 0..pos, read through the decode kernel
+            all_slots_NS = torch.zeros(len(ids_N), int(pos_N.max()) + 1, dtype=torch.long)
+            if n_dec:
+                all_slots_NS[:n_dec, :dec_slots_BS.shape[1]] = dec_slots_BS
+            for r0, n, c, key_slots_S in prefill:
+                all_slots_NS[r0:r0 + n, :c + n] = key_slots_S
+            all_ctx_N = pos_N + 1
 
         m = self.model
         x_NH = m.model.embed_tokens(ids_N)
@@ -140,45 +175,72 @@ class ModelRunner:
             attn = layer.self_attn
             h_NH = layer.input_layernorm(x_NH)
             N = h_NH.shape[0]
-            q_NF, k_NF, v_NF = F.linear(h_NH, self._qkv_weight(attn)).split(
+            qkv_weight = self._qkv_weight(attn)
+            q_NF, k_NF, v_NF = self._rows(lambda t: F.linear(t, qkv_weight), h_NH).split(
                 (self.Hq * self.D, self.Hkv * self.D, self.Hkv * self.D), dim=-1)
             q_NHD = attn.q_norm(q_NF.reshape(N, self.Hq, self.D))
             k_NHD = attn.k_norm(k_NF.reshape(N, self.Hkv, self.D))
             v_NHD = v_NF.reshape(N, self.Hkv, self.D)
             q_NHD = q_NHD * cos_N1D + rotate_half(q_NHD) * sin_N1D
             k_NHD = k_NHD * cos_N1D + rotate_half(k_NHD) * sin_N1D
-            kv_PCHD.index_copy_(0, slot_N, torch.stack((k_NHD, v_NHD), dim=1))
-            out_NHD = torch.empty_like(q_NHD)
-            if n_dec:
-                out_NHD[:n_dec] = paged_decode(q_NHD[:n_dec], kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
-            for r0, n, c, key_slots_S in prefill:
-                kv_SCHD = kv_PCHD.index_select(0, key_slots_S)
-                mask_TS = torch.arange(c + n)[None, :] <= torch.arange(c, c + n)[:, None]
-                out_1HTD = F.scaled_dot_product_attention(
-                    q_NHD[r0:r0 + n].transpose(0, 1)[None], kv_SCHD[None, :, 0].transpose(1, 2),
-                    kv_SCHD[None, :, 1].transpose(1, 2), attn_mask=mask_TS, scale=self.D ** -0.5,
-                    enable_gqa=self.Hq != self.Hkv)
-                out_NHD[r0:r0 + n] = out_1HTD[0].transpose(0, 1)
+            kv_PCHD.index_copy_(0, slot_N, torch.stack((k_NHD, v_NHD), dim=1).to(self.kv_dtype))
+            if self.invariant:
+                out_NHD = paged_decode(q_NHD, kv_PCHD, all_slots_NS, all_ctx_N, self.D ** -0.5)
+            else:
+                out_NHD = self._attention(q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, prefill)
             out_NF = out_NHD.reshape(N, self.Hq * self.D)
             if getattr(attn, "gate_proj", None) is not None:  # sigmoid output gate
-                out_NF = out_NF * torch.sigmoid(attn.gate_proj(h_NH))
-            x_NH = x_NH + attn.o_proj(out_NF)
-            h_1NH = layer.post_attention_layernorm(x_NH)[None]
+                out_NF = out_NF * torch.sigmoid(self._rows(attn.gate_proj, h_NH))
+            x_NH = x_NH + self._rows(attn.o_proj, out_NF)
+            h_NH = layer.post_attention_layernorm(x_NH)
             if not getattr(layer, "is_moe", True):  # a dense first layer
-                x_NH = x_NH + layer.mlp(h_1NH)[0]
+                x_NH = x_NH + self._rows(layer.mlp, h_NH)
                 continue
-            y_1NH, _, _, ids_Nk = layer.mlp(h_1NH)
-            x_NH = x_NH + y_1NH[0]
+            y_NH, ids_Nk = self._moe(layer.mlp, h_NH)
+            x_NH = x_NH + y_NH
             if want_routed:
                 routed.append(ids_Nk)
 
         ends = [i for i, (seq, n) in enumerate(batch) if seq.num_computed + n == len(seq)]
-        logits_RV = m.lm_head(m.model.norm(x_NH[[first_row[i] + batch[i][1] - 1 for i in ends]]))
+        logits_RV = self._rows(m.lm_head, m.model.norm(x_NH[[first_row[i] + batch[i][1] - 1 for i in ends]]))
         routed_NLk = None
         if want_routed:  # back to batch order
             rows = torch.cat([torch.arange(first_row[i], first_row[i] + n) for i, (_, n) in enumerate(batch)])
             routed_NLk = torch.stack(routed, dim=1)[rows]
         return logits_RV, ends, routed_NLk
+
+    def _attention(self, q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, prefill) -> torch.Tensor:
+        """The decoding rows in one paged-decode call, each prefill chunk in its own SDPA call."""
+        out_NHD = torch.empty_like(q_NHD)
+        if n_dec:
+            out_NHD[:n_dec] = paged_decode(q_NHD[:n_dec], kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
+        for r0, n, c, key_slots_S in prefill:
+            kv_SCHD = kv_PCHD.index_select(0, key_slots_S).to(self.dtype)
+            mask_TS = torch.arange(c + n)[None, :] <= torch.arange(c, c + n)[:, None]
+            out_1HTD = F.scaled_dot_product_attention(
+                q_NHD[r0:r0 + n].transpose(0, 1)[None], kv_SCHD[None, :, 0].transpose(1, 2),
+                kv_SCHD[None, :, 1].transpose(1, 2), attn_mask=mask_TS, scale=self.D ** -0.5,
+                enable_gqa=self.Hq != self.Hkv)
+            out_NHD[r0:r0 + n] = out_1HTD[0].transpose(0, 1)
+        return out_NHD
+
+    def _rows(self, fn, x_NH: torch.Tensor) -> torch.Tensor:
+        """``fn`` (row-wise: [n, in] -> [n, out]) over the rows of ``x_NH``; batch-invariant: one call per
+        tile of exactly ``ROW_TILE`` rows."""
+        if not self.invariant:
+            return fn(x_NH)
+        N = x_NH.shape[0]
+        tiles = F.pad(x_NH, (0, 0, 0, -N % ROW_TILE)).split(ROW_TILE)
+        return torch.cat([fn(t) for t in tiles])[:N] if N else fn(x_NH)
+
+    def _moe(self, mlp, h_NH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MoE block over the rows of ``h_NH`` → (y_NH, expert ids_Nk); batch-invariant: per tile."""
+        if not self.invariant:
+            y_1NH, _, _, ids_Nk = mlp(h_NH[None])
+            return y_1NH[0], ids_Nk
+        N = h_NH.shape[0]
+        parts = [mlp(t[None]) for t in F.pad(h_NH, (0, 0, 0, -N % ROW_TILE)).split(ROW_TILE)]
+        return torch.cat([p[0][0] for p in parts])[:N], torch.cat([p[3] for p in parts])[:N]
 
     def _run_per_sequence(self, batch: list[tuple[Sequence, int]], want_routed: bool
                           ) -> tuple[torch.Tensor, list[int], torch.Tensor | None]:
@@ -206,3 +268,16 @@ class ModelRunner:
                 routed.append(rows[i][1])
         logits_RV = torch.stack(logits) if logits else torch.empty(0, self.model.config.vocab_size, dtype=self.dtype)
         return logits_RV, ends, torch.cat(routed) if want_routed else None
+
+
+def _check_batch_invariant(hybrid: bool, dtype: torch.dtype) -> None:
+    """A clear error where batch-invariant decoding cannot hold (``ModelRunner`` docstring)."""
+    if hybrid:
+        raise ValueError("rollout.batch_invariant supports full-attention models only (this model has kda / "
+                         "gated_dsa layers, whose chunked prefill sums depend on the chunk)")
+    if dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"rollout.batch_invariant needs a float32 or float64 model (the C++ kernels), got {dtype}")
+    missing = [name for name, mod in (("kernels/paged_attention_cpu", paged_attention_cpu), ("kernels/moe_cpu", moe_cpu))
+               if mod.load_kernel() is None]
+    if missing:
+        raise ValueError(f"rollout.batch_invariant needs the C++ CPU kernels, which did not build here: {missing}")

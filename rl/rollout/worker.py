@@ -26,8 +26,8 @@ class RolloutWorker:
         if r.backend == "engine":
             self.engine = LLMEngine(build_model(cfg), ByteTokenizer(), EngineConfig(
                 num_blocks=r.num_blocks, block_size=r.block_size, max_num_seqs=r.max_batch,
-                max_num_batched_tokens=r.max_num_batched_tokens, session_ttl_s=r.session_ttl_s,
-                live_sessions=r.live_sessions,
+                max_num_batched_tokens=r.max_num_batched_tokens, session_ttl_s=r.session_ttl_s, kv_dtype=r.kv_dtype,
+                live_sessions=r.live_sessions, batch_invariant=r.batch_invariant,
                 return_routed_experts=getattr(cfg.learner, "routing_replay", False)))
         else:
             self.engine = SimpleSampler(build_model(cfg), ByteTokenizer(), max_batch=r.max_batch,

@@ -101,10 +101,10 @@ def test_sigkill_of_a_worker_mid_step_loses_no_trajectory(tmp_path, role, transp
 
 def test_driver_sigkill_resumes_with_the_same_next_batch(tmp_path):
     """Bit-exact replay needs decoding whose float sums do not depend on which requests share a
-    batch: the engine's continuous batching does not give that, so this run decodes one request
-    at a time (the simple sampler, max_batch 1). What is under test is the resume: data order,
-    step count, sampling seeds and the policy version (weights) of the next step."""
-    exact = ("rollout.backend=simple", "rollout.max_batch=1")
+    batch, so the engine runs with ``rollout.batch_invariant=true`` (continuous batching kept:
+    rl/rollout/model_runner.py). Under test: data order, step count, per-request sampling seeds
+    and the policy version (weights) of the next step."""
+    exact = ("rollout.backend=engine", "rollout.batch_invariant=true")
     whole = _train(tmp_path / "whole", *exact)
     _finish(whole, [])
     killed = _train(tmp_path / "killed", *exact)
