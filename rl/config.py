@@ -134,6 +134,7 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         _check_choice("rollout.backend", self.backend, ("engine", "simple"))
         _check_choice("rollout.live_sessions", self.live_sessions, ("keep", "reprefill"))
+        _check_choice("rollout.kv_dtype", self.kv_dtype, ("auto", "bfloat16"))
         _check_choice("rollout.weight_transport", self.weight_transport, ("ray", "dist"))
         _check_choice("rollout.weight_dist_backend", self.weight_dist_backend, ("gloo", "nccl"))
         _check_positive("rollout.weight_bucket_mb", self.weight_bucket_mb)
