@@ -9,9 +9,11 @@ process): on a machine shared with other jobs, wall-clock ratios swing with thei
 time each side spent does much less (agentic: wall time is the target, it overlaps env delays).
 
 1. fixed batch: batch 1, 8, 32; 256-token prompts; exactly 128 new tokens. Generated tok/s,
-   ms per decode step, and two floors of a decode step as fractions of the engine's step:
-   arithmetic (its FLOPs at this machine's measured GEMM rate) and memory (the weights plus
-   every cached key/value read once, at the measured copy bandwidth).
+   ms per decode step, and a second table of the decode step's floors, measured in the same run
+   (CPU time): memory (the weights it touches plus every cached key/value, read once at the
+   read bandwidth of a ``sum`` over 256 MiB) and arithmetic (its FLOPs at the GFLOP/s that
+   ``torch.mm`` reaches over the step's own matmul shapes, operands in cache); for each, the
+   share of it the engine's step reaches and the largest ratio over HF's step it would allow.
 2. GRPO rollout: 16 prompts x 8 samples, 256-token prompts, per-request max_tokens drawn
    (seeded) from [16, 512]; the engine takes all 128 at once, HF runs static batches of 32
    (4 prompts x 8), each to its longest request. Tok/s counts requested tokens only.
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import random
 import tempfile
 import time
@@ -77,33 +80,59 @@ def hf_generate(hf, prompts: list[list[int]], new_tokens: int, sample: bool) -> 
     assert out.shape[1] == S + new_tokens
 
 
-def gemm_gflops() -> float:
-    a, b = torch.randn(256, 256), torch.randn(256, 4096)
-    torch.mm(a, b)
-    t0 = time.perf_counter()
-    for _ in range(20):
+def step_matmuls(cfg: MoEConfig, batch: int) -> list[tuple[int, int, int]]:
+    """(rows, in, out) of every matmul of one decode step of ``batch`` sequences: per layer q/k/v
+    (fused), o, the router and each expert's gate_up and down over its share of the rows (uniform
+    routing: batch·k/E rows, at least 1), then the head."""
+    H, D, I = cfg.hidden_size, cfg.head_dim, cfg.moe_intermediate_size
+    per_expert = max(1, round(batch * cfg.num_experts_per_tok / cfg.num_experts))
+    layer = [(batch, H, (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * D),
+             (batch, cfg.num_attention_heads * D, H), (batch, H, cfg.num_experts)]
+    layer += [(per_expert, H, 2 * I), (per_expert, I, H)] * cfg.num_experts
+    return layer * cfg.num_hidden_layers + [(batch, H, cfg.vocab_size)]
+
+
+def gemm_gflops(shapes: list[tuple[int, int, int]], reps: int = 20) -> float:
+    """GFLOP/s (CPU time) of ``torch.mm`` over exactly these shapes, operands in cache: the best this
+    BLAS does at the step's shapes, so (FLOPs / rate) is the step's arithmetic floor."""
+    ops = [(torch.randn(m, k), torch.randn(k, n)) for m, k, n in dict.fromkeys(shapes)]
+    ops = [ops[list(dict.fromkeys(shapes)).index(s)] for s in shapes]
+    for a, b in ops:
         torch.mm(a, b)
-    return 20 * 2 * 256 * 256 * 4096 / (time.perf_counter() - t0) / 1e9
+    c0 = time.process_time()
+    for _ in range(reps):
+        for a, b in ops:
+            torch.mm(a, b)
+    return reps * sum(2 * m * k * n for m, k, n in shapes) / (time.process_time() - c0) / 1e9
 
 
-def stream_gbps() -> float:
-    """Read + write bandwidth of a 64 MiB copy (out of cache)."""
-    a = torch.randn(16 * 2**20)
-    b = a.clone()
-    t0 = time.perf_counter()
-    for _ in range(5):
-        b.copy_(a)
-    return 5 * 2 * a.numel() * 4 / (time.perf_counter() - t0) / 1e9
+def bandwidths(mib: int = 256) -> tuple[float, float, float]:
+    """GB/s (CPU time) of three torch streams over ``mib`` MiB arrays (far beyond the 32 MiB L3):
+    read (``sum``: a decode step's traffic is reads), copy (read + write) and triad
+    (``a = b + s·c``, two reads + one write), each counted in the bytes the program names."""
+    n = mib * 2**20 // 4
+    a, b, c = torch.randn(n), torch.randn(n), torch.randn(n)
+    rates = []
+    for fn, nbytes in ((lambda: b.sum(), n * 4), (lambda: a.copy_(b), 2 * n * 4),
+                       (lambda: torch.add(b, c, alpha=0.5, out=a), 3 * n * 4)):
+        fn()
+        c0 = time.process_time()
+        for _ in range(4):
+            fn()
+        rates.append(4 * nbytes / (time.process_time() - c0) / 1e9)
+    return tuple(rates)
 
 
-def decode_bytes(model, batch: int, context: int) -> int:
-    """Bytes a decode step must read: every weight but the embedding table (routed experts: the
-    expected share of them that ``batch`` uniformly routed tokens hit), and the KV cache."""
+def decode_bytes(model, batch: int, context: int) -> tuple[int, int]:
+    """(weight bytes, KV bytes) a decode step must read: every weight but the embedding table (routed
+    experts: the expected share of them that ``batch`` uniformly routed tokens hit), and every
+    cached key and value (``context`` tokens per sequence, per layer, in the cache's dtype)."""
     cfg = model.config
     active = 1 - (1 - cfg.num_experts_per_tok / cfg.num_experts) ** batch
-    weights = sum(p.numel() * (active if ".experts." in n else 1)
-                  for n, p in model.named_parameters() if "embed_tokens" not in n) * 4
-    return weights + batch * context * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4
+    weights = sum(p.numel() * p.element_size() * (active if ".experts." in n else 1)
+                  for n, p in model.named_parameters() if "embed_tokens" not in n)
+    kv = batch * context * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4
+    return int(weights), kv
 
 
 def clock() -> tuple[float, float]:
@@ -120,35 +149,71 @@ def decode_flops(cfg: MoEConfig, batch: int, context: int) -> float:
     return batch * (per_token + attention)
 
 
-def fixed_batch(model, hf, cfg, batches, prompt_len, new) -> list[str]:
-    rows, gflops, gbps = [], gemm_gflops(), stream_gbps()
+def engine_decode(model, ps, prompt_len, new, kv_dtype) -> tuple[float, float, float, float]:
+    """Greedy ``new`` tokens for every prompt → (tok/s, CPU s, wall s per decode step, CPU s per step)."""
+    B = len(ps)
+    eng = engine(model, num_blocks=B * (prompt_len + new) // 16 + 8, chunk=2048, kv_dtype=kv_dtype)
+    seqs = [eng.add_request(p, SamplingParams(max_tokens=new, temperature=0)) for p in ps]
+    (t0, c0) = clock()
+    while eng.stats.computed_tokens < B * prompt_len:  # the prefill steps
+        eng.step()
+    (t1, c1) = clock()
+    while eng.scheduler.has_work():
+        eng.step()
+    (t2, c2) = clock()
+    assert all(len(s.out.token_ids) == new for s in seqs)
+    return B * new / (t2 - t0), c2 - c0, (t2 - t1) / (new - 1), (c2 - c1) / (new - 1)
+
+
+def fixed_batch(model, hf, cfg, batches, prompt_len, new) -> tuple[list[str], list[str]]:
+    """→ (rows of the main table, rows of the decode-step floor table)."""
+    rows, floors = [], []
+    read_gbps, copy_gbps, triad_gbps = bandwidths()
+    peak = gemm_gflops([(256, 256, 256)])  # the BLAS's rate where it is compute bound
     for B in batches:
         ps = rand_prompts(B, prompt_len, seed=B)
-        eng = engine(model, num_blocks=B * (prompt_len + new) // 16 + 8, chunk=2048)
-        seqs = [eng.add_request(p, SamplingParams(max_tokens=new, temperature=0)) for p in ps]
-        (t0, c0) = clock()
-        while eng.stats.computed_tokens < B * prompt_len:  # the prefill steps
-            eng.step()
-        (t1, c1) = clock()
-        while eng.scheduler.has_work():
-            eng.step()
-        (t2, c2) = clock()
-        assert all(len(s.out.token_ids) == new for s in seqs)
-        eng_tps, eng_step, eng_cpu = B * new / (t2 - t0), (t2 - t1) / (new - 1), c2 - c0
+        # at the largest batch, the opt-in bfloat16 KV cache too, run right after the float32 one (A/B)
+        variants = ("auto", "bfloat16") if B == max(batches) else ("auto",)
+        eng_runs = {kv: engine_decode(model, ps, prompt_len, new, kv) for kv in variants}
+        eng_tps, eng_cpu, eng_step, eng_step_cpu = eng_runs["auto"]
         (t0, c0) = clock()
         hf_generate(hf, ps, 1, False)
         (t1, c1) = clock()
         hf_generate(hf, ps, new, False)
         (t2, c2) = clock()
-        hf_tps, hf_step, hf_cpu = B * new / (t2 - t1), ((t2 - t1) - (t1 - t0)) / (new - 1), c2 - c1
-        flop_floor = decode_flops(cfg, B, prompt_len + new // 2) / (gflops * 1e9)
-        mem_floor = decode_bytes(model, B, prompt_len + new // 2) / (gbps * 1e9 / 2)  # reads: half the copy traffic
+        hf_tps, hf_cpu = B * new / (t2 - t1), c2 - c1
+        hf_step, hf_step_cpu = ((t2 - t1) - (t1 - t0)) / (new - 1), ((c2 - c1) - (c1 - c0)) / (new - 1)
+        context = prompt_len + new // 2  # the mean context of the decode steps
+        gflops = gemm_gflops(step_matmuls(cfg, B))
+        flops = decode_flops(cfg, B, context)
+        w_bytes, kv_bytes = decode_bytes(model, B, context)
+        flop_floor, mem_floor = flops / (gflops * 1e9), (w_bytes + kv_bytes) / (read_gbps * 1e9)
+        peak_floor = flops / (peak * 1e9)
         rows.append(f"| fixed batch {B:>2} | {eng_tps:8.0f} | {hf_tps:8.0f} | {eng_tps / hf_tps:5.1f}x | "
-                    f"{hf_cpu / eng_cpu:5.1f}x | step {eng_step * 1e3:.2f} ms vs HF {hf_step * 1e3:.2f} ms; floors: "
-                    f"arithmetic {flop_floor * 1e3:.2f} ms ({flop_floor / eng_step:.0%} reached, GEMM {gflops:.0f} "
-                    f"GFLOP/s), memory {mem_floor * 1e3:.2f} ms ({mem_floor / eng_step:.0%}, copy {gbps:.1f} GB/s) |")
+                    f"{hf_cpu / eng_cpu:5.1f}x | decode step {eng_step * 1e3:.1f} ms ({eng_step_cpu * 1e3:.1f} CPU-ms) vs "
+                    f"HF {hf_step * 1e3:.1f} ms ({hf_step_cpu * 1e3:.1f}); {mem_floor / eng_step_cpu:.0%} of the memory "
+                    f"floor, {flop_floor / eng_step_cpu:.0%} of the arithmetic floor reached |")
         print(rows[-1], flush=True)
-    return rows
+        if "bfloat16" in eng_runs:
+            b_tps, b_cpu, b_step, b_step_cpu = eng_runs["bfloat16"]
+            b_floor = (w_bytes + kv_bytes // 2) / (read_gbps * 1e9)
+            rows.append(f"| fixed batch {B:>2}, bf16 KV (rollout.kv_dtype) | {b_tps:8.0f} | {hf_tps:8.0f} | "
+                        f"{b_tps / hf_tps:5.1f}x | {hf_cpu / b_cpu:5.1f}x | decode step {b_step * 1e3:.1f} ms "
+                        f"({b_step_cpu * 1e3:.1f} CPU-ms; float32 cache, same run: {eng_step_cpu * 1e3:.1f}); "
+                        f"memory floor {b_floor * 1e3:.2f} ms ({b_floor / b_step_cpu:.0%} reached) |")
+            print(rows[-1], flush=True)
+        floors.append(f"| {B:>2} | {w_bytes / 1e6:.1f} + {kv_bytes / 1e6:.1f} MB | {mem_floor * 1e3:.2f} ms | "
+                      f"{flops / 1e6:.0f} MFLOP | {gflops:.0f} / {peak:.0f} | {flop_floor * 1e3:.2f} / {peak_floor * 1e3:.2f} ms | "
+                      f"{eng_step_cpu * 1e3:.2f} ms ({mem_floor / eng_step_cpu:.0%} / {flop_floor / eng_step_cpu:.0%}) | "
+                      f"{hf_step_cpu * 1e3:.2f} ms | {hf_step_cpu / mem_floor:.1f}x / {hf_step_cpu / flop_floor:.1f}x "
+                      f"({hf_step_cpu / peak_floor:.1f}x at peak) | "
+                      f"{hf_step_cpu / eng_step_cpu:.1f}x |")
+    head = (f"\nDecode-step floors (CPU time; one thread; streams over 256 MiB: read {read_gbps:.1f} GB/s, copy "
+            f"{copy_gbps:.1f}, triad {triad_gbps:.1f}; GEMM rate: torch.mm over the step's own shapes, in cache)\n\n"
+            "| batch | bytes read per step (weights + KV) | memory floor | FLOPs per step | GEMM GFLOP/s (step shapes"
+            " / peak, 256x256x256) | arithmetic floor (step shapes / peak) | engine step (share of memory / arithmetic floor reached) | HF step | "
+            "max ratio vs HF the floor allows (memory / arithmetic) | ratio now |\n|---|---|---|---|---|---|---|---|---|---|")
+    return rows, [head, *floors]
 
 
 def grpo(model, hf, prompts_n, group, prompt_len, lo, hi) -> list[str]:
@@ -156,24 +221,29 @@ def grpo(model, hf, prompts_n, group, prompt_len, lo, hi) -> list[str]:
     ps = rand_prompts(prompts_n, prompt_len, seed=1)
     reqs = [(p, rng.randint(lo, hi)) for p in ps for _ in range(group)]
     wanted = sum(m for _, m in reqs)
-    eng = engine(model, num_blocks=len(reqs) * (prompt_len + hi) // 16 + 64)
-    (t0, c0) = clock()
-    eng.generate_batch([p for p, _ in reqs],
-                       [SamplingParams(max_tokens=m, temperature=1.0, seed=i) for i, (_, m) in enumerate(reqs)])
-    (t1, c1) = clock()
-    eng_s, eng_cpu = t1 - t0, c1 - c0
+    runs = {}
+    for kv_dtype in ("auto", "bfloat16"):  # the opt-in bfloat16 KV cache right after the float32 one (A/B)
+        eng = engine(model, num_blocks=len(reqs) * (prompt_len + hi) // 16 + 64, kv_dtype=kv_dtype)
+        (t0, c0) = clock()
+        eng.generate_batch([p for p, _ in reqs],
+                           [SamplingParams(max_tokens=m, temperature=1.0, seed=i) for i, (_, m) in enumerate(reqs)])
+        (t1, c1) = clock()
+        runs[kv_dtype] = (t1 - t0, c1 - c0, eng.stats.computed_tokens)
     (t0, c0) = clock()
     for i in range(0, len(reqs), 32):
         chunk = reqs[i:i + 32]
         hf_generate(hf, [p for p, _ in chunk], max(m for _, m in chunk), True)
     (t1, c1) = clock()
     hf_s, hf_cpu = t1 - t0, c1 - c0
-    ratio = eng.stats.computed_tokens / (len(reqs) * prompt_len + wanted)
-    row = (f"| GRPO {prompts_n}x{group} | {wanted / eng_s:8.0f} | {wanted / hf_s:8.0f} | {hf_s / eng_s:5.1f}x | "
-           f"{hf_cpu / eng_cpu:5.1f}x | "
-           f"engine {eng_s:.1f} s, HF {hf_s:.1f} s; engine computed {ratio:.2f} of prompt+generated tokens |")
-    print(row, flush=True)
-    return [row]
+    rows = []
+    for kv_dtype, (eng_s, eng_cpu, computed) in runs.items():
+        name = f"GRPO {prompts_n}x{group}" + (", bf16 KV" if kv_dtype == "bfloat16" else "")
+        rows.append(f"| {name} | {wanted / eng_s:8.0f} | {wanted / hf_s:8.0f} | {hf_s / eng_s:5.1f}x | "
+                    f"{hf_cpu / eng_cpu:5.1f}x | engine {eng_s:.1f} s ({eng_cpu:.1f} CPU-s), HF {hf_s:.1f} s "
+                    f"({hf_cpu:.1f}); engine computed {computed / (len(reqs) * prompt_len + wanted):.2f} of "
+                    f"prompt+generated tokens |")
+        print(rows[-1], flush=True)
+    return rows
 
 
 def agentic_engine(model, n_traj, turns, prompt_len, gen, obs, delays, num_blocks):
@@ -291,10 +361,11 @@ def main() -> None:
         hf = Qwen3MoeForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     q = args.quick
     print(f"bench_moe: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, float32, "
-          f"{args.threads} thread(s)\n")
+          f"{args.threads} thread(s); load average at start {os.getloadavg()[0]:.1f}\n")
     print("| workload | engine tok/s | HF tok/s | ratio | ratio in CPU s | notes |\n|---|---|---|---|---|---|")
+    floors = []
     if "fixed" in args.only:
-        fixed_batch(model, hf, cfg, (1, 8) if q else (1, 8, 32), 256, 32 if q else 128)
+        floors = fixed_batch(model, hf, cfg, (1, 8) if q else (1, 8, 32), 256, 32 if q else 128)[1]
     if "grpo" in args.only:
         grpo(model, hf, 4 if q else 16, 8, 256, 16, 128 if q else 512)
     if "agentic" in args.only:
@@ -303,6 +374,8 @@ def main() -> None:
                 [("small", n * 1024 // 16 // 4), ("large", n * 1024 // 16 + 64)])
     if "long" in args.only:
         long_context((1024, 4096) if q else (1024, 32768))
+    print("\n".join(floors))
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f} (2 cores)")
 
 
 if __name__ == "__main__":
