@@ -73,6 +73,7 @@ def test_one_seed_builds_checked_instances_whose_oracle_solves_and_noop_does_not
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # building 107 instances runs pytest ~320 times; then 214 episodes
 def test_every_heldout_instance_of_the_documented_size_oracle_and_noop(tmp_path):
     build(tmp_path, seeds=HELDOUT_SEEDS, split="heldout")
     tasks = registry_load_tasks("code_repo", str(tmp_path), "heldout")
