@@ -103,8 +103,10 @@ def test_driver_sigkill_resumes_with_the_same_next_batch(tmp_path):
     """Bit-exact replay needs decoding whose float sums do not depend on which requests share a
     batch, so the engine runs with ``rollout.batch_invariant=true`` (continuous batching kept:
     rl/rollout/model_runner.py). Under test: data order, step count, per-request sampling seeds
-    and the policy version (weights) of the next step."""
-    exact = ("rollout.backend=engine", "rollout.batch_invariant=true")
+    and the policy version (weights) of the next step, down to every log-prob's bits (without
+    the option, in one such run the tokens happened to agree but 423 of 28,508 log-prob entries
+    did not: float sums there follow which requests share a batch)."""
+    exact = ("rollout.backend=engine", "rollout.batch_invariant=true", "rollout.num_workers=2", "algo.prompts_per_step=4")
     whole = _train(tmp_path / "whole", *exact)
     _finish(whole, [])
     killed = _train(tmp_path / "killed", *exact)
@@ -117,6 +119,6 @@ def test_driver_sigkill_resumes_with_the_same_next_batch(tmp_path):
     assert "resuming after step 1" in log
 
     def batch(out):
-        return sorted((r["group_id"], r["token_ids"], r["reward"]) for r in _rows(out, 2))
+        return sorted((r["group_id"], r["token_ids"], r["logprobs"], r["reward"]) for r in _rows(out, 2))
 
     assert batch(tmp_path / "killed") == batch(tmp_path / "whole")  # same data order, RNG, policy version
