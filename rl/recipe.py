@@ -17,8 +17,9 @@ rerun after a crash or with other plot settings continues where the last one sto
 Every eval plays the same episodes (seeds from ``seed``, domain, task, tier and sample), so the
 points of the held-out curve differ only by the policy.
 
-CPU seconds are this process's and its reaped children's (Ray's processes, which the stages shut
-down, and their sandboxes): on a shared machine the wall time overstates the cost, this does not.
+CPU seconds per stage are those of this process and its descendants (Ray's processes and workers,
+sandboxes), taken before the stage shuts Ray down: on a shared machine the wall time overstates
+the cost, this does not.
 """
 
 from __future__ import annotations
@@ -39,8 +40,19 @@ from jointrl.rl.eval import EvalSpec, evaluate
 
 
 def _cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    """CPU seconds of this process and its live descendants (Ray's processes, their workers),
+    each with the children it reaped (sandboxes, finished workers)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:  # exited in between: its time is in its parent's children_*
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
 
 
 def _finished(ckpt_dir: Path, step: int) -> bool:
@@ -144,9 +156,9 @@ def recipe(cfg: Config) -> dict:
         t0, c0 = time.perf_counter(), _cpu_s()
         try:
             result = fn(*args)
+            stages[name] = {"wall_s": time.perf_counter() - t0, "cpu_s": _cpu_s() - c0}  # before Ray's processes end
         finally:
             ray.shutdown()
-        stages[name] = {"wall_s": time.perf_counter() - t0, "cpu_s": _cpu_s() - c0}
         print(f"recipe: {name} done in {stages[name]['wall_s'] / 60:.1f} min wall, "
               f"{stages[name]['cpu_s'] / 60:.1f} CPU min", flush=True)
         return result
