@@ -34,7 +34,8 @@ ARGS: dict[str, tuple[list[str], list[str]]] = {
     "bench_browser": (["--rounds", "1"], []),
     "bench_cad": (["--rounds", "2"], []),
 }
-NOISE = ("Warning", "WARNING", "warn(", "  warnings.warn", "[transformers]", "{'train_runtime'", "Loading weights",
+# log lines that libraries print to stdout (not part of any table): dropped where a line contains one
+NOISE = ("Warning", "WARNING", "warnings.warn", "[transformers]", "{'train_runtime'", "Loading weights",
          "built successfully", "[rank0]")
 
 
@@ -88,7 +89,7 @@ def run_one(name: str, args: list[str], timeout_s: int) -> list[str]:
     except subprocess.TimeoutExpired as e:
         rc, out, err = "timeout", _text(e.stdout), _text(e.stderr) + f"\n(killed after {timeout_s} s)"
     took = time.perf_counter() - t0
-    table = [line for line in out.splitlines() if line.strip() and not line.startswith(NOISE)]
+    table = [line for line in out.splitlines() if line.strip() and not any(n in line for n in NOISE)]
     print("\n".join(table) if rc == 0 else f"failed ({rc}):\n" + "\n".join((out + err).splitlines()[-15:]), flush=True)
     lines = [f"### {name}", "", f"`{shown}` -- {took:.0f} s, load average at start {load}", ""]
     if rc != 0:
