@@ -61,12 +61,15 @@ class Experts(nn.Module):
         token_A = order_A // k
         counts = torch.bincount(ids_A, minlength=E).tolist()
         x_AH = x_NH[token_A]
+        # One unbind, not `proj[e]` per expert: each index's backward would zero-fill a whole
+        # [E, ...] gradient (22 % of a profiled learner step); unbind's backward stacks once.
+        gate_up_E, down_E = self.gate_up_proj.unbind(0), self.down_proj.unbind(0)
         outs, start = [], 0
         for e, count in enumerate(counts):
             if count == 0:
                 continue
-            gate_aI, up_aI = F.linear(x_AH[start:start + count], self.gate_up_proj[e]).chunk(2, dim=-1)
-            outs.append(F.linear(F.silu(gate_aI) * up_aI, self.down_proj[e]))
+            gate_aI, up_aI = F.linear(x_AH[start:start + count], gate_up_E[e]).chunk(2, dim=-1)
+            outs.append(F.linear(F.silu(gate_aI) * up_aI, down_E[e]))
             start += count
         y_AH = torch.cat(outs) * weights_Nk.reshape(-1)[order_A, None]
         return torch.zeros_like(x_NH).index_add_(0, token_A, y_AH)
