@@ -122,3 +122,19 @@ def test_driver_sigkill_resumes_with_the_same_next_batch(tmp_path):
         return sorted((r["group_id"], r["token_ids"], r["logprobs"], r["reward"]) for r in _rows(out, 2))
 
     assert batch(tmp_path / "killed") == batch(tmp_path / "whole")  # same data order, RNG, policy version
+
+
+def test_run_resumes_with_another_learner_layout(tmp_path):
+    """A run checkpointed by 2 learner ranks with experts sharded (ep_size 2) resumes on 1 rank
+    through ``jointrl train resume=true``: the portable copy (rl/learner/portable_checkpoint.py)
+    restores weights and Adam moments, and the run finishes its steps with nothing lost."""
+    first = _train(tmp_path, "learner.num_ranks=2", "learner.ep_size=2", "learner.zero_stage=2",
+                   "rollout.num_workers=1", "envs.num_workers=2", "algo.total_steps=1")
+    _finish(first, [])
+    assert (tmp_path / "checkpoints").exists()
+    resumed = _train(tmp_path, "resume=true", "learner.num_ranks=1", "learner.ep_size=1",
+                     "rollout.num_workers=1", "envs.num_workers=2", "algo.total_steps=2")
+    log = _finish(resumed, [])
+    assert "resuming after step 1" in log
+    assert [int(x.split()[1]) for x in log.splitlines() if x.startswith("step ")] == [2]
+    _check_complete(tmp_path, steps=(1, 2))
