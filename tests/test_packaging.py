@@ -28,4 +28,4 @@ def test_every_package_folder_is_listed_in_pyproject():
 
 def test_console_script_reports_usage():
     r = subprocess.run(["jointrl", "fly"], capture_output=True, text=True)
-    assert r.returncode != 0 and "usage: jointrl {train|serve|export|eval|sft}" in r.stderr and "fly" in r.stderr
+    assert r.returncode != 0 and "usage: jointrl {train|serve|export|eval|sft|recipe}" in r.stderr and "fly" in r.stderr
