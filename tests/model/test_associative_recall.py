@@ -33,11 +33,12 @@ def test_run_rejects_an_evaluated_context_shorter_than_8x_topk():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(7200)  # ~11 CPU-minutes on one thread; much longer on a loaded machine
 def test_sparse_topk_recalls_within_two_points_of_dense():
     result = run(log=True)
     print("steps", result.steps)
     print("dense ", [round(a, 3) for a in result.dense_acc])
     print("sparse", [round(a, 3) for a in result.sparse_acc])
-    print(f"{result.seconds:.0f}s")
+    print(f"{result.seconds:.0f}s wall, {result.cpu_seconds:.0f} CPU-s")
     assert result.dense_acc[-1] >= 0.90
     assert result.sparse_acc[-1] >= result.dense_acc[-1] - 0.02
