@@ -39,3 +39,15 @@ def select(tasks: list[Task], split: str) -> list[Task]:
     if split not in SPLITS:
         raise ValueError(f"split {split!r} is not allowed; allowed values: {list(SPLITS)}")
     return list(tasks) if split == "all" else [t for t in tasks if task_split(t) == split]
+
+
+def seeded_id(family: str, seed: int) -> str:
+    """A procedurally generated task's id: its family and seed (the generators' shared naming)."""
+    return f"{family}-s{seed}"
+
+
+def seeded_ids(domain: str, families, seeds: int, split: str = "all") -> list[str]:
+    """The ids a generator writes for seeds ``0..seeds-1`` of ``families`` (only ``split``'s),
+    without building anything: a generated task's split follows from its id alone."""
+    every = [Task(id=seeded_id(f, s), domain=domain, prompt="") for s in range(seeds) for f in families]
+    return [t.id for t in select(every, split)]

@@ -128,7 +128,7 @@ def build(out: Path, repos: list[RepoSpec] | None = None) -> list[dict]:
     (out / "repos").mkdir(parents=True, exist_ok=True)
     records = []
     with tempfile.TemporaryDirectory() as tmp:
-        for spec in repos or all_repos():
+        for spec in all_repos() if repos is None else repos:
             records += build_repo(spec, Path(tmp), out / "repos" / f"{spec.name}.bundle")
     with open(out / INSTANCES_FILE, "w") as f:
         for r in records:

@@ -24,18 +24,15 @@ task's (``envs/splits.py``), and ``--split`` builds only one split's instances (
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jointrl.envs.base import Task
-from jointrl.envs.code_repo.build_instances import build_repo
-from jointrl.envs.code_repo.records import DOMAIN, INSTANCES_FILE
+from jointrl.envs.code_repo import build_instances
+from jointrl.envs.code_repo.records import DOMAIN
 from jointrl.envs.code_repo.specs import Bug, RepoSpec
-from jointrl.envs.splits import SPLITS, select
+from jointrl.envs.splits import SPLITS, seeded_id, seeded_ids
 
 PACKAGES = ["toolbox", "listkit", "numkit", "datakit", "helpers", "utilkit", "seqtools", "textkit"]
 
@@ -304,14 +301,12 @@ def package(seed: int) -> str:
     return random.Random(f"package/{seed}").choice(PACKAGES)
 
 
-def instance_id(family: str, seed: int) -> str:
-    return f"{family}-s{seed}"
+instance_id = seeded_id
 
 
 def ids(seeds: int, split: str = "all", families: list[str] | None = None) -> list[str]:
     """The ids ``build`` writes for seeds ``0..seeds-1`` (only ``split``'s), without building them."""
-    every = [Task(id=instance_id(f, s), domain=DOMAIN, prompt="") for s in range(seeds) for f in families or FAMILIES]
-    return [t.id for t in select(every, split)]
+    return seeded_ids(DOMAIN, families or list(FAMILIES), seeds, split)
 
 
 def heldout_count(seeds: int) -> int:
@@ -345,18 +340,8 @@ def build(out: Path, seeds: int, split: str = "all", families: list[str] | None 
     if split not in SPLITS:
         raise ValueError(f"split {split!r} is not allowed; allowed values: {list(SPLITS)}")
     chosen = set(ids(seeds, split, families))
-    (out / "repos").mkdir(parents=True, exist_ok=True)
-    records = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(seeds):
-            mine = [f for f in families or FAMILIES if instance_id(f, seed) in chosen]
-            if mine:
-                spec = repo_spec(seed, mine)
-                records += build_repo(spec, Path(tmp), out / "repos" / f"{spec.name}.bundle")
-    with open(out / INSTANCES_FILE, "w") as f:
-        for r in records:
-            f.write(json.dumps(r, sort_keys=True) + "\n")
-    return records
+    mine = {seed: [f for f in families or FAMILIES if instance_id(f, seed) in chosen] for seed in range(seeds)}
+    return build_instances.build(out, [repo_spec(seed, fams) for seed, fams in mine.items() if fams])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jointrl.envs.base import Task, ToolCall
-from jointrl.envs.splits import SPLITS, select
+from jointrl.envs.base import ToolCall
+from jointrl.envs.splits import SPLITS, seeded_id, seeded_ids
 from jointrl.envs.terminal.policies import render_solution
 from jointrl.envs.terminal.tasks import DOMAIN
 
@@ -243,14 +243,12 @@ def generate(family: str, seed: int) -> Spec:
     return spec
 
 
-def task_id(family: str, seed: int) -> str:
-    return f"{family}-s{seed}"
+task_id = seeded_id
 
 
 def ids(seeds: int, split: str = "all", families: list[str] | None = None) -> list[str]:
     """The ids ``build`` writes for seeds ``0..seeds-1`` (only ``split``'s), without building them."""
-    every = [Task(id=task_id(f, s), domain=DOMAIN, prompt="") for s in range(seeds) for f in families or FAMILIES]
-    return [t.id for t in select(every, split)]
+    return seeded_ids(DOMAIN, families or list(FAMILIES), seeds, split)
 
 
 def heldout_count(seeds: int) -> int:
