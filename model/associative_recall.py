@@ -90,7 +90,7 @@ def accuracy(model: MoETransformer, ids: torch.Tensor, target: torch.Tensor, spa
     return (pred == ids[:, 1:])[target[:, 1:]].float().mean().item()
 
 
-def run(config: MoEConfig | None = None, phases: tuple[tuple[int, int], ...] = ((1000, 16), (300, 64), (200, 256)),
+def run(config: MoEConfig | None = None, phases: tuple[tuple[int, int], ...] = ((1000, 16), (700, 64), (300, 256)),
         batch: int = 32, num_pairs: int = 8, lr: float = 3e-3, warmup: int = 50, eval_every: int = 100,
         eval_batch: int = 64, seed: int = 0, log: bool = False) -> RecallResult:
     """Train dense (plain torch AdamW), evaluate dense and sparse; see the module docstring.
