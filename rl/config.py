@@ -169,6 +169,10 @@ class EnvsConfig:
     max_env_retries: int = 2
     episode_timeout_s: float = 300.0
     command_timeout_s: float = 10.0
+    # full: each domain's own system prompt and tool descriptions; compact: a one-line system
+    # prompt and one-line tool descriptions (terminal, code_repo), same tools and schemas, for
+    # small byte-level models that re-read the system turn with every token (docs/recipe.md)
+    prompt: str = "full"
 
     def __post_init__(self) -> None:
         from jointrl.envs.registry import DOMAINS
@@ -181,6 +185,7 @@ class EnvsConfig:
             for tier in d.tiers:
                 _check_choice(f"envs.domains.{name}.tiers", tier, ("low", "high", "max"))
         _check_positive("envs.num_workers", self.num_workers)
+        _check_choice("envs.prompt", self.prompt, ("full", "compact"))
 
 
 @dataclass

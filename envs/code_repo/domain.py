@@ -18,4 +18,5 @@ def make_env(envs_cfg: Any) -> Env:
     from jointrl.envs.code_repo.env import CodeRepoEnv
     from jointrl.envs.sandbox import SandboxConfig
 
-    return CodeRepoEnv(SandboxConfig(timeout_s=envs_cfg.command_timeout_s))
+    return CodeRepoEnv(SandboxConfig(timeout_s=envs_cfg.command_timeout_s),
+                       compact=getattr(envs_cfg, "prompt", "full") == "compact")

@@ -28,7 +28,9 @@ from jointrl.envs.sandbox.bwrap import BwrapSandbox
 from jointrl.envs.terminal.env import format_result
 
 
-def system_prompt(config: SandboxConfig) -> str:
+def system_prompt(config: SandboxConfig, compact: bool = False) -> str:
+    if compact:
+        return "Fix the issue in the Python repository in /work (no network), then call submit."
     return (
         "Fix the issue in the Python repository in /work (a git checkout). Paths are relative to /work; "
         f"bash calls are limited to {config.timeout_s:g} s, with no network; /usr/bin/python3 has pytest. "
@@ -39,10 +41,13 @@ def system_prompt(config: SandboxConfig) -> str:
 class CodeRepoEnv:
     """``Env`` (and ``Verifiable``) for ``code_repo`` tasks; ``config`` sets the sandbox limits."""
 
-    def __init__(self, config: SandboxConfig | None = None, store: RepoStore | None = None) -> None:
+    def __init__(self, config: SandboxConfig | None = None, store: RepoStore | None = None,
+                 compact: bool = False) -> None:
+        """``compact``: the short system prompt and tool descriptions (``envs.prompt=compact``)."""
         self.config = config or SandboxConfig()
         self.store = store or default_store()
-        self.tools: list[ToolSpec] = list(tools.TOOLS)
+        self.compact = compact
+        self.tools: list[ToolSpec] = list(tools.TOOLS_COMPACT if compact else tools.TOOLS)
         self.record: SweRecord | None = None
         self.sandbox: BwrapSandbox | None = None
         self.done = False
@@ -58,7 +63,8 @@ class CodeRepoEnv:
         except (OSError, RuntimeError) as e:  # git failed or the sandbox did not start
             raise EnvError(f"cannot open a sandbox for instance {record.instance_id!r}: {e}") from e
         self.record, self.done, self.num_tool_errors = record, False, 0
-        return [Message(role="system", content=system_prompt(self.config)), Message(role="user", content=task.prompt)]
+        return [Message(role="system", content=system_prompt(self.config, self.compact)),
+                Message(role="user", content=task.prompt)]
 
     async def step(self, call: ToolCall) -> Observation:
         if self.sandbox is None:

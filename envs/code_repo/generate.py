@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--split", default="all", choices=SPLITS, help="only this split's instances (envs/splits.py)")
     p.add_argument("--families", nargs="*", choices=sorted(FAMILIES))
     a = p.parse_args(argv)
-    records = build(a.out, a.seeds, a.split, a.families)
+    records = build(a.out.resolve(), a.seeds, a.split, a.families)
     print(f"{len(records)} instances in {a.out}")
 
 

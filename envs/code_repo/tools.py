@@ -35,6 +35,10 @@ INSERT = _spec("insert", "Insert text after line `line` (0: at the top).",
                {"path": _PATH, "line": {"type": "integer"}, "text": {"type": "string"}}, ["path", "line", "text"])
 SUBMIT = _spec("submit", "End the episode; the tests then run on your files.", {}, [])
 TOOLS = [BASH, VIEW_FILE, STR_REPLACE, CREATE, INSERT, SUBMIT]
+# ``envs.prompt=compact``: the same tools and schemas with one-line descriptions (env.py).
+COMPACT = {"bash": "Run a command.", "view_file": "Show a file.", "str_replace": "Replace old_str by new_str.",
+           "create": "Write a file.", "insert": "Insert text after a line.", "submit": "Finish."}
+TOOLS_COMPACT = [ToolSpec(t.name, COMPACT[t.name], t.parameters) for t in TOOLS]
 
 
 class ToolError(ValueError):

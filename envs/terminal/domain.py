@@ -21,4 +21,5 @@ def make_env(envs_cfg: Any) -> Env:
 
     config = SandboxConfig(timeout_s=envs_cfg.command_timeout_s)
     # One warm pool per env-worker process and config: reset takes a started sandbox.
-    return TerminalEnv(config, pool=shared_pool(config, getattr(envs_cfg, "warm_sandboxes", 4)))
+    return TerminalEnv(config, pool=shared_pool(config, getattr(envs_cfg, "warm_sandboxes", 4)),
+                       compact=getattr(envs_cfg, "prompt", "full") == "compact")

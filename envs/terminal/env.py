@@ -55,7 +55,16 @@ SUBMIT = ToolSpec(
 )
 
 
-def system_prompt(config: SandboxConfig) -> str:
+# ``envs.prompt=compact``: the same tools and rules in a few words, for a byte-level model whose
+# every training and rollout token re-reads the system turn (~750 tokens instead of ~1,550).
+BASH_COMPACT = ToolSpec("bash", "Run a shell command.",
+                        {**BASH.parameters, "properties": {"command": {"type": "string"}}})
+SUBMIT_COMPACT = ToolSpec("submit", "End the episode.", SUBMIT.parameters)
+
+
+def system_prompt(config: SandboxConfig, compact: bool = False) -> str:
+    if compact:
+        return f"A Linux shell in /work, no network, {config.timeout_s:g} s per command. Call submit when done."
     return (
         "You are an agent working in a Linux shell sandbox. Your working directory is /work; "
         "only /work (and a scratch /tmp) is writable, and there is no network. "
@@ -101,13 +110,14 @@ class TerminalEnv:
     ``backend`` is ``"bwrap"`` or ``"docker"`` (``envs/sandbox/``)."""
 
     def __init__(self, config: SandboxConfig | None = None, pool: SandboxPool | None = None,
-                 backend: str = "bwrap") -> None:
+                 backend: str = "bwrap", compact: bool = False) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {backend!r}; allowed: {list(BACKENDS)}")
         self.config = config or SandboxConfig()
         self.pool, self.backend = pool, backend
         self._backend_kwargs: dict = {}
-        self.tools: list[ToolSpec] = [BASH, SUBMIT]
+        self.compact = compact  # the short system prompt and tool descriptions (envs.prompt=compact)
+        self.tools: list[ToolSpec] = [BASH_COMPACT, SUBMIT_COMPACT] if compact else [BASH, SUBMIT]
         self.task: Task | None = None
         self.sandbox: Sandbox | None = None
         self.done = False
@@ -144,7 +154,8 @@ class TerminalEnv:
         except OSError as e:
             raise EnvError(f"cannot open a sandbox for task {task.id!r}: {e}") from e
         self.task, self.done, self.num_tool_errors = task, False, 0
-        return [Message(role="system", content=system_prompt(self.config)), Message(role="user", content=task.prompt)]
+        return [Message(role="system", content=system_prompt(self.config, self.compact)),
+                Message(role="user", content=task.prompt)]
 
     async def step(self, call: ToolCall) -> Observation:
         if self.sandbox is None:

@@ -44,6 +44,9 @@ def test_registry_and_protocols():
     assert env.config.timeout_s == 5.0
     assert [t.id for t in registry_load_tasks("code_repo")] == [t.id for t in load_tasks()]
     assert {t.name for t in env.tools} == {"bash", "view_file", "str_replace", "create", "insert", "submit"}
+    compact = make_env("code_repo", SimpleNamespace(command_timeout_s=5.0, prompt="compact"))  # envs.prompt
+    assert [(t.name, t.parameters) for t in compact.tools] == [(t.name, t.parameters) for t in env.tools]
+    assert sum(len(t.description) for t in compact.tools) < sum(len(t.description) for t in env.tools) / 2
 
 
 def test_checkout_is_the_base_commit_without_hidden_tests_or_history():

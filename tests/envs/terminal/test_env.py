@@ -190,3 +190,27 @@ def test_loader_names_bad_files(tmp_path):
     (folder / "task.toml").write_text('id = "t1"\n')
     with pytest.raises(ValueError, match="no policy 'oracle'; available: \\['noop'\\]"):
         load_policy(load_task(folder), "oracle")
+
+
+def test_compact_prompt_keeps_the_tools_and_shrinks_the_system_turn(task):
+    """``envs.prompt=compact`` (through the registry, as the env workers build envs): the same tool
+    names and required arguments, a system turn under half the tokens, and calls still run."""
+    from jointrl.envs.registry import make_env
+    from jointrl.model.chat_template import ChatTemplate
+    from jointrl.rl.config import EnvsConfig
+
+    async def system_turn(env):
+        try:
+            messages = await env.reset(task)
+            obs = await env.step(bash("wc -l < access.log"))
+            return ChatTemplate().render(messages[:1], env.tools), obs
+        finally:
+            await env.close()
+
+    full, compact = make_env("terminal", EnvsConfig()), make_env("terminal", EnvsConfig(prompt="compact"))
+    assert [s.name for s in compact.tools] == [s.name for s in full.tools]
+    assert [s.parameters.get("required") for s in compact.tools] == [s.parameters.get("required") for s in full.tools]
+    (full_ids, _), (compact_ids, obs) = run(system_turn(full)), run(system_turn(compact))
+    assert len(compact_ids) < len(full_ids) / 2 and obs.text == "137\n[exit code: 0]"
+    with pytest.raises(ValueError, match=r"envs.prompt.*'full', 'compact'"):
+        EnvsConfig(prompt="short")
