@@ -63,14 +63,15 @@ class Experts(nn.Module):
         x_AH = x_NH[token_A]
         # One unbind, not `proj[e]` per expert: each index's backward would zero-fill a whole
         # [E, ...] gradient (22 % of a profiled learner step); unbind's backward stacks once.
+        # Likewise one split, not `x_AH[start:start + count]` per expert: each slice's backward
+        # zero-fills an [A, H] gradient (18 % of a profiled learner step); split's backward cats once.
         gate_up_E, down_E = self.gate_up_proj.unbind(0), self.down_proj.unbind(0)
-        outs, start = [], 0
-        for e, count in enumerate(counts):
-            if count == 0:
+        outs = []
+        for e, x_aH in enumerate(x_AH.split(counts)):
+            if x_aH.shape[0] == 0:
                 continue
-            gate_aI, up_aI = F.linear(x_AH[start:start + count], gate_up_E[e]).chunk(2, dim=-1)
+            gate_aI, up_aI = F.linear(x_aH, gate_up_E[e]).chunk(2, dim=-1)
             outs.append(F.linear(F.silu(gate_aI) * up_aI, down_E[e]))
-            start += count
         y_AH = torch.cat(outs) * weights_Nk.reshape(-1)[order_A, None]
         return torch.zeros_like(x_NH).index_add_(0, token_A, y_AH)
 
