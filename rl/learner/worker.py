@@ -132,7 +132,7 @@ class LearnerWorker:
         groups = [{"params": [p for p in model.parameters() if p.requires_grad], "name": "dense"}]
         if lc.ep_size > 1:
             groups = split_params_into_different_moe_groups_for_optimizer(groups)
-        opt = torch.optim.AdamW(groups, lr=lc.lr, betas=tuple(lc.betas), eps=lc.eps, weight_decay=lc.weight_decay)
+        opt = torch.optim.AdamW(groups, lr=lc.lr, betas=tuple(lc.betas), eps=lc.eps, weight_decay=lc.weight_decay, fused=True)
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=deepspeed_config(cfg))
         self.temperature = cfg.rollout.temperature or 1.0
         mc = model.config
