@@ -282,6 +282,9 @@ class RecipeConfig:
     eval_tiers: list[str] = field(default_factory=lambda: ["low"])
     eval_every: int = 0  # GRPO steps between held-out evals of the saved checkpoints (0: only the last step)
     eval_init: bool = False  # also evaluate the untrained model (the curve's first point before SFT)
+    # which scripted policy demonstrates each SFT task, by weight (rl/sft.py; jointrl sft reads it too):
+    # {oracle: 1.0} imitates the oracles; {oracle: 0.5, wrong: 0.5} mixes in each family's plausible slip
+    sft_demos: dict[str, float] = field(default_factory=lambda: {"oracle": 1.0})
 
     def __post_init__(self) -> None:
         for k in ("sft_steps", "sft_prompts_per_step", "sft_lr", "eval_k"):
@@ -290,6 +293,11 @@ class RecipeConfig:
             _check_positive(f"recipe.{k}", getattr(self, k), allow_zero=True)
         for tier in self.eval_tiers:
             _check_choice("recipe.eval_tiers", tier, ("low", "high", "max"))
+        if not self.sft_demos or "oracle" not in self.sft_demos:
+            raise ValueError(f"recipe.sft_demos must give the oracle a weight, got {dict(self.sft_demos)}")
+        for name, w in self.sft_demos.items():
+            _check_choice("recipe.sft_demos", name, ("oracle", "wrong"))
+            _check_positive(f"recipe.sft_demos.{name}", w)
 
 
 @dataclass

@@ -7,6 +7,13 @@
     -> checkpoints in the driver's format (<output_dir>/checkpoints: jointrl train resume=true,
        jointrl eval checkpoint=..., jointrl export read them)
 
+``recipe.sft_demos`` sets which scripted policy demonstrates each task: ``{oracle: 1.0}`` (the
+default) imitates the oracles; ``{oracle: 0.5, wrong: 0.5}`` gives each task the oracle or its
+plausible slip (the generated families' ``wrong`` policy: ``grep -ci`` for ``grep -c``, ``s/a/b/``
+for ``s/a/b/g``, an off-by-one patch ...), drawn per task from a seeded hash -- demonstrations of
+mixed quality, as real SFT data is, which the verifiable reward can then sort out. A slip is kept
+when its episode ended normally (it is not solved, by design); an oracle only when it solved its task.
+
 The batches are GRPO's (``TrainBatch``: the same token ids the policy would sample, never
 re-tokenized); only the loss differs, so ``algo.name`` is set to ``sft`` here. Oracle turns are
 generated under ``rollout.max_tokens_per_turn`` and ``rollout.max_context`` as a sampled turn
@@ -18,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import zlib
 from pathlib import Path
 
 import hydra
@@ -30,17 +38,26 @@ from jointrl.rl.config import Config, register_schemas, to_config
 from jointrl.rl.eval import EvalSpec, eval_tasks, play
 from jointrl.rl.learner.batch import TrainBatch
 from jointrl.rl.rollout.scripted import ScriptedEngine
-from jointrl.rl.types import Trajectory
+from jointrl.rl.types import FinishReason, Trajectory
+
+
+def demo_policy(cfg: Config, task_id: str) -> str:
+    """The scripted policy that demonstrates ``task_id`` under ``cfg.recipe.sft_demos`` (seeded by ``cfg.seed``)."""
+    names, weights = zip(*sorted(cfg.recipe.sft_demos.items()))
+    u = zlib.crc32(f"{cfg.seed}/{task_id}".encode()) / 2 ** 32
+    return random.Random(u).choices(names, weights)[0] if len(names) > 1 else names[0]
 
 
 def oracle_transcripts(cfg: Config, limit: int = 0) -> tuple[list[Trajectory], int]:
-    """(the solved oracle transcripts of every configured domain's train split -- its first ``limit``
-    tasks by id, 0: all --, how many were not solved)."""
+    """(the demonstrations of every configured domain's train split -- its first ``limit`` tasks
+    by id, 0: all -- by ``demo_policy``, how many were left out: an oracle that did not solve its
+    task, a slip that did not end with a stop)."""
     spec = EvalSpec(tiers=("low",), k=1, split="train", limit=limit)
-    oracle = lambda task, _: ScriptedEngine(scripted_policy(task, "oracle"))  # noqa: E731
-    trajs = asyncio.run(play(cfg, eval_tasks(cfg, spec), spec, oracle))
-    solved = [t for t in trajs if succeeded(t.reward_info)]
-    return solved, len(trajs) - len(solved)
+    demo = lambda task, _: ScriptedEngine(scripted_policy(task, demo_policy(cfg, task.id)))  # noqa: E731
+    trajs = asyncio.run(play(cfg, eval_tasks(cfg, spec), spec, demo))
+    kept = [t for t in trajs if (succeeded(t.reward_info) if demo_policy(cfg, t.task_id) == "oracle"
+                                 else t.finish_reason == FinishReason.STOP)]
+    return kept, len(trajs) - len(kept)
 
 
 def sft_batch(trajs: list[Trajectory]) -> TrainBatch:
@@ -64,7 +81,7 @@ def sft(cfg: Config) -> dict[str, float]:
     if not demos:
         raise ValueError(f"no oracle transcript solved its task within rollout.max_context={cfg.rollout.max_context} "
                          f"and rollout.max_tokens_per_turn={cfg.rollout.max_tokens_per_turn}; raise them")
-    print(f"sft: {len(demos)} oracle transcripts ({unsolved} unsolved, left out), "
+    print(f"sft: {len(demos)} demonstrations {dict(cfg.recipe.sft_demos)} ({unsolved} left out), "
           f"{sum(sum(t.loss_mask) for t in demos)} assistant tokens", flush=True)
     _start_ray(cfg)
     learner = LearnerGroup(cfg)

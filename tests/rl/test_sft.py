@@ -24,6 +24,26 @@ def test_sft_loss_is_the_mean_nll_of_the_loss_tokens():
     assert torch.equal(logp.grad, -mask / 3)  # advantages and behaviour log-probs play no part
 
 
+def test_mixed_demonstrations_keep_the_oracles_that_solve_and_the_slips_that_end(tmp_path):
+    """``recipe.sft_demos={oracle: 0.5, wrong: 0.5}``: each task gets one seeded policy; the slips
+    are kept although they fail (that is their point), and a bad policy name is refused."""
+    from jointrl.envs.terminal.generate import build
+    from jointrl.rewards.base import succeeded
+    from jointrl.rl.sft import demo_policy
+
+    build(tmp_path, seeds=2, split="train")
+    cfg = load_config([f"envs.domains.terminal.task_dir={tmp_path}", "+recipe.sft_demos={oracle: 0.5, wrong: 0.5}",
+                       *LONG_TURNS])
+    demos, left_out = oracle_transcripts(cfg, limit=12)
+    chosen = {t.task_id: demo_policy(cfg, t.task_id) for t in demos}
+    assert left_out == 0 and len(demos) == 12 and set(chosen.values()) == {"oracle", "wrong"}
+    assert all(succeeded(t.reward_info) == (chosen[t.task_id] == "oracle") for t in demos)
+    assert chosen == {t: demo_policy(load_config([f"envs.domains.terminal.task_dir={tmp_path}",
+                                                   "+recipe.sft_demos={oracle: 0.5, wrong: 0.5}"]), t) for t in chosen}
+    with pytest.raises(ValueError, match=r"recipe.sft_demos.*'oracle', 'wrong'"):
+        load_config(["+recipe.sft_demos={oracle: 0.5, noop: 0.5}"])
+
+
 @pytest.mark.slow  # ~80 s here: DeepSpeed's engine, two sandboxed oracle episodes, 5 steps over ~4k tokens
 def test_sft_on_oracle_transcripts_lowers_their_loss():
     from jointrl.rl.learner.worker import LearnerWorker
