@@ -78,11 +78,18 @@ def topk_mask(scores_BcS: torch.Tensor, visible_BcS: torch.Tensor, k: int) -> to
     the same tokens decoded one by one select different keys.
     """
     S = scores_BcS.shape[-1]
-    masked = scores_BcS.masked_fill(~visible_BcS, float("-inf")).flip(-1)
-    order = torch.sort(masked, dim=-1, descending=True, stable=True).indices
-    ids_Bck = S - 1 - order[..., :min(k, S)]
-    chosen = torch.zeros_like(visible_BcS).scatter_(-1, ids_Bck, True)
-    return chosen & visible_BcS
+    k = min(k, S)
+    masked = scores_BcS.masked_fill(~visible_BcS, float("-inf"))
+    # The k-th largest value (a value, so how `topk` orders ties does not matter); every key above
+    # it is in, and of the keys equal to it the most recent ones fill the rest. Equal to a stable
+    # descending sort of the reversed row cut at k, without sorting S keys per query.
+    kth_Bc1 = torch.topk(masked, k, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+    above = masked > kth_Bc1
+    tied = masked == kth_Bc1
+    need_Bc1 = k - above.sum(-1, keepdim=True)
+    small = torch.int16 if S < 2 ** 15 else torch.int32  # CPU cumsum is several times faster in int16
+    from_the_end = tied.flip(-1).cumsum(-1, dtype=small).flip(-1)  # tied keys at or after each position
+    return (above | (tied & (from_the_end <= need_Bc1))) & visible_BcS
 
 
 class GatedDSAAttention(Attention):
