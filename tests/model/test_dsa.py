@@ -164,3 +164,24 @@ def test_dense_mode_loss_is_zero_when_indexer_matches_attention():
 def _fields(cfg: MoEConfig) -> dict:
     import dataclasses
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def test_topk_mask_equals_a_stable_sort_with_ties_to_the_most_recent_key():
+    """``topk_mask`` picks by the k-th value, not by sorting: the same keys as a stable descending
+    sort of the reversed row, on random rows and on ReLU-like rows full of exact ties."""
+    from jointrl.model.dsa import topk_mask
+
+    def by_sort(scores, visible, k):
+        S = scores.shape[-1]
+        order = torch.sort(scores.masked_fill(~visible, float("-inf")).flip(-1), dim=-1, descending=True,
+                           stable=True).indices
+        return torch.zeros_like(visible).scatter_(-1, S - 1 - order[..., :min(k, S)], True) & visible
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        c, S = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 80, (1,), generator=g))
+        scores = (torch.randint(-3, 4, (2, c, S), generator=g).double().clamp_min(0) if trial % 2
+                  else torch.randn(2, c, S, generator=g, dtype=torch.float64))
+        visible = torch.rand(2, c, S, generator=g) < 0.7
+        for k in (1, 4, 32):
+            assert torch.equal(topk_mask(scores, visible, k), by_sort(scores, visible, k)), (trial, k)
