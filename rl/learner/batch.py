@@ -70,11 +70,25 @@ class TrainBatch:
 
 
 @dataclass(slots=True)
+class SharedPrefix:
+    """Prompts that several rows of a micro-batch continue, forwarded once (``collate_shared``).
+
+    ``ids`` / ``real`` [G, P]: the G prompts, right-padded (``real`` False on padding);
+    ``row_group`` [B]: the prompt row b continues. Row b's column 0 is its prompt's last token
+    (whose logits predict the row's first own token), columns 1.. the row's own tokens."""
+
+    ids: torch.Tensor
+    real: torch.Tensor
+    row_group: torch.Tensor
+
+
+@dataclass(slots=True)
 class MicroBatch:
     """Tensors [B, T] (one packed row, or right-padded rows). ``seg`` is each token's sequence
     index within the micro-batch (-1 on padding); ``pos`` restarts at 0 per sequence;
     ``adv`` is the sequence's advantage on each of its tokens; ``replay`` [B, T, L, k] or None;
-    ``images`` [P, patch_dim]: a row per ``<image>`` id, row-major over [B, T], or None."""
+    ``images`` [P, patch_dim]: a row per ``<image>`` id, row-major over [B, T], or None;
+    ``prefix``: with a shared prefix, the rows hold only what follows it (``SharedPrefix``)."""
 
     input_ids: torch.Tensor
     pos: torch.Tensor
@@ -86,6 +100,7 @@ class MicroBatch:
     num_seqs: int
     rewards: list[float] | None = None
     images: torch.Tensor | None = None
+    prefix: SharedPrefix | None = None
 
     @property
     def real(self) -> torch.Tensor:
@@ -157,12 +172,60 @@ def collate(part: TrainBatch, pack: bool, pad_id: int, dtype: torch.dtype, topk:
     return MicroBatch(ids, pos, seg, lmask, old, adv, replay, len(part), part.rewards, images)
 
 
+def collate_shared(part: TrainBatch, pad_id: int, dtype: torch.dtype) -> MicroBatch | None:
+    """One micro-batch whose sequences with the same untrained prompt (the tokens before the first
+    loss token: a GRPO group's shared prompt) share one forward of it (``SharedPrefix``); None
+    when no two sequences share one or a sequence has no loss token (then ``collate``).
+
+    Row i holds sequence i's prompt's last token at column 0 (loss mask 0) and the rest of the
+    sequence after the prompt at columns 1..; positions continue the prompt's."""
+    starts = [m.index(1) if 1 in m else 0 for m in part.loss_mask]
+    if not all(starts):
+        return None
+    groups: dict[tuple[int, ...], int] = {}
+    row_group = [groups.setdefault(tuple(ids[:p]), len(groups)) for ids, p in zip(part.token_ids, starts)]
+    if len(groups) == len(part):
+        return None
+    G, P = len(groups), max(len(k) for k in groups)
+    prefix_ids = torch.full((G, P), pad_id, dtype=torch.long)
+    prefix_real = torch.zeros((G, P), dtype=torch.bool)
+    for g, key in enumerate(groups):
+        prefix_ids[g, :len(key)] = torch.tensor(key)
+        prefix_real[g, :len(key)] = True
+    B, T = len(part), 1 + max(len(ids) - p for ids, p in zip(part.token_ids, starts))
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    pos = torch.zeros((B, T), dtype=torch.long)
+    seg = torch.full((B, T), -1, dtype=torch.long)
+    lmask = torch.zeros((B, T), dtype=dtype)
+    old = torch.zeros((B, T), dtype=dtype)
+    adv = torch.zeros((B, T), dtype=dtype)
+    for i, p in enumerate(starts):
+        n = len(part.token_ids[i]) - p + 1  # the prompt's last token, then the sequence's own
+        ids[i, :n] = torch.tensor(part.token_ids[i][p - 1:])
+        pos[i, :n] = torch.arange(p - 1, p - 1 + n)
+        seg[i, :n] = i
+        lmask[i, 1:n] = torch.tensor(part.loss_mask[i][p:], dtype=dtype)
+        old[i, 1:n] = torch.tensor(part.old_logprobs[i][p:], dtype=dtype)
+        adv[i, :n] = part.advantages[i]
+    return MicroBatch(ids, pos, seg, lmask, old, adv, None, B, part.rewards,
+                      prefix=SharedPrefix(prefix_ids, prefix_real, torch.tensor(row_group)))
+
+
 def micro_batches(batch: TrainBatch, size: int, pad_id: int, dtype: torch.dtype, *, max_tokens: int = 0,
                   pack: bool = False, topk: tuple[int, int] | None = None,
-                  image: tuple[int, int] | None = None) -> list[MicroBatch]:
-    """``plan_micro_batches`` then ``collate`` each group (``size``: sequences per micro-batch)."""
+                  image: tuple[int, int] | None = None, share_prefix: bool = False) -> list[MicroBatch]:
+    """``plan_micro_batches`` then ``collate`` each group (``size``: sequences per micro-batch);
+    ``share_prefix``: ``collate_shared`` where a group's sequences share a prompt (not with
+    packing, routing replay or images)."""
+    if share_prefix and (pack or topk is not None or image is not None):
+        raise ValueError("share_prefix works without packing, routing replay and image inputs only")
     plan = plan_micro_batches([len(s) for s in batch.token_ids], max_tokens, size, pack)
-    return [collate(batch.select(g), pack, pad_id, dtype, topk, image) for g in plan]
+    out = []
+    for g in plan:
+        part = batch.select(g)
+        mb = collate_shared(part, pad_id, dtype) if share_prefix else None
+        out.append(mb if mb is not None else collate(part, pack, pad_id, dtype, topk, image))
+    return out
 
 
 def logprobs_from_logits(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -8,7 +8,14 @@ block-diagonal causal mask from ``seg_BT``, positions restarting per sequence), 
 layer can be recomputed in backward (``torch.utils.checkpoint``). On unpacked rows the
 logits equal ``MoETransformer.forward``'s (tested).
 
-Shapes: B rows, T tokens per row, H hidden, V vocab, L layers, k experts per token, E experts.
+Shared prefixes (``batch.SharedPrefix``, full attention only): a GRPO group's completions
+continue one prompt, so the prompt is forwarded once and every layer's keys/values of it are
+reused by the completions' rows (their gradients flow back summed). The attention, and so the
+log-probs and the update, equal the unshared forward's up to float summation order; only the
+balance loss and the expert-load metrics count the prompt's tokens once instead of per row.
+
+Shapes: B rows, T tokens per row, H hidden, V vocab, L layers, k experts per token, E experts,
+G shared prompts of P tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from jointrl.model.attention import AttentionBatch
 from jointrl.model.routing import expert_load, load_balancing_loss
+from jointrl.rl.learner.batch import SharedPrefix
 
 
 @dataclass(slots=True)
@@ -48,14 +56,93 @@ def check_packable(config) -> None:
         raise ValueError(f"learner.pack_sequences needs full-attention layers only, the model has {sorted(set(config.kinds))}")
 
 
+class _PrefixKV:
+    """The attention state of a shared-prefix forward: the prompts' pass stores each layer's
+    keys/values; the rows' pass prepends their prompt's (``row_group``) to the rows' own."""
+
+    def __init__(self) -> None:
+        self.keys: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.row_group: torch.Tensor | None = None
+
+    def update(self, layer: int, k_BHTD: torch.Tensor, v_BHTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.row_group is None:
+            self.keys[layer] = (k_BHTD, v_BHTD)
+            return k_BHTD, v_BHTD
+        k_GHPD, v_GHPD = self.keys[layer]
+        return (torch.cat((k_GHPD[self.row_group], k_BHTD), dim=2),
+                torch.cat((v_GHPD[self.row_group], v_BHTD), dim=2))
+
+
+def _layers(backbone, x_BTH, batch, replay_BTLk, grad_checkpoint):
+    """Every decoder layer over ``x_BTH`` → (x_BTH, per-MoE-layer router probs_NE, ids_Nk)."""
+    B, T = x_BTH.shape[:2]
+    probs, ids = [], []
+    for layer in backbone.layers:
+        replay_Nk = None if replay_BTLk is None or not layer.is_moe else replay_BTLk[:, :, len(ids)].reshape(B * T, -1)
+        if grad_checkpoint and torch.is_grad_enabled():
+            x_BTH, routing = checkpoint(layer, x_BTH, batch, replay_Nk, use_reentrant=False)
+        else:
+            x_BTH, routing = layer(x_BTH, batch, replay_Nk)
+        if routing is not None:
+            probs.append(routing[1])
+            ids.append(routing[2])
+    return x_BTH, probs, ids
+
+
+def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor, seg_BT: torch.Tensor,
+                    prefix: SharedPrefix) -> LearnerForward:
+    """``learner_forward`` of rows that continue shared prompts: the prompts once, then the rows'
+    tokens 1.. over the prompts' keys/values; column 0's outputs are its prompt's last token's."""
+    cfg, backbone = model.config, model.model
+    if set(cfg.kinds) != {"full"}:
+        raise ValueError(f"shared prefixes need full-attention layers only, the model has {sorted(set(cfg.kinds))}")
+    B, T = ids_BT.shape
+    G, P = prefix.ids.shape
+    L, k = cfg.num_moe_layers, cfg.num_experts_per_tok
+    kv = _PrefixKV()
+    x_GPH = backbone.embed_tokens(prefix.ids)
+    seg_GP = torch.where(prefix.real, 0, -1)
+    pos_GP = torch.arange(P).expand(G, P)
+    x_GPH, probs_p, ids_p = _layers(backbone, x_GPH, AttentionBatch(
+        rope=backbone.rotary_emb(pos_GP, x_GPH.dtype), index_rope=None, mask_B1TS=segment_mask(seg_GP),
+        token_mask_BT=prefix.real, cache=kv), None, False)
+    kv.row_group = prefix.row_group
+    ids_BS, seg_BS = ids_BT[:, 1:], seg_BT[:, 1:]
+    S = T - 1
+    x_BSH = backbone.embed_tokens(ids_BS)
+    mask_B1SP = prefix.real[prefix.row_group][:, None, None, :].expand(B, 1, S, P)
+    x_BSH, probs_s, ids_s = _layers(backbone, x_BSH, AttentionBatch(
+        rope=backbone.rotary_emb(pos_BT[:, 1:], x_BSH.dtype), index_rope=None,
+        mask_B1TS=torch.cat((mask_B1SP, segment_mask(seg_BS)), dim=-1), token_mask_BT=seg_BS >= 0, cache=kv),
+        None, False)
+    last_B = prefix.real.sum(1)[prefix.row_group] - 1
+    hidden_BTH = backbone.norm(torch.cat((x_GPH[prefix.row_group, last_B][:, None], x_BSH), dim=1))
+    logits_BTV = model.lm_head(hidden_BTH)
+    real_N = torch.cat((prefix.real.reshape(-1), (seg_BS >= 0).reshape(-1)))
+    probs = [torch.cat(pair) for pair in zip(probs_p, probs_s)]
+    ids = [torch.cat(pair) for pair in zip(ids_p, ids_s)]
+    aux = load_balancing_loss(probs, ids, cfg.num_experts, real_N)
+    with torch.no_grad():
+        load_LE = torch.stack([expert_load(ids_Nk, cfg.num_experts, real_N) for ids_Nk in ids])
+    topk_GPLk = torch.stack(ids_p, dim=1).view(G, P, L, k)
+    topk_BTLk = torch.cat((topk_GPLk[prefix.row_group, last_B][:, None],
+                           torch.stack(ids_s, dim=1).view(B, S, L, k)), dim=1)
+    return LearnerForward(logits_BTV, hidden_BTH, topk_BTLk, aux, load_LE)
+
+
 def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor, seg_BT: torch.Tensor,
                     replay_BTLk: torch.Tensor | None = None, grad_checkpoint: bool = False,
-                    image_patches: torch.Tensor | None = None) -> LearnerForward:
+                    image_patches: torch.Tensor | None = None, prefix: SharedPrefix | None = None) -> LearnerForward:
     """Forward ``ids_BT`` with RoPE positions ``pos_BT`` and sequence ids ``seg_BT`` (-1 = padding).
 
     ``replay_BTLk`` [B, T, L_moe, k]: routing replay (the rollout's experts; valid ids everywhere).
     ``image_patches`` [P, patch_dim]: one row per ``<image>`` id, row-major (``MicroBatch.images``).
+    ``prefix``: the rows continue these shared prompts (``MicroBatch.prefix``; none of the above).
     """
+    if prefix is not None:
+        if replay_BTLk is not None or grad_checkpoint or image_patches is not None:
+            raise ValueError("shared prefixes work without routing replay, gradient checkpointing and images only")
+        return _forward_shared(model, ids_BT, pos_BT, seg_BT, prefix)
     B, T = ids_BT.shape
     cfg = model.config
     L, k = cfg.num_moe_layers, cfg.num_experts_per_tok
@@ -70,16 +157,7 @@ def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
         rope=backbone.rotary_emb(pos_BT, x_BTH.dtype),
         index_rope=backbone.index_rotary_emb(pos_BT, x_BTH.dtype) if "gated_dsa" in cfg.kinds else None,
         mask_B1TS=segment_mask(seg_BT), token_mask_BT=real_BT, cache=None)
-    probs, ids = [], []
-    for layer in backbone.layers:
-        replay_Nk = None if replay_BTLk is None or not layer.is_moe else replay_BTLk[:, :, len(ids)].reshape(B * T, k)
-        if grad_checkpoint and torch.is_grad_enabled():
-            x_BTH, routing = checkpoint(layer, x_BTH, batch, replay_Nk, use_reentrant=False)
-        else:
-            x_BTH, routing = layer(x_BTH, batch, replay_Nk)
-        if routing is not None:
-            probs.append(routing[1])
-            ids.append(routing[2])
+    x_BTH, probs, ids = _layers(backbone, x_BTH, batch, replay_BTLk, grad_checkpoint)
     hidden_BTH = backbone.norm(x_BTH)
     logits_BTV = model.lm_head(hidden_BTH)
     real_N = real_BT.reshape(-1)

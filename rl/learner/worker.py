@@ -8,7 +8,9 @@ over the expert-data-parallel group; everything else is replicated.
 
 Gradient accumulation is caller-owned (DeepSpeed's ``managed_gradient_accumulation:
 false``): every micro-batch only accumulates, one ``step()`` per RL step. Micro-batches are
-cut by sequence count and token budget, optionally packing several sequences per row.
+cut by sequence count and token budget, optionally packing several sequences per row; the
+sequences of a micro-batch that continue one prompt (a GRPO group) share one forward of it
+where that is exact (``share_prefix``; forward.py).
 Normalisation: each micro-batch's loss is ``Σ per-token (or per-sequence) losses / (N_global
 / world_size)``; DeepSpeed averages gradients over ranks, so the update is the loss over the
 whole global batch however it is split (tested: micro-batching, packing, 2 EP ranks vs 1).
@@ -139,6 +141,13 @@ class LearnerWorker:
         self.topk = (mc.num_moe_layers, mc.num_experts_per_tok)  # replay when a batch carries routed experts
         self.image = (mc.image_token_id, mc.image_patch_dim) if mc.image_patch_dim else None  # screenshot slots
         self.has_router_bias = any(getattr(m, "e_score_correction_bias", None) is not None for m in model.modules())
+        # A GRPO group's prompt forwarded once for all its completions (forward.py): the same update up to
+        # float summation order, where nothing reads per-row prompt tokens (the balance loss and the
+        # router-bias update count them, a critic values them) and the rows are neither packed nor
+        # recomputed (checkpointing), nor expert-parallel. Tested against the unshared step.
+        self.share_prefix = (set(mc.kinds) == {"full"} and self.image is None and not self.is_ppo and not lc.pack_sequences
+                             and not lc.gradient_checkpointing and lc.ep_size == 1 and not lc.aux_loss_coef
+                             and not (self.has_router_bias and lc.router_bias_rate > 0))
         self.master_addr = master_addr
         return rank
 
@@ -152,7 +161,7 @@ class LearnerWorker:
         lc = self.cfg.learner
         mbs = micro_batches(batch, lc.micro_batch_size, self.tok.pad_id, self.dtype,
                             max_tokens=lc.max_tokens_per_micro_batch, pack=lc.pack_sequences, topk=topk,
-                            image=self.image)
+                            image=self.image, share_prefix=self.share_prefix and topk is None)
         if lc.ep_size > 1:  # every rank of the expert-parallel group runs the same number of passes
             import torch.distributed as dist
 
@@ -177,7 +186,7 @@ class LearnerWorker:
         mbs = self._micro_batches(shard, self.topk if shard.routed_experts is not None else None)
         for mb in mbs:
             fwd = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg, mb.replay, lc.gradient_checkpointing,
-                                  mb.images)
+                                  mb.images, mb.prefix)
             logp = logprobs_from_logits(fwd.logits_BTV, mb.input_ids, self.temperature)
             inp = self._loss_inputs(mb, fwd, logp, norm)
             loss, m = self.loss_fn(inp)
@@ -213,7 +222,8 @@ class LearnerWorker:
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_fwd = learner_forward(self.ref_model, mb.input_ids, mb.pos, mb.seg, mb.replay, image_patches=mb.images)
+                ref_fwd = learner_forward(self.ref_model, mb.input_ids, mb.pos, mb.seg, mb.replay, image_patches=mb.images,
+                                         prefix=mb.prefix)
                 ref = logprobs_from_logits(ref_fwd.logits_BTV, mb.input_ids, self.temperature)
         adv = mb.adv
         v = old_v = ret = None

@@ -1,0 +1,86 @@
+"""A GRPO group's prompt forwarded once (``collate_shared`` + ``learner_forward(prefix=...)``) gives
+the unshared forward's log-probs and, through real DeepSpeed, the unshared update (float64)."""
+
+import pytest
+import torch
+
+from jointrl.rl.build import build_model
+from jointrl.rl.config import load_config
+from jointrl.rl.learner.batch import TrainBatch, collate, collate_shared, logprobs_from_logits
+from jointrl.rl.learner.forward import learner_forward, token_entropy
+from jointrl.rl.learner.worker import LearnerWorker
+
+_PORT = [29850]
+BASE = ["model.dtype=float64", "learner.eps=1.0", "learner.grad_clip=0.0"]
+
+
+def _batch() -> TrainBatch:
+    """Two groups (prompts of 5 and 8 tokens, 3 completions each, ragged) around a lone sequence,
+    one completion ending in untrained tokens (a tool observation)."""
+    g = torch.Generator().manual_seed(7)
+    rand = lambda n: torch.randint(0, 256, (n,), generator=g).tolist()  # noqa: E731
+    p5, p8 = rand(5), rand(8)
+    seqs = [p5 + rand(4), p8 + rand(9), p5 + rand(7), rand(3) + rand(6), p8 + rand(2), p5 + rand(5), p8 + rand(6)]
+    starts = [5, 8, 5, 3, 8, 5, 8]
+    masks = [[0] * p + [1] * (len(s) - p) for s, p in zip(seqs, starts)]
+    masks[2][-2:] = [0, 0]
+    old = [[0.0 if m == 0 else -5.5 + 0.05 * i for i, m in enumerate(mk)] for mk in masks]
+    return TrainBatch(seqs, masks, old, [1.0, -0.5, 0.25, -1.0, 0.5, -0.75, 1.5])
+
+
+def test_collate_shared_groups_equal_prompts():
+    batch = _batch()
+    mb = collate_shared(batch, 0, torch.float64)
+    assert mb.prefix.ids.shape == (3, 8) and mb.prefix.row_group.tolist() == [0, 1, 0, 2, 1, 0, 1]
+    assert mb.prefix.real.sum(1).tolist() == [5, 8, 3]
+    assert mb.input_ids[0, 0] == batch.token_ids[0][4] and mb.pos[1, :3].tolist() == [7, 8, 9]
+    assert mb.loss_mask.sum() == batch.num_loss_tokens
+    assert collate_shared(batch.select([0, 1, 3]), 0, torch.float64) is None  # nothing shared
+    assert collate_shared(TrainBatch([[1, 2], [1, 3]], [[0, 0], [0, 1]], [[0.0] * 2] * 2, [0.0, 0.0]), 0,
+                          torch.float64) is None  # a sequence without loss tokens
+
+
+def test_shared_forward_equals_unshared():
+    """Every trained token's log-prob and entropy, and the gradients, equal the unshared forward's."""
+    torch.manual_seed(0)
+    model = build_model(load_config(["model.dtype=float64"]))
+    for p in model.parameters():
+        p.data.normal_(0, 0.05)
+    batch = _batch()
+    outs = []
+    for mb in (collate(batch, False, 0, torch.float64), collate_shared(batch, 0, torch.float64)):
+        model.zero_grad()
+        fwd = learner_forward(model, mb.input_ids, mb.pos, mb.seg, prefix=mb.prefix)
+        lp = logprobs_from_logits(fwd.logits_BTV, mb.input_ids)
+        ent = token_entropy(fwd.logits_BTV)
+        (lp * mb.loss_mask * mb.adv).sum().backward()
+        sel = mb.loss_mask > 0  # row-major: the same tokens in the same order either way
+        outs.append((lp[sel], ent[sel], {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (lp0, ent0, g0), (lp1, ent1, g1) = outs
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-12)
+    torch.testing.assert_close(ent1, ent0, rtol=0, atol=1e-12)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-9, atol=1e-12, msg=n)
+
+
+def _update(share: bool, *overrides):
+    cfg = load_config([*BASE, *overrides])
+    _PORT[0] += 1
+    lw = LearnerWorker(cfg, 0, 1, "127.0.0.1", _PORT[0])
+    assert lw.share_prefix
+    lw.share_prefix = share
+    init = build_model(cfg).state_dict()
+    batch = _batch()
+    m = lw.train_step(batch, batch.num_loss_tokens, batch.num_loss_seqs)
+    return m, {k: v - init[k] for k, v in lw.engine.module.state_dict().items()}
+
+
+@pytest.mark.parametrize("overrides", [["learner.micro_batch_size=3"],
+                                       ["learner.micro_batch_size=0", "algo.aggregation=seq_mean", "algo.kl_coef=0.1"]])
+def test_update_equals_unshared(overrides):
+    ref_m, ref = _update(False, *overrides)
+    m, d = _update(True, *overrides)
+    for key in ("loss", "clip_frac", "approx_kl", "entropy"):
+        assert m[key] == pytest.approx(ref_m[key], rel=1e-9, abs=1e-12), key
+    for k in ref:
+        torch.testing.assert_close(d[k], ref[k], rtol=1e-4, atol=2.5e-7, msg=k)
