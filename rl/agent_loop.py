@@ -16,6 +16,7 @@ timeout) are results, scored and kept (docs/architecture.md, "Failures").
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from jointrl.rl.image_inputs import ImageInputs
 from jointrl.rl.parser import CallError, parse_turn
 from jointrl.rl.rollout.engine import RolloutEngine
 from jointrl.rl.types import FinishReason, SamplingParams, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +170,10 @@ async def run_episode_with_retries(make_env: Callable[[], Env], engine: RolloutE
         except EnvError as e:
             last = e
         finally:
-            await env.close()
+            try:
+                await env.close()
+            except (OSError, EnvError) as e:  # a sandbox that will not go away must not lose the episode
+                log.warning("closing the env of %s (task %s) failed: %r", group_id, task.id, e)
     return Trajectory(token_ids=[], loss_mask=[], logprobs=[], policy_version=[], domain=task.domain,
                       task_id=task.id, group_id=group_id, tier=task.tier, finish_reason=FinishReason.ENV_ERROR,
                       reward_info={"error": repr(last)}, env_retries=cfg.max_env_retries)

@@ -269,7 +269,7 @@ class BwrapSandbox:
         keep = self.shell_pids
         if self.cgroup is not None:  # fast path: the cgroup lists exactly the sandbox's processes
             try:
-                self.cgroup.kill_all(keep, rounds=50)
+                self.cgroup.kill_all(keep, timeout_s=0.1)
                 return
             except OSError:
                 pass  # a fork storm outran the sweep: the uid sweep below gets the rest

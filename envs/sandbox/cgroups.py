@@ -120,9 +120,12 @@ class Cgroup:
         """Every process in the pids cgroup: all of the sandbox's (none can leave it: no /sys inside)."""
         return [int(x) for x in (self.dirs[-1] / "cgroup.procs").read_text().split()]
 
-    def kill_all(self, keep: frozenset[int] = frozenset(), rounds: int = 200) -> None:
-        """SIGKILL every process in the cgroup but ``keep`` until none is left (a forking one is caught next round)."""
-        for _ in range(rounds):
+    def kill_all(self, keep: frozenset[int] = frozenset(), timeout_s: float = 10.0) -> None:
+        """SIGKILL every process in the cgroup but ``keep`` until none is left (a forking one is caught
+        next round). A killed process leaves the cgroup only once the kernel has reaped it, which on a
+        loaded machine can take far longer than a few rounds: the limit is time, not rounds."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
             pids = [p for p in self.pids() if p not in keep]
             if not pids:
                 return

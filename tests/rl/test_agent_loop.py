@@ -132,3 +132,23 @@ def test_crashed_sandbox_is_retried_then_env_error():
     traj = asyncio.run(run_episode_with_retries(always, ScriptedEngine(oracle, TPL), task, TPL, PARAMS, CFG, "g"))
     assert traj.finish_reason == FinishReason.ENV_ERROR and traj.env_retries == CFG.max_env_retries
     assert "bwrap" in traj.reward_info["error"] or "sandbox" in traj.reward_info["error"]
+
+
+class _StuckCloseEnv(TerminalEnv):
+    """A real TerminalEnv whose sandbox will not go away at close (a process the kernel has not reaped)."""
+
+    async def close(self):
+        had_one = self.sandbox is not None
+        await super().close()
+        if had_one:
+            raise OSError("processes survive SIGKILL in /sys/fs/cgroup/pids/jointrl-uid-x: [1]")
+
+
+def test_an_env_that_fails_to_close_keeps_its_scored_episode(caplog):
+    """Closing happens after scoring: its failure is logged, and the episode (and the run) go on."""
+    task = TASKS[0]
+    make = lambda: _StuckCloseEnv(SandboxConfig(timeout_s=10))  # noqa: E731
+    traj = asyncio.run(run_episode_with_retries(make, ScriptedEngine(load_policy(task, "oracle"), TPL), task, TPL,
+                                                PARAMS, CFG, "g"))
+    assert (traj.reward, traj.env_retries, traj.finish_reason) == (1.0, 0, FinishReason.STOP)
+    assert "survive SIGKILL" in caplog.text
