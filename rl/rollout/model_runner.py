@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from jointrl.kernels import moe_cpu, paged_attention_cpu
 from jointrl.kernels.paged_attention_cpu import paged_decode
 from jointrl.model import MoETransformer
+from jointrl.model.norm import RMSNorm, compute_dtype
 from jointrl.model.rope import rotate_half
 from jointrl.rl.image_inputs import slot_patches
 from jointrl.rl.rollout.paged_state import DecodeBatchState, PagedState
@@ -86,6 +87,25 @@ class ModelRunner:
         if cached is None or cached[0] != key:
             cached = self._fused[id(attn)] = (key, torch.cat(ws))
         return cached[1]
+
+    def _qk_norm_weight(self, attn) -> torch.Tensor | None:
+        """Per-head q- and k-norm weights as one [Hq + Hkv, D] table (None unless both are
+        per-head ``RMSNorm``s with one eps), cached like ``_qkv_weight``."""
+        qn, kn = attn.q_norm, attn.k_norm
+        if type(qn) is not RMSNorm or type(kn) is not RMSNorm or qn.eps != kn.eps:
+            return None
+        key = tuple((w.data_ptr(), w._version) for w in (qn.weight, kn.weight))
+        cached = self._fused.get(id(qn))
+        if cached is None or cached[0] != key:
+            cached = self._fused[id(qn)] = (key, torch.cat((qn.weight.expand(self.Hq, self.D),
+                                                             kn.weight.expand(self.Hkv, self.D))))
+        return cached[1]
+
+    def _norm(self, norm: RMSNorm, x_NH: torch.Tensor) -> torch.Tensor:
+        """``norm(x_NH)``; for float32/float64 through ``F.rms_norm`` (one call, the same values)."""
+        if self.dtype in (torch.float32, torch.float64):
+            return F.rms_norm(x_NH, (x_NH.shape[-1],), norm.weight, norm.eps)
+        return norm(x_NH)
 
     @property
     def cache_bytes(self) -> int:
@@ -173,16 +193,23 @@ class ModelRunner:
         for layer_idx, layer in enumerate(m.model.layers):
             kv_PCHD = self.kv_LPCHD[self.pool_index[layer_idx]]
             attn = layer.self_attn
-            h_NH = layer.input_layernorm(x_NH)
+            h_NH = self._norm(layer.input_layernorm, x_NH)
             N = h_NH.shape[0]
             qkv_weight = self._qkv_weight(attn)
-            q_NF, k_NF, v_NF = self._rows(lambda t: F.linear(t, qkv_weight), h_NH).split(
-                (self.Hq * self.D, self.Hkv * self.D, self.Hkv * self.D), dim=-1)
-            q_NHD = attn.q_norm(q_NF.reshape(N, self.Hq, self.D))
-            k_NHD = attn.k_norm(k_NF.reshape(N, self.Hkv, self.D))
+            qkv_NF = self._rows(lambda t: F.linear(t, qkv_weight), h_NH)
+            q_NF, k_NF, v_NF = qkv_NF.split((self.Hq * self.D, self.Hkv * self.D, self.Hkv * self.D), dim=-1)
             v_NHD = v_NF.reshape(N, self.Hkv, self.D)
-            q_NHD = q_NHD * cos_N1D + rotate_half(q_NHD) * sin_N1D
-            k_NHD = k_NHD * cos_N1D + rotate_half(k_NHD) * sin_N1D
+            qk_norm_HD = self._qk_norm_weight(attn)
+            if qk_norm_HD is not None:  # q and k side by side: one norm and one RoPE over both
+                qk_NHD = qkv_NF[:, :(self.Hq + self.Hkv) * self.D].view(N, self.Hq + self.Hkv, self.D)
+                qk_NHD = _rms_norm(qk_NHD, qk_norm_HD, attn.q_norm.eps)
+                qk_NHD = qk_NHD * cos_N1D + rotate_half(qk_NHD) * sin_N1D
+                q_NHD, k_NHD = qk_NHD.split((self.Hq, self.Hkv), dim=1)
+            else:
+                q_NHD = attn.q_norm(q_NF.reshape(N, self.Hq, self.D))
+                k_NHD = attn.k_norm(k_NF.reshape(N, self.Hkv, self.D))
+                q_NHD = q_NHD * cos_N1D + rotate_half(q_NHD) * sin_N1D
+                k_NHD = k_NHD * cos_N1D + rotate_half(k_NHD) * sin_N1D
             kv_PCHD.index_copy_(0, slot_N, torch.stack((k_NHD, v_NHD), dim=1).to(self.kv_dtype))
             if self.invariant:
                 out_NHD = paged_decode(q_NHD, kv_PCHD, all_slots_NS, all_ctx_N, self.D ** -0.5)
@@ -192,7 +219,7 @@ class ModelRunner:
             if getattr(attn, "gate_proj", None) is not None:  # sigmoid output gate
                 out_NF = out_NF * torch.sigmoid(self._rows(attn.gate_proj, h_NH))
             x_NH = x_NH + self._rows(attn.o_proj, out_NF)
-            h_NH = layer.post_attention_layernorm(x_NH)
+            h_NH = self._norm(layer.post_attention_layernorm, x_NH)
             if not getattr(layer, "is_moe", True):  # a dense first layer
                 x_NH = x_NH + self._rows(layer.mlp, h_NH)
                 continue
@@ -202,7 +229,7 @@ class ModelRunner:
                 routed.append(ids_Nk)
 
         ends = [i for i, (seq, n) in enumerate(batch) if seq.num_computed + n == len(seq)]
-        logits_RV = self._rows(m.lm_head, m.model.norm(x_NH[[first_row[i] + batch[i][1] - 1 for i in ends]]))
+        logits_RV = self._rows(m.lm_head, self._norm(m.model.norm, x_NH[[first_row[i] + batch[i][1] - 1 for i in ends]]))
         routed_NLk = None
         if want_routed:  # back to batch order
             rows = torch.cat([torch.arange(first_row[i], first_row[i] + n) for i, (_, n) in enumerate(batch)])
@@ -268,6 +295,13 @@ class ModelRunner:
                 routed.append(rows[i][1])
         logits_RV = torch.stack(logits) if logits else torch.empty(0, self.model.config.vocab_size, dtype=self.dtype)
         return logits_RV, ends, torch.cat(routed) if want_routed else None
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``model.norm.RMSNorm``'s arithmetic, op for op, with a weight broadcast over [..., H, D]."""
+    x_f = x.to(compute_dtype(x.dtype))
+    x_f = x_f * torch.rsqrt(x_f.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x_f.to(x.dtype)
 
 
 def _check_batch_invariant(hybrid: bool, dtype: torch.dtype) -> None:
