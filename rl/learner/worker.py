@@ -140,6 +140,8 @@ class LearnerWorker:
             groups = split_params_into_different_moe_groups_for_optimizer(groups)
         opt = torch.optim.AdamW(groups, lr=lc.lr, betas=tuple(lc.betas), eps=lc.eps, weight_decay=lc.weight_decay, fused=True)
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=deepspeed_config(cfg, world_size))
+        if world_size == 1 and lc.zero_stage == 0:  # its all-reduce over one rank flattens and copies back every gradient
+            self.engine.enable_backward_allreduce = False
         self.temperature = cfg.rollout.temperature or 1.0
         mc = model.config
         self.topk = (mc.num_moe_layers, mc.num_experts_per_tok)  # replay when a batch carries routed experts

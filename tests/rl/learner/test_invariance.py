@@ -73,3 +73,13 @@ def test_every_objective_option_runs_through_deepspeed():
         if cfg.algo.name == "ppo":
             assert {"vf_loss", "kl_ref", "value_mean"} <= set(m) and m["kl_ref"] == pytest.approx(0.0, abs=1e-12)
             assert "value_head.weight" not in {e.name for b in lw.weight_bundle(1).buckets for e in b.entries}
+
+
+def test_update_invariant_to_zero_stage_on_one_rank():
+    """One rank: ZeRO-2 (run as ZeRO-1) and ZeRO-0 (no all-reduce at all) take the same update."""
+    ref_m, ref = _update("learner.micro_batch_size=3")
+    for stage in (0, 1):
+        m, d = _update("learner.micro_batch_size=3", f"learner.zero_stage={stage}")
+        assert m["loss"] == pytest.approx(ref_m["loss"], rel=1e-12), stage
+        for k in ref:
+            torch.testing.assert_close(d[k], ref[k], rtol=1e-4, atol=2.5e-7, msg=f"stage {stage}: {k}")
