@@ -97,9 +97,10 @@ class GroupedSwiGLU(torch.autograd.Function):
         x_AH, gate_up_EOH, down_EHI, h_AO, act_AI = ctx.saved_tensors
         counts, I = ctx.counts, down_EHI.shape[2]
         dy_AH = dy_AH.contiguous()
-        empty = any(c == 0 for c in counts)
-        d_gate_up = (torch.zeros_like if empty else torch.empty_like)(gate_up_EOH)
-        d_down = (torch.zeros_like if empty else torch.empty_like)(down_EHI)
+        d_gate_up, d_down = torch.empty_like(gate_up_EOH), torch.empty_like(down_EHI)
+        for e in (e for e, c in enumerate(counts) if c == 0):
+            d_gate_up[e].zero_()
+            d_down[e].zero_()
         d_act_AI = act_AI.new_empty(act_AI.shape)
         for e, rows in _expert_rows(counts):
             torch.mm(dy_AH[rows], down_EHI[e], out=d_act_AI[rows])

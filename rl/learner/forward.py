@@ -57,8 +57,8 @@ def check_packable(config) -> None:
 
 
 class _PrefixKV:
-    """The attention state of a shared-prefix forward: the prompts' pass stores each layer's
-    keys/values; the rows' pass prepends their prompt's (``row_group``) to the rows' own."""
+    """The attention state of a shared-prefix forward: the prompts' attention (``row_group`` None)
+    stores the layer's keys/values; the rows' prepends their prompt's (``row_group``) to their own."""
 
     def __init__(self) -> None:
         self.keys: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -91,42 +91,53 @@ def _layers(backbone, x_BTH, batch, replay_BTLk, grad_checkpoint):
 
 def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor, seg_BT: torch.Tensor,
                     prefix: SharedPrefix) -> LearnerForward:
-    """``learner_forward`` of rows that continue shared prompts: the prompts once, then the rows'
-    tokens 1.. over the prompts' keys/values; column 0's outputs are its prompt's last token's."""
+    """``learner_forward`` of rows that continue shared prompts: per layer, attention of the prompts,
+    then of the rows' tokens 1.. over the prompts' keys/values, and one FFN / MoE call over both
+    (``DecoderLayer.forward``'s steps, so each expert runs once per layer); column 0's outputs are
+    its prompt's last token's."""
     cfg, backbone = model.config, model.model
     if set(cfg.kinds) != {"full"}:
         raise ValueError(f"shared prefixes need full-attention layers only, the model has {sorted(set(cfg.kinds))}")
     B, T = ids_BT.shape
     G, P = prefix.ids.shape
+    S, H = T - 1, cfg.hidden_size
     L, k = cfg.num_moe_layers, cfg.num_experts_per_tok
     kv = _PrefixKV()
     x_GPH = backbone.embed_tokens(prefix.ids)
-    seg_GP = torch.where(prefix.real, 0, -1)
-    pos_GP = torch.arange(P).expand(G, P)
-    x_GPH, probs_p, ids_p = _layers(backbone, x_GPH, AttentionBatch(
-        rope=backbone.rotary_emb(pos_GP, x_GPH.dtype), index_rope=None, mask_B1TS=segment_mask(seg_GP),
-        token_mask_BT=prefix.real, cache=kv), None, False)
-    kv.row_group = prefix.row_group
-    ids_BS, seg_BS = ids_BT[:, 1:], seg_BT[:, 1:]
-    S = T - 1
-    x_BSH = backbone.embed_tokens(ids_BS)
+    x_BSH = backbone.embed_tokens(ids_BT[:, 1:])
+    seg_BS = seg_BT[:, 1:]
     mask_B1SP = prefix.real[prefix.row_group][:, None, None, :].expand(B, 1, S, P)
-    x_BSH, probs_s, ids_s = _layers(backbone, x_BSH, AttentionBatch(
-        rope=backbone.rotary_emb(pos_BT[:, 1:], x_BSH.dtype), index_rope=None,
-        mask_B1TS=torch.cat((mask_B1SP, segment_mask(seg_BS)), dim=-1), token_mask_BT=seg_BS >= 0, cache=kv),
-        None, False)
+    batch_p = AttentionBatch(rope=backbone.rotary_emb(torch.arange(P).expand(G, P), x_GPH.dtype), index_rope=None,
+                             mask_B1TS=segment_mask(torch.where(prefix.real, 0, -1)), token_mask_BT=prefix.real, cache=kv)
+    batch_s = AttentionBatch(rope=backbone.rotary_emb(pos_BT[:, 1:], x_BSH.dtype), index_rope=None,
+                             mask_B1TS=torch.cat((mask_B1SP, segment_mask(seg_BS)), dim=-1),
+                             token_mask_BT=seg_BS >= 0, cache=kv)
+    probs, ids = [], []
+    for layer in backbone.layers:
+        kv.row_group = None
+        x_GPH = x_GPH + layer.self_attn(layer.input_layernorm(x_GPH), batch_p)
+        kv.row_group = prefix.row_group
+        x_BSH = x_BSH + layer.self_attn(layer.input_layernorm(x_BSH), batch_s)
+        x_1NH = torch.cat((x_GPH.reshape(-1, H), x_BSH.reshape(-1, H)))[None]  # N = G·P + B·S
+        h_1NH = layer.post_attention_layernorm(x_1NH)
+        if layer.is_moe:
+            y_1NH, _, probs_NE, ids_Nk = layer.mlp(h_1NH)
+            probs.append(probs_NE)
+            ids.append(ids_Nk)
+        else:
+            y_1NH = layer.mlp(h_1NH)
+        x_GPH, x_BSH = (x_1NH + y_1NH)[0].split((G * P, B * S))
+        x_GPH, x_BSH = x_GPH.view(G, P, H), x_BSH.view(B, S, H)
     last_B = prefix.real.sum(1)[prefix.row_group] - 1
     hidden_BTH = backbone.norm(torch.cat((x_GPH[prefix.row_group, last_B][:, None], x_BSH), dim=1))
     logits_BTV = model.lm_head(hidden_BTH)
     real_N = torch.cat((prefix.real.reshape(-1), (seg_BS >= 0).reshape(-1)))
-    probs = [torch.cat(pair) for pair in zip(probs_p, probs_s)]
-    ids = [torch.cat(pair) for pair in zip(ids_p, ids_s)]
     aux = load_balancing_loss(probs, ids, cfg.num_experts, real_N)
     with torch.no_grad():
         load_LE = torch.stack([expert_load(ids_Nk, cfg.num_experts, real_N) for ids_Nk in ids])
-    topk_GPLk = torch.stack(ids_p, dim=1).view(G, P, L, k)
-    topk_BTLk = torch.cat((topk_GPLk[prefix.row_group, last_B][:, None],
-                           torch.stack(ids_s, dim=1).view(B, S, L, k)), dim=1)
+    ids_NLk = torch.stack(ids, dim=1)
+    topk_BTLk = torch.cat((ids_NLk[:G * P].view(G, P, L, k)[prefix.row_group, last_B][:, None],
+                           ids_NLk[G * P:].view(B, S, L, k)), dim=1)
     return LearnerForward(logits_BTV, hidden_BTH, topk_BTLk, aux, load_LE)
 
 

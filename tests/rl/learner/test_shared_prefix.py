@@ -40,10 +40,12 @@ def test_collate_shared_groups_equal_prompts():
                           torch.float64) is None  # a sequence without loss tokens
 
 
-def test_shared_forward_equals_unshared():
-    """Every trained token's log-prob and entropy, and the gradients, equal the unshared forward's."""
+@pytest.mark.parametrize("model", [[], ["model.first_k_dense_replace=1", "model.n_shared_experts=1"]])
+def test_shared_forward_equals_unshared(model):
+    """Every trained token's log-prob and entropy, and the gradients, equal the unshared forward's
+    (also with a dense first layer and a shared expert)."""
     torch.manual_seed(0)
-    model = build_model(load_config(["model.dtype=float64"]))
+    model = build_model(load_config(["model.dtype=float64", *model]))
     for p in model.parameters():
         p.data.normal_(0, 0.05)
     batch = _batch()
