@@ -238,6 +238,8 @@ class ModelRunner:
 
     def _attention(self, q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, prefill) -> torch.Tensor:
         """The decoding rows in one paged-decode call, each prefill chunk in its own SDPA call."""
+        if not prefill:  # a pure decode step: the kernel's output is the whole output
+            return paged_decode(q_NHD, kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
         out_NHD = torch.empty_like(q_NHD)
         if n_dec:
             out_NHD[:n_dec] = paged_decode(q_NHD[:n_dec], kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)

@@ -17,8 +17,9 @@ jointrl, in-process (one process holds the three real pieces, as a one-node user
 
 * rollout: ``LLMEngine.generate_batch`` (rl/rollout; engine settings from ``conf/rollout/engine``)
   over the 16 requests, the reward, ``grpo_advantages``, the ``TrainBatch``;
-* learner: ``LearnerWorker.train_step`` (rl/learner: DeepSpeed ZeRO-2 over gloo, one rank,
-  ``learner.micro_batch_size`` sequences per micro-batch);
+* learner: ``LearnerWorker.train_step`` (rl/learner: DeepSpeed ZeRO-2 over gloo, one rank, where
+  it runs as ZeRO-1; ``learner.micro_batch_size`` sequences per micro-batch, a group's shared
+  prompt forwarded once per micro-batch);
 * push: ``LearnerWorker.weight_bundle`` (rl/weight_sync: routed experts to MXFP4, CRCs) and
   ``LLMEngine.update_weights`` (verify, dequantize, copy in).
 
