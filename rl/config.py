@@ -285,11 +285,16 @@ class RecipeConfig:
     # which scripted policy demonstrates each SFT task, by weight (rl/sft.py; jointrl sft reads it too):
     # {oracle: 1.0} imitates the oracles; {oracle: 0.5, wrong: 0.5} mixes in each family's plausible slip
     sft_demos: dict[str, float] = field(default_factory=lambda: {"oracle": 1.0})
+    # every N SFT steps (0: never) score held-out oracle transcripts (the first sft_heldout_limit
+    # tasks per domain) under the current weights: NLL, tokens greedy gets right, and the
+    # probability of sampling the whole oracle (rl/sft.heldout_fit) -- no episodes played
+    sft_heldout_every: int = 0
+    sft_heldout_limit: int = 32
 
     def __post_init__(self) -> None:
         for k in ("sft_steps", "sft_prompts_per_step", "sft_lr", "eval_k"):
             _check_positive(f"recipe.{k}", getattr(self, k))
-        for k in ("eval_limit", "eval_every"):
+        for k in ("eval_limit", "eval_every", "sft_heldout_every", "sft_heldout_limit"):
             _check_positive(f"recipe.{k}", getattr(self, k), allow_zero=True)
         for tier in self.eval_tiers:
             _check_choice("recipe.eval_tiers", tier, ("low", "high", "max"))

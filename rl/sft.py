@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import random
 import zlib
 from pathlib import Path
@@ -48,16 +49,38 @@ def demo_policy(cfg: Config, task_id: str) -> str:
     return random.Random(u).choices(names, weights)[0] if len(names) > 1 else names[0]
 
 
-def oracle_transcripts(cfg: Config, limit: int = 0) -> tuple[list[Trajectory], int]:
-    """(the demonstrations of every configured domain's train split -- its first ``limit`` tasks
-    by id, 0: all -- by ``demo_policy``, how many were left out: an oracle that did not solve its
-    task, a slip that did not end with a stop)."""
-    spec = EvalSpec(tiers=("low",), k=1, split="train", limit=limit)
-    demo = lambda task, _: ScriptedEngine(scripted_policy(task, demo_policy(cfg, task.id)))  # noqa: E731
+def oracle_transcripts(cfg: Config, limit: int = 0, split: str = "train",
+                       mixed: bool = True) -> tuple[list[Trajectory], int]:
+    """(the demonstrations of every configured domain's ``split`` -- its first ``limit`` tasks by
+    id, 0: all -- by ``demo_policy`` (``mixed=False``: all oracles), how many were left out: an
+    oracle that did not solve its task, a slip that did not end with a stop)."""
+    spec = EvalSpec(tiers=("low",), k=1, split=split, limit=limit)
+    policy = (lambda task_id: demo_policy(cfg, task_id)) if mixed else (lambda task_id: "oracle")  # noqa: E731
+    demo = lambda task, _: ScriptedEngine(scripted_policy(task, policy(task.id)))  # noqa: E731
     trajs = asyncio.run(play(cfg, eval_tasks(cfg, spec), spec, demo))
-    kept = [t for t in trajs if (succeeded(t.reward_info) if demo_policy(cfg, t.task_id) == "oracle"
+    kept = [t for t in trajs if (succeeded(t.reward_info) if policy(t.task_id) == "oracle"
                                  else t.finish_reason == FinishReason.STOP)]
     return kept, len(trajs) - len(kept)
+
+
+def heldout_fit(learner, held: list[Trajectory]) -> dict[str, float]:
+    """How well the current weights imitate held-out oracle transcripts, per domain, without playing
+    an episode: ``nll`` (mean per assistant token) and ``oracle_prob`` (the mean over transcripts of
+    the probability that sampling at ``rollout.temperature`` reproduces every assistant token of the
+    oracle: with deterministic envs a lower bound on that domain's held-out pass@1), and
+    ``sure_tokens`` (the share of assistant tokens given probability > 1/2: greedy picks them)."""
+    logps = learner.logprobs([t.token_ids for t in held])
+    per: dict[str, list[tuple[float, int, int]]] = {}
+    for t, lp in zip(held, logps):
+        mine = [lp[i] for i, m in enumerate(t.loss_mask) if m]  # lp[i]: log p(token i | tokens before it)
+        per.setdefault(t.domain, []).append((sum(mine), len(mine), sum(x > -0.6931471805599453 for x in mine)))
+    out = {}
+    for dom, rows in sorted(per.items()):
+        tokens = sum(n for _, n, _ in rows)
+        out[f"sft/heldout/{dom}/nll"] = -sum(s for s, _, _ in rows) / max(tokens, 1)
+        out[f"sft/heldout/{dom}/oracle_prob"] = sum(math.exp(s) for s, _, _ in rows) / len(rows)
+        out[f"sft/heldout/{dom}/sure_tokens"] = sum(c for _, _, c in rows) / max(tokens, 1)
+    return out
 
 
 def sft_batch(trajs: list[Trajectory]) -> TrainBatch:
@@ -83,6 +106,8 @@ def sft(cfg: Config) -> dict[str, float]:
                          f"and rollout.max_tokens_per_turn={cfg.rollout.max_tokens_per_turn}; raise them")
     print(f"sft: {len(demos)} demonstrations {dict(cfg.recipe.sft_demos)} ({unsolved} left out), "
           f"{sum(sum(t.loss_mask) for t in demos)} assistant tokens", flush=True)
+    rc = cfg.recipe
+    held = oracle_transcripts(cfg, rc.sft_heldout_limit, "heldout", mixed=False)[0] if rc.sft_heldout_every else []
     _start_ray(cfg)
     learner = LearnerGroup(cfg)
     tracker = RunTracker(cfg, out_dir)
@@ -95,10 +120,17 @@ def sft(cfg: Config) -> dict[str, float]:
                 order = rng.sample(range(len(demos)), len(demos))
             batch.append(demos[order.pop()])
         metrics = {f"sft/{k}": v for k, v in learner.train_step(sft_batch(batch)).items()}
+        if held and (step % rc.sft_heldout_every == 0 or step == cfg.algo.total_steps):
+            metrics |= heldout_fit(learner, held)
         if tracker.run is not None:
             tracker.run.log(metrics, step=step)
         print(f"sft step {step:4d} | loss {metrics['sft/loss']:.4f} | nll {metrics.get('sft/nll', 0.0):.4f} "
               f"| tokens {int(metrics.get('sft/tokens', 0))} | {metrics['sft/time_s']:.1f}s", flush=True)
+        if any(k.startswith("sft/heldout/") for k in metrics):
+            print("    held-out oracles: " + " | ".join(
+                f"{d} nll {metrics[f'sft/heldout/{d}/nll']:.3f} sure {metrics[f'sft/heldout/{d}/sure_tokens']:.3f} "
+                f"p(oracle) {metrics[f'sft/heldout/{d}/oracle_prob']:.3f}"
+                for d in sorted({k.split('/')[2] for k in metrics if k.startswith('sft/heldout/')})), flush=True)
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.algo.total_steps:
             learner.save_checkpoint(str(out_dir / "checkpoints"), step)
     tracker.finish()

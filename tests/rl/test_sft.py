@@ -73,12 +73,15 @@ def test_jointrl_sft_writes_a_checkpoint_that_eval_loads(tmp_path):
     from jointrl.rl.sft import sft
 
     cfg = load_config([f"output_dir={tmp_path}", "algo.total_steps=2", "algo.prompts_per_step=2", "checkpoint_every=0",
-                       "logger.wandb_mode=disabled", *LONG_TURNS])
+                       "logger.wandb_mode=disabled", "recipe.sft_heldout_every=1", "recipe.sft_heldout_limit=3",
+                       *LONG_TURNS])
     try:
         metrics = sft(cfg)
     finally:
         ray.shutdown()
     assert metrics["sft/tokens"] > 0 and (tmp_path / "checkpoints" / "latest").read_text().strip().endswith("2")
+    # held-out oracles scored by the learner: an untrained byte model is far from them
+    assert metrics["sft/heldout/terminal/nll"] > 1.0 and 0.0 <= metrics["sft/heldout/terminal/oracle_prob"] < 1e-6
     result = eval_main([f"checkpoint={tmp_path / 'checkpoints'}", "tier=low", "k=1", "limit=1", f"out={tmp_path / 'eval'}",
                         "logger.wandb_mode=disabled", "rollout.max_tokens_per_turn=32"])
     assert result["policy_version"] == 2 and result["rows"][0]["episodes"] == 1
@@ -92,3 +95,23 @@ def test_jointrl_sft_writes_a_checkpoint_that_eval_loads(tmp_path):
     saved = load_deepspeed(grpo, tmp_path / "checkpoints")[0].state_dict()
     assert any(not torch.equal(v, saved[k]) for k, v in build_model(load_config(["seed=1"])).state_dict().items())
     assert all(torch.equal(v, saved[k]) for k, v in lw.engine.module.state_dict().items())
+
+
+def test_heldout_fit_scores_only_the_assistant_tokens():
+    """``heldout_fit``'s arithmetic on known log-probs (the learner's convention: entry i is
+    log p(token i | tokens before it), 0 at i = 0); a learner stand-in returns them."""
+    import math
+    from types import SimpleNamespace
+
+    from jointrl.rl.sft import heldout_fit
+
+    held = [SimpleNamespace(domain="terminal", token_ids=[1, 2, 3, 4], loss_mask=[0, 1, 1, 0]),
+            SimpleNamespace(domain="terminal", token_ids=[5, 6, 7], loss_mask=[0, 0, 1]),
+            SimpleNamespace(domain="code_repo", token_ids=[8, 9], loss_mask=[0, 1])]
+    logps = {(1, 2, 3, 4): [0.0, -0.1, -2.0, -9.0], (5, 6, 7): [0.0, -5.0, -0.5], (8, 9): [0.0, -0.2]}
+    learner = SimpleNamespace(logprobs=lambda ids: [logps[tuple(x)] for x in ids])
+    fit = heldout_fit(learner, held)
+    assert fit["sft/heldout/terminal/nll"] == pytest.approx((0.1 + 2.0 + 0.5) / 3)
+    assert fit["sft/heldout/terminal/oracle_prob"] == pytest.approx((math.exp(-2.1) + math.exp(-0.5)) / 2)
+    assert fit["sft/heldout/terminal/sure_tokens"] == pytest.approx(2 / 3)  # p > 1/2: -0.1 and -0.5
+    assert fit["sft/heldout/code_repo/oracle_prob"] == pytest.approx(math.exp(-0.2))
