@@ -39,7 +39,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from jointrl.kernels import moe_cpu, paged_attention_cpu
+from jointrl.kernels import decode_cpu, moe_cpu, paged_attention_cpu
 from jointrl.kernels.paged_attention_cpu import paged_decode
 from jointrl.model import MoETransformer
 from jointrl.model.norm import RMSNorm, compute_dtype
@@ -76,6 +76,10 @@ class ModelRunner:
         self.index_LPD = torch.zeros(len(index_layers), P, getattr(cfg, "index_head_dim", 1), dtype=self.dtype)
         self._fused: dict[int, tuple[tuple, torch.Tensor]] = {}  # id(attention) -> (weights' versions, qkv weight)
         self.image = (cfg.image_token_id, cfg.image_patch_dim) if getattr(cfg, "image_patch_dim", 0) else None
+        # per-row C++ ops (kernels/decode_cpu) for norms, q/k-norm + RoPE + KV write and the softmax router;
+        # batch-invariant mode keeps its tiled torch path
+        self.fast = (not self.invariant and self.dtype in (torch.float32, torch.float64)
+                     and self.kv_dtype == self.dtype and decode_cpu.load_kernel() is not None)
 
     def _qkv_weight(self, attn) -> torch.Tensor:
         """q, k, v projections as one [(Hq + 2·Hkv)·D, H] weight (one matmul instead of three),
@@ -102,7 +106,9 @@ class ModelRunner:
         return cached[1]
 
     def _norm(self, norm: RMSNorm, x_NH: torch.Tensor) -> torch.Tensor:
-        """``norm(x_NH)``; for float32/float64 through ``F.rms_norm`` (one call, the same values)."""
+        """``norm(x_NH)``; for float32/float64 through one C++ call or ``F.rms_norm``."""
+        if self.fast and x_NH.dim() == 2:
+            return decode_cpu.rms_norm(x_NH, norm.weight, norm.eps)
         if self.dtype in (torch.float32, torch.float64):
             return F.rms_norm(x_NH, (x_NH.shape[-1],), norm.weight, norm.eps)
         return norm(x_NH)
@@ -188,7 +194,6 @@ class ModelRunner:
         if self.image is not None and bool((ids_N == self.image[0]).any()):
             x_NH = m.model.image_projector.merge(x_NH[None], ids_N[None], self._patches([batch[i] for i in order]))[0]
         cos_ND, sin_ND = (t[0] for t in m.model.rotary_emb(pos_N[None], x_NH.dtype))
-        cos_N1D, sin_N1D = cos_ND[:, None], sin_ND[:, None]
         routed = []
         for layer_idx, layer in enumerate(m.model.layers):
             kv_PCHD = self.kv_LPCHD[self.pool_index[layer_idx]]
@@ -197,20 +202,12 @@ class ModelRunner:
             N = h_NH.shape[0]
             qkv_weight = self._qkv_weight(attn)
             qkv_NF = self._rows(lambda t: F.linear(t, qkv_weight), h_NH)
-            q_NF, k_NF, v_NF = qkv_NF.split((self.Hq * self.D, self.Hkv * self.D, self.Hkv * self.D), dim=-1)
-            v_NHD = v_NF.reshape(N, self.Hkv, self.D)
             qk_norm_HD = self._qk_norm_weight(attn)
-            if qk_norm_HD is not None:  # q and k side by side: one norm and one RoPE over both
-                qk_NHD = qkv_NF[:, :(self.Hq + self.Hkv) * self.D].view(N, self.Hq + self.Hkv, self.D)
-                qk_NHD = _rms_norm(qk_NHD, qk_norm_HD, attn.q_norm.eps)
-                qk_NHD = qk_NHD * cos_N1D + rotate_half(qk_NHD) * sin_N1D
-                q_NHD, k_NHD = qk_NHD.split((self.Hq, self.Hkv), dim=1)
+            if self.fast and (qk_norm_HD is not None or _no_qk_norm(attn)):  # norm, RoPE, KV write: one call
+                q_NHD = decode_cpu.qk_norm_rope_store(qkv_NF, qk_norm_HD, getattr(attn.q_norm, "eps", 0.0), cos_ND,
+                                                      sin_ND, kv_PCHD, slot_N, self.Hq, self.Hkv)
             else:
-                q_NHD = attn.q_norm(q_NF.reshape(N, self.Hq, self.D))
-                k_NHD = attn.k_norm(k_NF.reshape(N, self.Hkv, self.D))
-                q_NHD = q_NHD * cos_N1D + rotate_half(q_NHD) * sin_N1D
-                k_NHD = k_NHD * cos_N1D + rotate_half(k_NHD) * sin_N1D
-            kv_PCHD.index_copy_(0, slot_N, torch.stack((k_NHD, v_NHD), dim=1).to(self.kv_dtype))
+                q_NHD = self._qk_rope_store(attn, qkv_NF, qk_norm_HD, cos_ND[:, None], sin_ND[:, None], kv_PCHD, slot_N)
             if self.invariant:
                 out_NHD = paged_decode(q_NHD, kv_PCHD, all_slots_NS, all_ctx_N, self.D ** -0.5)
             else:
@@ -235,6 +232,24 @@ class ModelRunner:
             rows = torch.cat([torch.arange(first_row[i], first_row[i] + n) for i, (_, n) in enumerate(batch)])
             routed_NLk = torch.stack(routed, dim=1)[rows]
         return logits_RV, ends, routed_NLk
+
+    def _qk_rope_store(self, attn, qkv_NF, qk_norm_HD, cos_N1D, sin_N1D, kv_PCHD, slot_N) -> torch.Tensor:
+        """q/k-norm and RoPE of the fused projection's q and k, k and v written at ``slot_N`` → q_NHD."""
+        N = qkv_NF.shape[0]
+        q_NF, k_NF, v_NF = qkv_NF.split((self.Hq * self.D, self.Hkv * self.D, self.Hkv * self.D), dim=-1)
+        v_NHD = v_NF.reshape(N, self.Hkv, self.D)
+        if qk_norm_HD is not None:  # q and k side by side: one norm and one RoPE over both
+            qk_NHD = qkv_NF[:, :(self.Hq + self.Hkv) * self.D].view(N, self.Hq + self.Hkv, self.D)
+            qk_NHD = _rms_norm(qk_NHD, qk_norm_HD, attn.q_norm.eps)
+            qk_NHD = qk_NHD * cos_N1D + rotate_half(qk_NHD) * sin_N1D
+            q_NHD, k_NHD = qk_NHD.split((self.Hq, self.Hkv), dim=1)
+        else:
+            q_NHD = attn.q_norm(q_NF.reshape(N, self.Hq, self.D))
+            k_NHD = attn.k_norm(k_NF.reshape(N, self.Hkv, self.D))
+            q_NHD = q_NHD * cos_N1D + rotate_half(q_NHD) * sin_N1D
+            k_NHD = k_NHD * cos_N1D + rotate_half(k_NHD) * sin_N1D
+        kv_PCHD.index_copy_(0, slot_N, torch.stack((k_NHD, v_NHD), dim=1).to(self.kv_dtype))
+        return q_NHD
 
     def _attention(self, q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, prefill) -> torch.Tensor:
         """The decoding rows in one paged-decode call, each prefill chunk in its own SDPA call."""
@@ -264,6 +279,14 @@ class ModelRunner:
 
     def _moe(self, mlp, h_NH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The MoE block over the rows of ``h_NH`` → (y_NH, expert ids_Nk); batch-invariant: per tile."""
+        if self.fast and mlp.shared_experts is None and not mlp.gate.sigmoid:  # the router in one C++ call
+            gate = mlp.gate
+            ids_Nk, w_Nk = decode_cpu.route_softmax_topk(F.linear(h_NH, gate.weight), gate.top_k,
+                                                         gate.norm_topk_prob, gate.routed_scaling_factor)
+            ex = mlp.experts
+            if moe_cpu.use_kernel(h_NH, ids_Nk, ex.gate_up_proj.shape[0], False):
+                return moe_cpu.moe_experts(h_NH, ids_Nk, w_Nk, ex.gate_up_proj, ex.down_proj), ids_Nk
+            return ex(h_NH, ids_Nk, w_Nk), ids_Nk
         if not self.invariant:
             y_1NH, _, _, ids_Nk = mlp(h_NH[None])
             return y_1NH[0], ids_Nk
@@ -297,6 +320,10 @@ class ModelRunner:
                 routed.append(rows[i][1])
         logits_RV = torch.stack(logits) if logits else torch.empty(0, self.model.config.vocab_size, dtype=self.dtype)
         return logits_RV, ends, torch.cat(routed) if want_routed else None
+
+
+def _no_qk_norm(attn) -> bool:
+    return isinstance(attn.q_norm, torch.nn.Identity) and isinstance(attn.k_norm, torch.nn.Identity)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,0 +1,240 @@
+"""The small per-row ops of a decode step on CPU, each one C++ call instead of 5-15 torch ops.
+
+    rms_norm:            y_n = w ⊙ x_n / sqrt(mean(x_n²) + eps)
+    qk_norm_rope_store:  per head g of the fused q|k|v projection row n:
+                         t = w_g ⊙ x / sqrt(mean(x²) + eps)         (q and k heads; skipped without w)
+                         r = t ⊙ cos_n + rotate_half(t) ⊙ sin_n      (RoPE, rotate_half(t) = [-t₂, t₁])
+                         q heads → q_n; k heads → kv[slot_n, 0]; v heads (raw) → kv[slot_n, 1]
+    route_softmax_topk:  p = softmax(logits_n); ids = top-k(p) (descending, ties: lower id first);
+                         w = p[ids] / (Σ p[ids] + 1e-20) if normalize; w *= scale
+
+Why: a bench_moe decode step (6 layers) at batch 1-32 issued ~35 torch ops per layer for norms,
+q/k-norm, RoPE, the paged KV write and the router -- each 2-40 µs of dispatch and allocation on
+one thread, about as much as the step's matmuls at batch 1. These loops do the same arithmetic
+per row (row-independent, so batch-invariant), in one call each.
+
+Equal to the torch references below (``*_torch``: the model's ``RMSNorm`` / ``rotate_half``
+RoPE / ``TopKRouter`` softmax arithmetic, op for op) up to summation order and fused
+multiply-adds: float64 to ~1e-15 relative, float32 to a few ulp (tests/kernels/test_decode_cpu.py).
+Compiled at first use (``kernels/cpu_extension``); ``load_kernel()`` is None without a toolchain
+and callers then use the references (``rl/rollout/model_runner`` does).
+
+Shapes: N rows, H hidden, Hq / Hkv query / key-value heads, D head_dim, G = Hq + Hkv normed heads,
+F = (Hq + 2·Hkv)·D, P cache slots, E experts, k experts per token.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from jointrl.kernels.cpu_extension import load_cpu_extension
+
+__all__ = ["load_kernel", "rms_norm", "rms_norm_torch", "qk_norm_rope_store", "qk_norm_rope_store_torch",
+           "route_softmax_topk", "route_softmax_topk_torch"]
+
+_SOURCE = r"""
+template <typename T>
+static inline T inv_rms(const T* __restrict x, int64_t n, double eps) {
+  T ss = 0;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  return T(1) / std::sqrt(ss / T(n) + T(eps));
+}
+
+template <typename T>
+static void rms_rows(const T* xp, const T* __restrict wp, T* yp, int64_t N, int64_t H, double eps) {
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* __restrict xn = xp + n * H;
+      T* __restrict yn = yp + n * H;
+      const T r = inv_rms(xn, H, eps);
+#pragma omp simd
+      for (int64_t i = 0; i < H; ++i) yn[i] = wp[i] * (xn[i] * r);
+    }
+  });
+}
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && w.is_contiguous() && w.numel() == x.size(1) &&
+              x.scalar_type() == w.scalar_type(), "rms_norm: x [N, H] and w [H] contiguous, one dtype");
+  auto y = torch::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rms_norm", [&] {
+    rms_rows<scalar_t>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), x.size(0), x.size(1),
+                       eps);
+  });
+  return y;
+}
+
+template <typename T>
+static void qk_rows(const T* xp, const T* wp, double eps, const T* cp, const T* sp, T* kvp, const int64_t* sl, T* qp,
+                    int64_t N, int64_t Hq, int64_t Hkv, int64_t D) {
+  const int64_t G = Hq + Hkv, F = (Hq + 2 * Hkv) * D, half = D / 2;
+  at::parallel_for(0, N, 4, [&](int64_t n0, int64_t n1) {
+    std::vector<T> t(D);
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* __restrict c = cp + n * D;
+      const T* __restrict s = sp + n * D;
+      T* kv_n = kvp + sl[n] * 2 * Hkv * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const T* __restrict x = xp + n * F + g * D;
+        T* __restrict tt = t.data();
+        if (wp != nullptr) {
+          const T r = inv_rms(x, D, eps);
+          const T* __restrict wg = wp + g * D;
+#pragma omp simd
+          for (int64_t i = 0; i < D; ++i) tt[i] = wg[i] * (x[i] * r);
+        } else {
+          std::copy(x, x + D, tt);
+        }
+        T* __restrict o = g < Hq ? qp + (n * Hq + g) * D : kv_n + (g - Hq) * D;
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) o[i] = tt[i] * c[i] + (-tt[half + i]) * s[i];
+#pragma omp simd
+        for (int64_t i = half; i < D; ++i) o[i] = tt[i] * c[i] + tt[i - half] * s[i];
+      }
+      std::copy(xp + n * F + G * D, xp + (n + 1) * F, kv_n + Hkv * D);
+    }
+  });
+}
+
+torch::Tensor qk_norm_rope_store(torch::Tensor qkv, torch::Tensor w, double eps, torch::Tensor cos,
+                                 torch::Tensor sin, torch::Tensor kv, torch::Tensor slots, int64_t Hq, int64_t Hkv) {
+  TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() &&
+              kv.is_contiguous() && slots.is_contiguous(), "qk_norm_rope_store: contiguous inputs");
+  TORCH_CHECK(kv.dim() == 4 && kv.size(1) == 2 && kv.size(2) == Hkv, "qk_norm_rope_store: kv [P, 2, Hkv, D]");
+  const int64_t N = qkv.size(0), D = kv.size(3), G = Hq + Hkv, F = (Hq + 2 * Hkv) * D, P = kv.size(0);
+  TORCH_CHECK(qkv.size(1) == F && D % 2 == 0 && cos.size(0) == N && cos.size(1) == D && slots.numel() == N,
+              "qk_norm_rope_store: qkv [N, (Hq + 2 Hkv) D], cos/sin [N, D], slots [N]");
+  TORCH_CHECK(qkv.scalar_type() == kv.scalar_type() && qkv.scalar_type() == cos.scalar_type() &&
+              qkv.scalar_type() == sin.scalar_type(), "qk_norm_rope_store: one dtype");
+  const bool norm = w.numel() > 0;
+  TORCH_CHECK(!norm || (w.is_contiguous() && w.numel() == G * D && w.scalar_type() == qkv.scalar_type()),
+              "qk_norm_rope_store: w [Hq + Hkv, D] or empty");
+  const int64_t* sl = slots.data_ptr<int64_t>();
+  for (int64_t n = 0; n < N; ++n) TORCH_CHECK(sl[n] >= 0 && sl[n] < P, "qk_norm_rope_store: slot out of range");
+  auto q = torch::empty({N, Hq, D}, qkv.options());
+  AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "qk_norm_rope_store", [&] {
+    qk_rows<scalar_t>(qkv.data_ptr<scalar_t>(), norm ? w.data_ptr<scalar_t>() : nullptr, eps, cos.data_ptr<scalar_t>(),
+                      sin.data_ptr<scalar_t>(), kv.data_ptr<scalar_t>(), sl, q.data_ptr<scalar_t>(), N, Hq, Hkv, D);
+  });
+  return q;
+}
+
+template <typename T>
+static void route_rows(const T* lp, int64_t* ip, T* wp, int64_t N, int64_t E, int64_t k, bool normalize,
+                       double scale) {
+  std::vector<T> p(E);
+  for (int64_t n = 0; n < N; ++n) {
+    const T* __restrict x = lp + n * E;
+    T m = -std::numeric_limits<T>::infinity();
+    for (int64_t e = 0; e < E; ++e) m = std::max(m, x[e]);
+    T sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += (p[e] = exp_(x[e] - m));
+    for (int64_t e = 0; e < E; ++e) p[e] = p[e] / sum;
+    int64_t* id = ip + n * k;
+    T* w = wp + n * k;
+    for (int64_t j = 0; j < k; ++j) {  // selection: k is small (2-8)
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j; ++i) taken |= id[i] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      }
+      id[j] = best, w[j] = p[best];
+    }
+    if (normalize) {
+      T tot = 0;
+      for (int64_t j = 0; j < k; ++j) tot += w[j];
+      tot += T(1e-20);
+      for (int64_t j = 0; j < k; ++j) w[j] = w[j] / tot;
+    }
+    if (scale != 1.0)
+      for (int64_t j = 0; j < k; ++j) w[j] = w[j] * T(scale);
+  }
+}
+
+std::vector<torch::Tensor> route_softmax_topk(torch::Tensor logits, int64_t k, bool normalize, double scale) {
+  TORCH_CHECK(logits.dim() == 2 && logits.is_contiguous() && k >= 1 && k <= logits.size(1),
+              "route_softmax_topk: logits [N, E] contiguous, 1 <= k <= E");
+  const int64_t N = logits.size(0), E = logits.size(1);
+  auto ids = torch::empty({N, k}, logits.options().dtype(torch::kLong));
+  auto wts = torch::empty({N, k}, logits.options());
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "route_softmax_topk", [&] {
+    route_rows<scalar_t>(logits.data_ptr<scalar_t>(), ids.data_ptr<int64_t>(), wts.data_ptr<scalar_t>(), N, E, k,
+                         normalize, scale);
+  });
+  return {ids, wts};
+}
+"""
+
+
+@functools.cache
+def load_kernel():
+    """The compiled extension, or None when it cannot be built here (no compiler)."""
+    return load_cpu_extension("jointrl_decode_cpu", _SOURCE, ["rms_norm", "qk_norm_rope_store", "route_softmax_topk"])
+
+
+def rms_norm_torch(x_NH: Tensor, w_H: Tensor, eps: float) -> Tensor:
+    """``model.norm.RMSNorm``'s arithmetic (float32/float64 x)."""
+    return w_H * (x_NH * torch.rsqrt(x_NH.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rms_norm(x_NH: Tensor, w_H: Tensor, eps: float) -> Tensor:
+    """x [N, H], w [H] (x's dtype, float32/64) → y [N, H]."""
+    lib = load_kernel()
+    if lib is None:
+        return rms_norm_torch(x_NH, w_H, eps)
+    return lib.rms_norm(x_NH.contiguous(), w_H.contiguous(), eps)
+
+
+def qk_norm_rope_store_torch(qkv_NF: Tensor, w_GD: Tensor | None, eps: float, cos_ND: Tensor, sin_ND: Tensor,
+                             kv_PCHD: Tensor, slot_N: Tensor, Hq: int, Hkv: int) -> Tensor:
+    """The torch reference of ``qk_norm_rope_store`` (the runner's former per-layer ops)."""
+    N, D = qkv_NF.shape[0], kv_PCHD.shape[-1]
+    qk_NGD = qkv_NF[:, :(Hq + Hkv) * D].reshape(N, Hq + Hkv, D)
+    if w_GD is not None:
+        qk_NGD = rms_norm_torch(qk_NGD, w_GD, eps)
+    x1, x2 = qk_NGD.chunk(2, dim=-1)
+    qk_NGD = qk_NGD * cos_ND[:, None] + torch.cat((-x2, x1), dim=-1) * sin_ND[:, None]
+    q_NHD, k_NHD = qk_NGD.split((Hq, Hkv), dim=1)
+    v_NHD = qkv_NF[:, (Hq + Hkv) * D:].reshape(N, Hkv, D)
+    kv_PCHD.index_copy_(0, slot_N, torch.stack((k_NHD, v_NHD), dim=1).to(kv_PCHD.dtype))
+    return q_NHD.contiguous()
+
+
+def qk_norm_rope_store(qkv_NF: Tensor, w_GD: Tensor | None, eps: float, cos_ND: Tensor, sin_ND: Tensor,
+                       kv_PCHD: Tensor, slot_N: Tensor, Hq: int, Hkv: int) -> Tensor:
+    """qkv [N, (Hq + 2·Hkv)·D], w [Hq + Hkv, D] or None (no q/k-norm), cos/sin [N, D], kv [P, 2, Hkv, D]
+    (written at rows ``slot_N`` [N] int64), → q [N, Hq, D] after norm and RoPE. One dtype throughout
+    (float32/64); the torch reference otherwise and without a compiler."""
+    lib = load_kernel()
+    if lib is None or kv_PCHD.dtype != qkv_NF.dtype or not kv_PCHD.is_contiguous():
+        return qk_norm_rope_store_torch(qkv_NF, w_GD, eps, cos_ND, sin_ND, kv_PCHD, slot_N, Hq, Hkv)
+    w = w_GD.contiguous() if w_GD is not None else qkv_NF.new_empty(0)
+    return lib.qk_norm_rope_store(qkv_NF.contiguous(), w, eps, cos_ND.contiguous(), sin_ND.contiguous(), kv_PCHD,
+                                  slot_N.contiguous(), Hq, Hkv)
+
+
+def route_softmax_topk_torch(logits_NE: Tensor, k: int, normalize: bool, scale: float = 1.0
+                             ) -> tuple[Tensor, Tensor]:
+    """``model.routing.TopKRouter``'s softmax path (float32/64 logits) → (ids [N, k] int64, weights [N, k])."""
+    p_NE = torch.softmax(logits_NE, dim=-1)
+    ids_Nk = torch.topk(p_NE, k, dim=-1).indices
+    w_Nk = p_NE.gather(1, ids_Nk)
+    if normalize:
+        w_Nk = w_Nk / (w_Nk.sum(dim=-1, keepdim=True) + 1e-20)
+    if scale != 1.0:
+        w_Nk = w_Nk * scale
+    return ids_Nk, w_Nk
+
+
+def route_softmax_topk(logits_NE: Tensor, k: int, normalize: bool, scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    """logits [N, E] float32/64 → (ids [N, k] int64, by descending probability; weights [N, k])."""
+    lib = load_kernel()
+    if lib is None:
+        return route_softmax_topk_torch(logits_NE, k, normalize, scale)
+    ids_Nk, w_Nk = lib.route_softmax_topk(logits_NE.contiguous(), k, normalize, scale)
+    return ids_Nk, w_Nk
