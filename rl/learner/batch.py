@@ -136,12 +136,7 @@ def collate(part: TrainBatch, pack: bool, pad_id: int, dtype: torch.dtype, topk:
     lens = [len(s) for s in part.token_ids]
     rows = [list(range(len(part)))] if pack else [[i] for i in range(len(part))]
     B, T = len(rows), (sum(lens) if pack else max(lens))
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    pos = torch.zeros((B, T), dtype=torch.long)
-    seg = torch.full((B, T), -1, dtype=torch.long)
-    lmask = torch.zeros((B, T), dtype=dtype)
-    old = torch.zeros((B, T), dtype=dtype)
-    adv = torch.zeros((B, T), dtype=dtype)
+    ids, pos, seg, lmask, old, adv = _blank_rows(B, T, pad_id, dtype)
     replay = None
     if topk is not None:
         L, k = topk
@@ -172,6 +167,14 @@ def collate(part: TrainBatch, pack: bool, pad_id: int, dtype: torch.dtype, topk:
     return MicroBatch(ids, pos, seg, lmask, old, adv, replay, len(part), part.rewards, images)
 
 
+def _blank_rows(B: int, T: int, pad_id: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """A micro-batch's [B, T] tensors before any row is written: ids (padding), positions, segment
+    ids (-1: padding), loss mask, old log-probs and advantages."""
+    return (torch.full((B, T), pad_id, dtype=torch.long), torch.zeros((B, T), dtype=torch.long),
+            torch.full((B, T), -1, dtype=torch.long), torch.zeros((B, T), dtype=dtype),
+            torch.zeros((B, T), dtype=dtype), torch.zeros((B, T), dtype=dtype))
+
+
 def collate_shared(part: TrainBatch, pad_id: int, dtype: torch.dtype) -> MicroBatch | None:
     """One micro-batch whose sequences with the same untrained prompt (the tokens before the first
     loss token: a GRPO group's shared prompt) share one forward of it (``SharedPrefix``); None
@@ -193,12 +196,7 @@ def collate_shared(part: TrainBatch, pad_id: int, dtype: torch.dtype) -> MicroBa
         prefix_ids[g, :len(key)] = torch.tensor(key)
         prefix_real[g, :len(key)] = True
     B, T = len(part), 1 + max(len(ids) - p for ids, p in zip(part.token_ids, starts))
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    pos = torch.zeros((B, T), dtype=torch.long)
-    seg = torch.full((B, T), -1, dtype=torch.long)
-    lmask = torch.zeros((B, T), dtype=dtype)
-    old = torch.zeros((B, T), dtype=dtype)
-    adv = torch.zeros((B, T), dtype=dtype)
+    ids, pos, seg, lmask, old, adv = _blank_rows(B, T, pad_id, dtype)
     for i, p in enumerate(starts):
         n = len(part.token_ids[i]) - p + 1  # the prompt's last token, then the sequence's own
         ids[i, :n] = torch.tensor(part.token_ids[i][p - 1:])
