@@ -40,17 +40,19 @@ is exact except that ``6 * 2^127`` overflows to inf (only reachable from float64
 or hand-made scales); dequantizing to fp16 overflows/underflows outside fp16's range.
 
 Layout of this file (kernels/ convention): constants and bit helpers, then the plain-torch
-reference (``_quantize_mxfp4_torch``, ``_dequantize_mxfp4_torch``), then the Triton kernels
-and their launchers, then the public functions, which validate their inputs and dispatch
-(``kernels/dispatch.py``: Triton on CUDA, the reference elsewhere, either one forced by
-``set_backend``). The kernels give the reference's bits exactly for float32, bfloat16 and
-float16 (in and out); float64 and fp8 always take the reference. The reference stays the
-ground truth the kernels' tests compare against.
+reference (``_quantize_mxfp4_torch``, ``_dequantize_mxfp4_torch``), then a faster quantizer
+for CPU (``_quantize_mxfp4_cpu``: the reference's bits for every dtype but float64), then the
+Triton kernels and their launchers, then the public functions, which validate their inputs
+and dispatch (``kernels/dispatch.py``: Triton on CUDA, the reference elsewhere -- on CPU its
+fast quantizer -- either one forced by ``set_backend``). The kernels give the reference's
+bits exactly for float32, bfloat16 and float16 (in and out); float64 and fp8 never take a
+kernel. The reference stays the ground truth the other paths' tests compare against.
 """
 
 from __future__ import annotations
 
 import enum
+import sys
 from typing import NamedTuple
 
 import torch
@@ -202,6 +204,114 @@ def _dequantize_mxfp4_torch(blocks: Tensor, scales: Tensor, dtype: torch.dtype) 
     nan_b = scales == E8M0_NAN
     scale_b = _exp2_int(exp_b.masked_fill(nan_b, 0), work).masked_fill_(nan_b, float("nan"))
     return (vals_bn * scale_b.unsqueeze(-1)).reshape(*lead, k).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# CPU fast path (same bits as the reference; what CPU callers run)
+# ---------------------------------------------------------------------------------------
+
+_CPU_CHUNK_ROWS = 4096  # MXFP4 blocks per chunk: two 512 KiB scratch buffers, cache-resident
+_NIB_SHIFT = 21  # an fp32 bit pattern's bits 21..31 (sign, exponent, 2 mantissa bits) pick its nibble
+
+
+def _e2m1_nibble_lut(device: torch.device) -> Tensor:
+    """uint8 [2048]: the reference's nibble (sign << 3 | E2M1 code) of fp32 ``y``, by ``idx(bits(y))``.
+
+    ``idx(b) = ((b + 0x1FFFFF + bit22(b)) >> 21) & 0x7FF``. Every E2M1 midpoint has at most 2
+    mantissa bits, so a midpoint is the first pattern of a 2^21-wide bucket ``k = b >> 21``
+    (sign, exponent, top 2 mantissa bits) and the nibble is constant on the rest of a bucket.
+    The rest of bucket ``k`` carries into ``k + 1``, so entry ``k + 1`` holds its nibble. A
+    bucket's first pattern lands on ``k + bit22``: the midpoints that round down (0.25, 1.25,
+    2.5, 5) have bit 22 clear and take bucket ``k - 1``'s (lower) nibble, those that round up
+    (0.75, 1.75, 3.5) have it set and take bucket ``k``'s; a first pattern that is no
+    midpoint has the same nibble as both neighbours. Entries 0 and 0x400, which would hold
+    the NaN buckets 0x7FF and 0x3FF, instead hold ``+0.0``'s and ``-0.0``'s nibbles (0, 0x8).
+    """
+    bucket = torch.arange(-1, 2047, dtype=torch.int64).clamp_(min=0)  # entry i: bucket i - 1
+    bits = (bucket << _NIB_SHIFT) | 1  # a pattern inside the bucket, as uint32
+    y = torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32).view(torch.float32)
+    code = torch.bucketize(y.abs(), _e2m1_boundaries(torch.float32, y.device), out_int32=True)
+    lut = code.to(torch.uint8) | (torch.signbit(y).to(torch.uint8) << 3)
+    lut[0], lut[0x400] = 0x0, 0x8
+    return lut.to(device)
+
+
+_NIBBLE_LUT: dict[torch.device, Tensor] = {}
+
+
+@torch.no_grad()
+def _quantize_mxfp4_cpu(x: Tensor, rule: ScaleRule) -> tuple[Tensor, Tensor]:
+    """Same contract and bits as ``_quantize_mxfp4_torch`` for every dtype but float64.
+
+    x: float [..., K] (K % 32 == 0, not float64) -> (blocks uint8 [..., K/2], scales uint8 [..., K/32]).
+
+    The reference allocates ~10 full-size temporaries (on CPU, each one page-faulted in anew)
+    and binary-searches every element (``bucketize``). Here the scales come from the integer
+    max of ``|x|``'s bits (as in the Triton kernel), and the elements go through cache-sized
+    chunks of reused scratch: ``y = x * 2^-e`` (the reference's exact product, sign kept), a
+    few integer ops on ``y``'s bits and a lookup in a 2048-entry table to the signed nibble
+    (``_e2m1_nibble_lut``), and two nibbles packed per byte through an int16 view of the
+    nibbles (little-endian hosts only; ``quantize_mxfp4`` checks).
+    """
+    *lead, k = x.shape
+    n_blocks = x.numel() // MXFP4_BLOCK
+    blocks = torch.empty(*lead, k // 2, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(*lead, k // MXFP4_BLOCK, dtype=torch.uint8, device=x.device)
+    if n_blocks == 0:
+        return blocks, scales
+    x_bn = x.contiguous().view(n_blocks, MXFP4_BLOCK)  # b = blocks, n = 32
+    blocks_bh = blocks.view(n_blocks, MXFP4_BLOCK // 2)
+    lut = _NIBBLE_LUT.get(x.device)
+    if lut is None:
+        lut = _NIBBLE_LUT[x.device] = _e2m1_nibble_lut(x.device)
+
+    rows = min(_CPU_CHUNK_ROWS, n_blocks)
+    # scratch reused by every chunk (c = chunk rows): f32 holds x (as fp32), then y = x * 2^-e,
+    # then y's table index, then the packed pairs; tmp holds bit 22, then the nibbles
+    f32_cn = torch.empty(rows, MXFP4_BLOCK, dtype=torch.float32, device=x.device)
+    tmp_cn = torch.empty(rows, MXFP4_BLOCK, dtype=torch.int32, device=x.device)
+    amax_b = torch.empty(n_blocks, dtype=torch.int32, device=x.device)
+
+    def fp32_chunk(r0: int, r1: int) -> Tensor:
+        src = x_bn[r0:r1]
+        if src.dtype == torch.float32:
+            return src
+        return f32_cn[: r1 - r0].copy_(src)  # exact for every float narrower than fp32
+
+    # pass 1: the bits of each block's largest |x| (finite floats order like their bit
+    # patterns; NaN and inf sort above every finite value)
+    for r0 in range(0, n_blocks, rows):
+        r1 = min(r0 + rows, n_blocks)
+        mag_cn = torch.bitwise_and(fp32_chunk(r0, r1).view(torch.int32), 0x7FFFFFFF, out=tmp_cn[: r1 - r0])
+        torch.amax(mag_cn, dim=1, out=amax_b[r0:r1])
+
+    bad_b = amax_b >= 0x7F800000
+    exp_b = (amax_b >> 23) - (127 + _E2M1_EMAX)  # zero/subnormal amax: -129, clamped to -127
+    if rule == ScaleRule.CEIL:
+        exp_b += (amax_b & 0x7FFFFF) > 0x400000  # mantissa above 1.5: 6 * 2^e < amax
+    exp_b.clamp_(_EXP_MIN, _EXP_MAX).masked_fill_(bad_b, 0)
+    scales.view(n_blocks).copy_((exp_b + E8M0_BIAS).masked_fill_(bad_b, E8M0_NAN))
+    # 2^-e from bits: e <= 126 for every finite fp32 amax, so 2^-e is a normal float
+    inv_scale_b = ((E8M0_BIAS - exp_b) << 23).view(torch.float32)
+
+    # pass 2: the elements
+    for r0 in range(0, n_blocks, rows):
+        r1 = min(r0 + rows, n_blocks)
+        c = r1 - r0
+        y_cn = torch.mul(fp32_chunk(r0, r1), inv_scale_b[r0:r1, None], out=f32_cn[:c])  # exact, sign kept
+        idx_cn, bit22_cn = y_cn.view(torch.int32), tmp_cn[:c]
+        torch.bitwise_right_shift(idx_cn, 22, out=bit22_cn).bitwise_and_(1)
+        # the table index (NaN patterns may wrap around; their blocks are zeroed below)
+        idx_cn.add_(bit22_cn).add_((1 << _NIB_SHIFT) - 1).bitwise_right_shift_(_NIB_SHIFT).bitwise_and_(0x7FF)
+        nib_n = torch.index_select(lut, 0, idx_cn.view(-1), out=tmp_cn.view(-1).view(torch.uint8)[: c * MXFP4_BLOCK])
+        # little-endian int16 pairs hold element 2j in the low byte and 2j + 1 in the high
+        # one; (pair >> 4) | pair has the packed byte in its low byte
+        pair_h = nib_n.view(torch.int16)
+        packed_h = torch.bitwise_right_shift(pair_h, 4, out=idx_cn.view(-1).view(torch.int16)[: c * 16])
+        blocks_bh[r0:r1].view(-1).copy_(packed_h.bitwise_or_(pair_h))
+    if bad_b.any():
+        blocks_bh.masked_fill_(bad_b.unsqueeze(-1), 0)
+    return blocks, scales
 
 
 # ---------------------------------------------------------------------------------------
@@ -388,6 +498,8 @@ def quantize_mxfp4(x: Tensor, scale_rule: str = "floor") -> tuple[Tensor, Tensor
     rule = _check_scale_rule(scale_rule)
     if x.dtype in _TRITON_IN_DTYPES and use_triton(x.device):
         return _quantize_mxfp4_triton(x, rule)
+    if x.device.type == "cpu" and x.dtype != torch.float64 and sys.byteorder == "little":
+        return _quantize_mxfp4_cpu(x, rule)
     return _quantize_mxfp4_torch(x, rule)
 
 

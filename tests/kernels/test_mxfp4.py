@@ -308,3 +308,88 @@ def test_requantizing_is_idempotent(rule):
     if rule == "floor":  # ceil may re-encode a block max of 3*s as 6*(s/2): same values
         b2, s2 = quantize_mxfp4(q, rule)
         assert torch.equal(b2, blocks) and torch.equal(s2, scales)
+
+
+# ---------------------------------------------------------------------------------------
+# CPU fast path == the torch reference, bit for bit
+# ---------------------------------------------------------------------------------------
+
+from jointrl.kernels import mxfp4 as _m  # noqa: E402
+
+
+def _edge_blocks(rows: int, k: int, seed: int) -> torch.Tensor:
+    """float32 [rows, k]: random blocks over 2^-140 .. 2^60 plus every edge the rules have."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    x *= 2.0 ** torch.randint(-140, 60, (rows, k // 32), generator=g).repeat_interleave(32, dim=1).float()
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)
+    near = torch.cat([ties, torch.nextafter(ties.float(), torch.zeros(7)).double(),
+                      torch.nextafter(ties.float(), torch.full((7,), 8.0)).double()])  # 21 values
+    x[0, :32] = torch.cat([torch.tensor([6.0]), near, -near[:10]]).float()  # every tie, 1 ulp either side
+    x[1, :32] = x[0, :32] * 2.0**-130  # the same, pushed into fp32 subnormals (scale byte 0)
+    x[2] = 0.0  # whole-zero blocks
+    x[3, ::2] = -0.0
+    x[4, :32] = torch.tensor([7.9, -7.99, 6.5, 1.5000001, -1.5, 3e-39, -1e-45, 2.0**-126] * 4)  # saturation, ceil edge
+    x[5, :32] = torch.tensor([3.4028234663852886e38, -3.4e38, 2.0**127, 1.0] * 8)  # largest fp32
+    x[6, :32] = torch.randn(32, generator=g) * 1e-39  # subnormals only
+    x[7, 3] = float("nan")
+    x[8, -1] = float("inf")
+    x[9, :32] = float("-inf")
+    x[10, :32] = torch.tensor([4.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] * 4) * 2.0**100  # ties, huge scale
+    return x
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(40, 96), (3, 7, 64), (11, 32)], ids=str)
+@pytest.mark.parametrize("chunk_rows", [3, 4096])  # 3: many chunks and a ragged last one
+def test_cpu_path_matches_reference_bitwise(rule, dtype, shape, chunk_rows, monkeypatch):
+    monkeypatch.setattr(_m, "_CPU_CHUNK_ROWS", chunk_rows)
+    empty = torch.empty  # poisoned, so a byte the fast path forgets to write fails the test
+
+    def poisoned(*a, **kw):
+        t = empty(*a, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(0x5A)
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    rows = shape[0] * (shape[1] if len(shape) == 3 else 1)
+    x = _edge_blocks(rows, shape[-1], seed=sum(shape)).to(dtype).reshape(shape)
+    blocks, scales = _m._quantize_mxfp4_cpu(x, _m.ScaleRule(rule))
+    want_blocks, want_scales = _m._quantize_mxfp4_torch(x, _m.ScaleRule(rule))
+    assert blocks.shape == want_blocks.shape and scales.shape == want_scales.shape
+    assert torch.equal(scales, want_scales)
+    assert torch.equal(blocks, want_blocks)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_cpu_path_on_every_bucket_edge_below_8(rule):
+    # The nibble table works on 2^21-wide buckets of y's bits: try each bucket's first,
+    # second and last pattern (both signs) for every y < 8, at scale 1 (block max 7.99 / 6)
+    # and, shifted down 2^-130, among fp32 subnormals.
+    starts = torch.arange(0, 0x41000000 >> 21, dtype=torch.int32) << 21
+    bits = torch.stack([starts, starts + 1, starts + (1 << 21) - 1], dim=-1).reshape(-1)
+    y = torch.cat([bits.view(torch.float32), -bits.view(torch.float32)])
+    pad = (-y.numel()) % 31
+    y = torch.cat([y, torch.zeros(pad)]).reshape(-1, 31)
+    top = 7.99 if rule == "floor" else 6.0
+    x = torch.cat([torch.full((y.shape[0], 1), top), y.clamp(-top, top)], dim=1)
+    for xs in (x, x * 2.0**-130):
+        got = _m._quantize_mxfp4_cpu(xs, _m.ScaleRule(rule))
+        want = _m._quantize_mxfp4_torch(xs, _m.ScaleRule(rule))
+        assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+        if xs is x:
+            assert (got[1] == 127).all()  # y = x: the patterns above are y's own
+
+
+def test_public_quantize_runs_the_cpu_path_except_for_float64(monkeypatch):
+    x = _edge_blocks(12, 64, seed=9)
+    want = _m._quantize_mxfp4_torch(x, _m.ScaleRule.CEIL)
+    calls = []
+    reference = _m._quantize_mxfp4_torch
+    monkeypatch.setattr(_m, "_quantize_mxfp4_torch", lambda *a: calls.append(a) or reference(*a))
+    got = quantize_mxfp4(x, "ceil")
+    assert not calls and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    quantize_mxfp4(x.double(), "ceil")
+    assert len(calls) == 1
+    assert quantize_mxfp4(torch.zeros(0, 64))[0].shape == (0, 32)
+    assert quantize_mxfp4(torch.zeros(4, 0))[1].shape == (4, 0)
