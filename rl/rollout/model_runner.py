@@ -168,18 +168,16 @@ class ModelRunner:
             parts_slot.append(key_slots_S[c:])
             prefill.append((row, n, c, key_slots_S))
             row += n
-        ids_N, pos_N, slot_N = torch.cat(parts_ids), torch.cat(parts_pos), torch.cat(parts_slot)
+        if prefill:
+            ids_N, pos_N, slot_N = torch.cat(parts_ids), torch.cat(parts_pos), torch.cat(parts_slot)
 
         dec_slots_BS = ctx_B = None
         if n_dec:
             ctx_B = pos_N[:n_dec] + 1
-            S = int(ctx_B.max())
+            S = max(pos[:n_dec]) + 1
             M = -(-S // bs)
-            table_BM = torch.zeros(n_dec, M, dtype=torch.long)
-            for b, i in enumerate(order[:n_dec]):
-                seq = batch[i][0]
-                blocks = seq.block_table[:M]
-                table_BM[b, :len(blocks)] = torch.tensor(blocks)
+            tables = [batch[i][0].block_table[:M] for i in order[:n_dec]]
+            table_BM = torch.tensor([t + [0] * (M - len(t)) for t in tables], dtype=torch.long)  # one call per step
             dec_slots_BS = (table_BM[:, :, None] * bs + torch.arange(bs)).view(n_dec, M * bs)[:, :S].contiguous()
         if self.invariant:  # every row a decode query: its keys 0..pos, read through the decode kernel
             all_slots_NS = torch.zeros(len(ids_N), int(pos_N.max()) + 1, dtype=torch.long)
