@@ -74,7 +74,8 @@ class ModelRunner:
         self.index_pool = {layer: j for j, layer in enumerate(index_layers)}  # layer -> index_LPD row
         self.kv_LPCHD = torch.zeros(len(kv_layers), P, 2, self.Hkv, self.D, dtype=self.kv_dtype)
         self.index_LPD = torch.zeros(len(index_layers), P, getattr(cfg, "index_head_dim", 1), dtype=self.dtype)
-        self._fused: dict[int, tuple[tuple, torch.Tensor]] = {}  # id(attention) -> (weights' versions, qkv weight)
+        self._fused: dict[int, tuple[tuple, torch.Tensor]] = {}
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos_PD, sin_PD) by position  # id(attention) -> (weights' versions, qkv weight)
         self.image = (cfg.image_token_id, cfg.image_patch_dim) if getattr(cfg, "image_patch_dim", 0) else None
         # per-row C++ ops (kernels/decode_cpu) for norms, q/k-norm + RoPE + KV write and the softmax router;
         # batch-invariant mode keeps its tiled torch path
@@ -91,6 +92,18 @@ class ModelRunner:
         if cached is None or cached[0] != key:
             cached = self._fused[id(attn)] = (key, torch.cat(ws))
         return cached[1]
+
+    def _rope(self, pos_N: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos_ND, sin_ND) of ``rotary_emb`` at ``pos_N``, looked up in a table of positions 0..P-1 built by
+        ``rotary_emb`` itself (elementwise in the position: the same values up to the vectorized cos/sin's
+        last ulp) and doubled when a position passes it -- one index per step instead of ~10 ops."""
+        need = int(pos_N.max()) + 1 if len(pos_N) else 1
+        table = self._rope_table
+        if table is None or table[0].shape[0] < need or table[0].dtype != dtype:
+            size = max(1024, 1 << (need - 1).bit_length())
+            cos_1PD, sin_1PD = self.model.model.rotary_emb(torch.arange(size)[None], dtype)
+            table = self._rope_table = (cos_1PD[0], sin_1PD[0])
+        return table[0][pos_N], table[1][pos_N]
 
     def _qk_norm_weight(self, attn) -> torch.Tensor | None:
         """Per-head q- and k-norm weights as one [Hq + Hkv, D] table (None unless both are
@@ -191,7 +204,7 @@ class ModelRunner:
         x_NH = m.model.embed_tokens(ids_N)
         if self.image is not None and bool((ids_N == self.image[0]).any()):
             x_NH = m.model.image_projector.merge(x_NH[None], ids_N[None], self._patches([batch[i] for i in order]))[0]
-        cos_ND, sin_ND = (t[0] for t in m.model.rotary_emb(pos_N[None], x_NH.dtype))
+        cos_ND, sin_ND = self._rope(pos_N, x_NH.dtype)
         routed = []
         for layer_idx, layer in enumerate(m.model.layers):
             kv_PCHD = self.kv_LPCHD[self.pool_index[layer_idx]]
