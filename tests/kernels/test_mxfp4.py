@@ -1,7 +1,9 @@
 """MXFP4 torch reference: bit-exact checks against the OCP MX v1.0 rules.
 
 Expected bytes come from a scalar pure-Python encoder (``_ref_block``) built on
-``math.frexp``/``math.ldexp``, independent of the tensor code under test.
+``math.frexp``/``math.ldexp``, independent of the tensor code under test. On CPU,
+``quantize_mxfp4`` runs ``_quantize_mxfp4_cpu`` for every dtype but float64; the
+last section pins it to the torch reference bit for bit.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import math
 import pytest
 import torch
 
+from jointrl.kernels import mxfp4 as _m
 from jointrl.kernels.mxfp4 import (
     E2M1_VALUES,
     dequantize_mxfp4,
@@ -313,8 +316,6 @@ def test_requantizing_is_idempotent(rule):
 # ---------------------------------------------------------------------------------------
 # CPU fast path == the torch reference, bit for bit
 # ---------------------------------------------------------------------------------------
-
-from jointrl.kernels import mxfp4 as _m  # noqa: E402
 
 
 def _edge_blocks(rows: int, k: int, seed: int) -> torch.Tensor:
