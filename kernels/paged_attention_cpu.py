@@ -46,9 +46,10 @@ static inline T widen(K x) {
 
 // Scores of one kv head over a tile of nt tokens: s[j * ld + t] = scale * q_j . k_t for the g query
 // heads j of the group, four tokens per pass (four independent sums keep the FMA units busy).
-template <typename T, typename K>
-static void scores(const T* q, const K* kv, const int64_t* slots, int64_t nt, int64_t g, int64_t D,
+template <typename T, typename K, int64_t DC>
+static void scores(const T* q, const K* kv, const int64_t* slots, int64_t nt, int64_t g, int64_t D_,
                    int64_t slot_stride, T scale, T* s, int64_t ld) {
+  const int64_t D = DC > 0 ? DC : D_;  // a compile-time head_dim unrolls the d loops
   int64_t t = 0;
   for (; t + 4 <= nt; t += 4) {
     const K* __restrict k0 = kv + slots[t] * slot_stride;
@@ -82,9 +83,10 @@ static void scores(const T* q, const K* kv, const int64_t* slots, int64_t nt, in
 }
 
 // acc_j += sum_t p[j * ld + t] * v_t over a tile, four tokens per pass.
-template <typename T, typename K>
-static void weighted_values(const T* p, const K* kv, const int64_t* slots, int64_t nt, int64_t g, int64_t D,
+template <typename T, typename K, int64_t DC>
+static void weighted_values(const T* p, const K* kv, const int64_t* slots, int64_t nt, int64_t g, int64_t D_,
                             int64_t slot_stride, T* acc, int64_t ld) {
+  const int64_t D = DC > 0 ? DC : D_;  // a compile-time head_dim unrolls the d loops
   int64_t t = 0;
   for (; t + 4 <= nt; t += 4) {
     const K* __restrict v0 = kv + slots[t] * slot_stride;
@@ -114,9 +116,10 @@ static void weighted_values(const T* p, const K* kv, const int64_t* slots, int64
 // One sequence per task, all heads, keys in tiles of TILE tokens with an online softmax (running
 // max m and sum l per query head; acc rescaled when m grows), so each tile's key and value rows
 // (whole cache slots) are read once, together, while they sit in L1.
-template <typename T, typename K>
+template <typename T, typename K, int64_t DC>
 static void decode(const T* q, const K* kv, T* out, const int64_t* slots, const int64_t* ctx,
-                   int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t S, T scale) {
+                   int64_t B, int64_t Hq, int64_t Hkv, int64_t D_, int64_t S, T scale) {
+  const int64_t D = DC > 0 ? DC : D_;
   constexpr int64_t TILE = 16;
   const int64_t g = Hq / Hkv, slot_stride = 2 * Hkv * D, v_off = Hkv * D;
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
@@ -131,7 +134,7 @@ static void decode(const T* q, const K* kv, T* out, const int64_t* slots, const 
       for (int64_t t0 = 0; t0 < n; t0 += TILE) {
         const int64_t nt = std::min(TILE, n - t0);
         for (int64_t h = 0; h < Hkv; ++h)
-          scores<T, K>(qb + h * g * D, kv + h * D, sl + t0, nt, g, D, slot_stride, scale, s.data() + h * g * TILE, TILE);
+          scores<T, K, DC>(qb + h * g * D, kv + h * D, sl + t0, nt, g, D, slot_stride, scale, s.data() + h * g * TILE, TILE);
         for (int64_t i = 0; i < Hq; ++i) {
           T* __restrict si = s.data() + i * TILE;
           T mx = m[i];
@@ -152,7 +155,7 @@ static void decode(const T* q, const K* kv, T* out, const int64_t* slots, const 
           }
         }
         for (int64_t h = 0; h < Hkv; ++h)
-          weighted_values<T, K>(s.data() + h * g * TILE, kv + v_off + h * D, sl + t0, nt, g, D, slot_stride,
+          weighted_values<T, K, DC>(s.data() + h * g * TILE, kv + v_off + h * D, sl + t0, nt, g, D, slot_stride,
                              acc.data() + h * g * D, TILE);
       }
       T* ob = out + b * Hq * D;
@@ -172,9 +175,16 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv, torch::Tensor slot
   auto out = torch::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "paged_decode", [&] {
     auto run = [&](auto* kv_ptr) {
-      decode<scalar_t>(q.data_ptr<scalar_t>(), kv_ptr, out.data_ptr<scalar_t>(), slots.data_ptr<int64_t>(),
-                       ctx.data_ptr<int64_t>(), q.size(0), q.size(1), kv.size(2), q.size(2), slots.size(1),
-                       static_cast<scalar_t>(scale));
+      using K = std::remove_const_t<std::remove_pointer_t<decltype(kv_ptr)>>;
+      auto go = [&](auto dc) {
+        decode<scalar_t, K, decltype(dc)::value>(q.data_ptr<scalar_t>(), kv_ptr, out.data_ptr<scalar_t>(),
+                                                 slots.data_ptr<int64_t>(), ctx.data_ptr<int64_t>(), q.size(0),
+                                                 q.size(1), kv.size(2), q.size(2), slots.size(1),
+                                                 static_cast<scalar_t>(scale));
+      };
+      if (q.size(2) == 64) go(std::integral_constant<int64_t, 64>());
+      else if (q.size(2) == 128) go(std::integral_constant<int64_t, 128>());
+      else go(std::integral_constant<int64_t, 0>());
     };
     if (bf16_kv) run(reinterpret_cast<const uint16_t*>(kv.data_ptr()));
     else run(kv.data_ptr<scalar_t>());
