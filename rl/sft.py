@@ -73,7 +73,7 @@ def heldout_fit(learner, held: list[Trajectory]) -> dict[str, float]:
     per: dict[str, list[tuple[float, int, int]]] = {}
     for t, lp in zip(held, logps):
         mine = [lp[i] for i, m in enumerate(t.loss_mask) if m]  # lp[i]: log p(token i | tokens before it)
-        per.setdefault(t.domain, []).append((sum(mine), len(mine), sum(x > -0.6931471805599453 for x in mine)))
+        per.setdefault(t.domain, []).append((sum(mine), len(mine), sum(x > -math.log(2) for x in mine)))
     out = {}
     for dom, rows in sorted(per.items()):
         tokens = sum(n for _, n, _ in rows)
