@@ -58,28 +58,49 @@ def kda_recurrent(q_BTNK: torch.Tensor, k_BTNK: torch.Tensor, v_BTNV: torch.Tens
     return o_BTNV, S_BNKV
 
 
-# Largest per-chunk log-decay span |Γ_C| for which `_decayed_products` factorises exp(Γ_i − Γ_j):
-# the factors stay within exp(±span/2) and every product within exp(±span), far from overflow.
+# Largest log-decay span Γ_first − Γ_last of a block for which `_decayed_products` factorises
+# exp(Γ_i − Γ_j) around the block's middle: the factors stay within exp(±span/2) and every product
+# within exp(±span), far from overflow.
 _FACTORED_SPAN = {torch.float32: 80.0, torch.float64: 600.0}
+_DIRECT_BLOCK = 8  # blocks this small that still span too much take the direct form
 
 
 def _decayed_products(k: torch.Tensor, q: torch.Tensor, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(K, M) [.., C, C] with X[i, j] = Σ_d x_i[d] k_j[d] exp(Γ_i[d] − Γ_j[d]) for j ≤ i (x = k, q), 0 above.
 
-    Two exact forms. Factored (the fast one, two matmuls per chunk): exp(Γ_i − Γ_j) =
-    exp(Γ_i − Γ_C/2) · exp(Γ_C/2 − Γ_j), used when every chunk's span −Γ_C is small enough that
-    these factors cannot overflow (always, unless a chunk forgets more than e^−80 per channel in
-    float32). Otherwise the direct form, with only non-positive exponents, through a [.., C, C, K]
-    tensor (C times the memory, several times slower). The entries above the diagonal are dropped
-    by `tril`, not multiplied by 0, so a large value there never reaches a gradient.
+    Γ is non-increasing along C (a cumulative sum of log-decays ≤ 0). Exact in every case, through
+    three forms:
+    - factored (two matmuls): exp(Γ_i − Γ_j) = exp(Γ_i − m) · exp(m − Γ_j), m the middle of the
+      block's span, when no block spans more than `_FACTORED_SPAN` (so no factor can overflow);
+    - halved, when some block spans more (a trained forget gate does: the step cost grew ~10x on
+      the direct form over whole chunks before this existed). The lower-left quarter, rows i of the second half and
+      columns j of the first, is again two matmuls around R = Γ at the end of the first half, with
+      exp(Γ_i − R) ≤ 1 and exp(R − Γ_j) ≤ 1; the two diagonal quarters recurse, as one batch;
+    - direct, for blocks of ≤ `_DIRECT_BLOCK` tokens that still span too much: only non-positive
+      exponents, through a [.., C, C, K] tensor.
+    Entries above the diagonal are dropped (`tril`, or never computed), not multiplied by 0, so a
+    large value there never reaches a gradient.
     """
     C = G.shape[-2]
-    G_last = G[..., -1:, :]
-    if G.dtype in _FACTORED_SPAN and -G_last.min().item() <= _FACTORED_SPAN[G.dtype]:
-        mid = 0.5 * G_last
+    span = (G[..., :1, :] - G[..., -1:, :]).max().item() if G.numel() else 0.0
+    if G.dtype in _FACTORED_SPAN and span <= _FACTORED_SPAN[G.dtype]:
+        mid = 0.5 * (G[..., :1, :] + G[..., -1:, :])
         k_right = (k * (mid - G).exp()).transpose(-1, -2)[..., None, :, :]  # [.., 1, K, C]
         left = torch.stack((k, q), dim=-3) * (G - mid).exp()[..., None, :, :]  # [.., 2, C, K]
         return (left @ k_right).tril().unbind(-3)
+    if C > _DIRECT_BLOCK and C % 2 == 0:
+        h = C // 2
+        R = G[..., h - 1:h, :]
+        k_right = (k[..., :h, :] * (R - G[..., :h, :]).exp()).transpose(-1, -2)[..., None, :, :]
+        left = torch.stack((k[..., h:, :], q[..., h:, :]), dim=-3) * (G[..., h:, :] - R).exp()[..., None, :, :]
+        lower_k, lower_q = (left @ k_right).unbind(-3)                      # [.., h, h]
+        halves = [x.unflatten(-2, (2, h)) for x in (k, q, G)]               # [.., 2, h, K]
+        diag_k, diag_q = _decayed_products(*halves)                          # [.., 2, h, h]
+        zeros = diag_k.new_zeros(diag_k.shape[:-3] + (h, h))
+        def assemble(diag: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
+            top = torch.cat((diag[..., 0, :, :], zeros), dim=-1)
+            return torch.cat((top, torch.cat((lower, diag[..., 1, :, :]), dim=-1)), dim=-2)
+        return assemble(diag_k, lower_k), assemble(diag_q, lower_q)
     incl_CC1 = torch.ones(C, C, dtype=torch.bool, device=G.device).tril()[..., None]
     k_decay = k[..., None, :, :] * (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~incl_CC1, float("-inf")).exp()
     return (k[..., :, None, :] * k_decay).sum(-1), (q[..., :, None, :] * k_decay).sum(-1)

@@ -71,11 +71,13 @@ def test_chunked_equals_recurrent_fp64(T):
 
 
 
-@pytest.mark.parametrize("decay, chunk", [(0.7, 16), (30.0, 64)])
+@pytest.mark.parametrize("decay, chunk", [(0.7, 16), (30.0, 64), (200.0, 64)])
 def test_chunked_gradients_equal_recurrent_fp64(decay, chunk):
     """Training differentiates the chunked form: its gradients (every input, the initial state
-    included) equal the token-by-token recurrence's. decay 30 with chunk 64 forgets more than e^-600
-    inside a chunk, so the chunk's decayed products take the direct (non-factored) form."""
+    included) equal the token-by-token recurrence's. The decays cover each form of the decayed
+    products: decay 0.7 factored; 30 (a mean log-decay of 15 a token) spans more than 600 in a
+    64-token chunk but not in its 16-token quarters, so they are halved; 200 spans more than 600
+    even in 8 tokens, which takes the direct form."""
     q, k, v, g, beta, s0 = _inputs(2, 70, 3, 8, seed=7)
     g = g * (decay / 0.7)
     results = []
@@ -115,3 +117,30 @@ def test_safe_gate_lower_bound():
     assert (g >= -5.0).all() and (g < 0).all() and g.min() < -4.0  # sigmoid may round to 1: g = lb
     with pytest.raises(ValueError, match="linear_lower_bound"):
         MoEConfig(linear_lower_bound=1.0)
+
+
+def test_strong_forgetting_keeps_the_chunk_cost():
+    """A trained forget gate can forget more than e^-80 per channel inside a float32 chunk. The
+    chunked form then halves its blocks instead of computing exp over a [.., C, C, K] tensor: the
+    largest tensor it exponentiates is at most 8x the weak-decay case's [.., C, K] (it was C = 64x,
+    and a training step took ~10x longer)."""
+    from jointrl.model import kda as kda_mod
+
+    sizes = []
+    real = torch.Tensor.exp
+    for decay in (0.7, 20.0, 200.0):
+        q, k, v, g, beta, s0 = _inputs(1, 128, 2, 8, seed=3, dtype=torch.float32)
+        g = g * (decay / 0.7)
+        biggest = [0]
+        def exp(x, _real=real, _b=biggest):
+            _b[0] = max(_b[0], x.numel())
+            return _real(x)
+        torch.Tensor.exp = exp
+        try:
+            o, s = kda_mod.kda_chunked(q, k, v, g, beta, s0, chunk=64)
+        finally:
+            torch.Tensor.exp = real
+        o_rec, s_rec = kda_recurrent(q, k, v, g, beta, s0)
+        assert (o - o_rec).abs().max() < 1e-4 * max(1.0, o_rec.abs().max().item())
+        sizes.append(biggest[0])
+    assert max(sizes[1:]) <= 8 * sizes[0], sizes
