@@ -5,7 +5,10 @@ a minute the first time, cached in ``~/.cache/torch_extensions``) and returns th
 None without a toolchain -- callers then fall back to their torch reference. ``PRELUDE`` is the
 common head of every source: headers and, on x86-64 glibc, the declarations of libmvec's
 vector ``exp`` variants (<= 4 ulp), so that ``omp simd`` loops calling ``exp_`` run 8 (float) /
-4 (double) lanes at a time instead of one libm call per element. The flags let the compiler
+4 (double) lanes at a time instead of one libm call per element; and, where the machine has AVX2 and
+FMA (``JOINTRL_SIMD``), ``Vec<T>``: load / fma / store of 8 floats or 4 doubles, and ``sums``, the
+lane sums of a full vector's count of accumulators as one vector -- so a kernel can keep one
+accumulator per dot product and reduce them together (each sum in the same order whatever its slot). The flags let the compiler
 reorder sums (vectorized reductions), never fast-math's finite-only rules.
 """
 
@@ -37,6 +40,49 @@ static inline T exp_(T x) {
   if constexpr (std::is_same_v<T, float>) return expf(x);
   else return exp(x);
 }
+
+// AVX2 + FMA: 256-bit vectors of T for the kernels' hand-laid loops (a kernel keeps a plain loop for
+// other machines and shapes).
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define JOINTRL_SIMD 1
+template <typename T>
+struct Vec;
+template <>
+struct Vec<float> {
+  using V = __m256;
+  static constexpr int L = 8;
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V load(const uint16_t* p) {  // 8 bfloat16 widened exactly: zero-extend, shift into the top half
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+  }
+  static V set1(float x) { return _mm256_set1_ps(x); }
+  static V zero() { return _mm256_setzero_ps(); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static void store(float* p, V x) { _mm256_storeu_ps(p, x); }
+  static V sums(const V* a) {  // [lane sum of a[0], ..., lane sum of a[7]]
+    const V u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const V u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+  }
+};
+template <>
+struct Vec<double> {
+  using V = __m256d;
+  static constexpr int L = 4;
+  static V load(const double* p) { return _mm256_loadu_pd(p); }
+  static V set1(double x) { return _mm256_set1_pd(x); }
+  static V zero() { return _mm256_setzero_pd(); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
+  static V mul(V a, V b) { return _mm256_mul_pd(a, b); }
+  static void store(double* p, V x) { _mm256_storeu_pd(p, x); }
+  static V sums(const V* a) {  // [lane sum of a[0], ..., lane sum of a[3]]
+    const V t0 = _mm256_hadd_pd(a[0], a[1]), t1 = _mm256_hadd_pd(a[2], a[3]);
+    return _mm256_add_pd(_mm256_permute2f128_pd(t0, t1, 0x20), _mm256_permute2f128_pd(t0, t1, 0x31));
+  }
+};
+#endif
 """
 
 _LIBMVEC = platform.machine() == "x86_64" and platform.libc_ver()[0] == "glibc"

@@ -16,10 +16,17 @@ attention itself; this loop reads each key once, where it lies. It is compiled o
 reference. Scores and softmax run in the input dtype (float32, or float64 for float64); the dot
 products may be summed in any order (vectorized), never with fast-math's finite-only rules.
 Per sequence, all heads at once, keys in tiles of 16 tokens with an online softmax (running max
-and sum; the accumulator rescaled when the max grows): a tile's key and value rows are read once,
-together, while they sit in L1 -- the cache is streamed, which is what bounds this kernel (it reads
-every cached byte once per step). Scores four keys per pass; exp vectorized (glibc's libmvec on
-x86-64, <= 4 ulp). Parallel over sequences with torch's intra-op threads.
+and sum; the accumulator rescaled as each tile is added): a tile's key and value rows are read once,
+together, while they sit in L1 -- the cache is streamed (every cached byte once per step). With AVX2
++ FMA (``JOINTRL_SIMD``) and head_dim a multiple of the vector width: scores for NK keys x NJ query
+heads of one kv head per pass (NK · NJ = 8 floats / 4 doubles; all the GQA group's heads share each
+loaded key vector), one vector accumulator per dot product, their lanes summed together at the end
+instead of a horizontal sum per key; the weighted values with each head's accumulator in registers
+across the tile; the next tile's rows prefetched during the scores, so that memory and arithmetic
+overlap. At bench_moe batch 32 (64 MB of cache per step, one thread): ~1.5x less CPU than the
+compiler-vectorized loop it replaced (kept for other machines and head_dims: a horizontal sum per
+dot product, four keys per pass). exp vectorized (glibc's libmvec on x86-64, <= 4 ulp). Parallel
+over sequences with torch's intra-op threads.
 
 Shapes: B sequences, Hq/Hkv heads, D head_dim, P cache slots, S the longest context.
 """
@@ -36,6 +43,9 @@ from jointrl.kernels.cpu_extension import load_cpu_extension
 __all__ = ["paged_decode", "paged_decode_torch", "load_kernel"]
 
 _SOURCE = r"""
+constexpr int64_t TILE = 16;      // keys per online-softmax step
+constexpr int64_t LD = TILE + 8;  // a row of scores: a tile, plus room for a pass of keys to run past it
+
 // A cached element as the compute type T: the same type, or bfloat16 bits (uint16_t) widened
 // exactly (the top half of a float32), which vectorizes as a zero-extend and a shift.
 template <typename T, typename K>
@@ -44,18 +54,91 @@ static inline T widen(K x) {
   else return x;
 }
 
-// Scores of one kv head over a tile of nt tokens: s[j * ld + t] = scale * q_j . k_t for the g query
-// heads j of the group, four tokens per pass (four independent sums keep the FMA units busy).
+#ifdef JOINTRL_SIMD
+// s[j * LD + t] = scale · q_j · k_t for the tile's nt keys (rows kr[t]) and the g query heads q_j of one
+// kv head. NK keys x NJ heads per pass (NK · NJ = the vector width, NJ divides g): one vector
+// accumulator per (key, head) over head_dim, so each loaded key vector serves the NJ heads, and the
+// lanes of all NK · NJ accumulators are summed together at the end (no horizontal sum per dot
+// product). A pass past nt repeats the last key; its scores land in the row's padding, never read.
+// While a pass runs, the next tile's cache rows pf[t] (t < pf_n) are prefetched: the cache is
+// streamed from memory, and without it the loads stall the arithmetic instead of overlapping it.
+template <typename T, typename K, int NK, int64_t DC>
+static void scores_simd(const T* q, const K* const* kr, int64_t nt, int64_t g, int64_t D_, T scale, T* s,
+                        const char* const* pf, int64_t pf_n, int64_t pf_bytes) {
+  using W = Vec<T>;
+  using V = typename W::V;
+  constexpr int NJ = W::L / NK;
+  const int64_t D = DC > 0 ? DC : D_;
+  for (int64_t t = 0; t < nt; t += NK) {
+    const K* k[NK];
+    for (int kk = 0; kk < NK; ++kk) k[kk] = kr[std::min<int64_t>(t + kk, nt - 1)];
+    for (int64_t u = t; u < std::min<int64_t>(t + NK, pf_n); ++u)
+      for (int64_t off = 0; off < pf_bytes; off += 64) __builtin_prefetch(pf[u] + off, 0, 2);
+    for (int64_t j0 = 0; j0 < g; j0 += NJ) {
+      V acc[NJ * NK];
+      for (auto& a : acc) a = W::zero();
+      for (int64_t d = 0; d < D; d += W::L) {
+        V kv[NK];
+        for (int kk = 0; kk < NK; ++kk) kv[kk] = W::load(k[kk] + d);
+        for (int jj = 0; jj < NJ; ++jj) {
+          const V qv = W::load(q + (j0 + jj) * D + d);
+          for (int kk = 0; kk < NK; ++kk) acc[jj * NK + kk] = W::fma(qv, kv[kk], acc[jj * NK + kk]);
+        }
+      }
+      alignas(32) T r[W::L];
+      W::store(r, W::mul(W::sums(acc), W::set1(scale)));
+      for (int jj = 0; jj < NJ; ++jj)
+        for (int kk = 0; kk < NK; ++kk) s[(j0 + jj) * LD + t + kk] = r[jj * NK + kk];
+    }
+  }
+}
+
+// acc[0, NV·L) = alpha · acc + Σ_t p[t] · v_t[off, off + NV·L) over the tile's nt value rows vr[t],
+// the accumulator held in registers across the tile.
+template <typename T, typename K, int NV>
+static inline void values_simd(const T* p, const K* const* vr, int64_t off, int64_t nt, T alpha, T* acc) {
+  using W = Vec<T>;
+  using V = typename W::V;
+  V a[NV];
+  const V al = W::set1(alpha);
+  for (int i = 0; i < NV; ++i) a[i] = W::mul(W::load(acc + i * W::L), al);
+  for (int64_t t = 0; t < nt; ++t) {
+    const V pt = W::set1(p[t]);
+    const K* v = vr[t] + off;
+    for (int i = 0; i < NV; ++i) a[i] = W::fma(pt, W::load(v + i * W::L), a[i]);
+  }
+  for (int i = 0; i < NV; ++i) W::store(acc + i * W::L, a[i]);
+}
+
+template <typename T, typename K>
+static void values_row(const T* p, const K* const* vr, int64_t nt, int64_t D, T alpha, T* acc) {
+  constexpr int64_t L = Vec<T>::L;
+  int64_t d = 0;
+  for (; d + 8 * L <= D; d += 8 * L) values_simd<T, K, 8>(p, vr, d, nt, alpha, acc + d);
+  switch ((D - d) / L) {
+    case 7: values_simd<T, K, 7>(p, vr, d, nt, alpha, acc + d); break;
+    case 6: values_simd<T, K, 6>(p, vr, d, nt, alpha, acc + d); break;
+    case 5: values_simd<T, K, 5>(p, vr, d, nt, alpha, acc + d); break;
+    case 4: values_simd<T, K, 4>(p, vr, d, nt, alpha, acc + d); break;
+    case 3: values_simd<T, K, 3>(p, vr, d, nt, alpha, acc + d); break;
+    case 2: values_simd<T, K, 2>(p, vr, d, nt, alpha, acc + d); break;
+    case 1: values_simd<T, K, 1>(p, vr, d, nt, alpha, acc + d); break;
+    default: break;
+  }
+}
+#endif
+
+// Without AVX2 + FMA, or a head_dim that is not a multiple of the vector width: the compiler's
+// vectorization of each dot product (a horizontal sum per key and head), four keys per pass.
 template <typename T, typename K, int64_t DC>
-static void scores(const T* q, const K* kv, const int64_t* slots, int64_t nt, int64_t g, int64_t D_,
-                   int64_t slot_stride, T scale, T* s, int64_t ld) {
-  const int64_t D = DC > 0 ? DC : D_;  // a compile-time head_dim unrolls the d loops
+static void scores(const T* q, const K* const* kr, int64_t nt, int64_t g, int64_t D_, T scale, T* s) {
+  const int64_t D = DC > 0 ? DC : D_;
   int64_t t = 0;
   for (; t + 4 <= nt; t += 4) {
-    const K* __restrict k0 = kv + slots[t] * slot_stride;
-    const K* __restrict k1 = kv + slots[t + 1] * slot_stride;
-    const K* __restrict k2 = kv + slots[t + 2] * slot_stride;
-    const K* __restrict k3 = kv + slots[t + 3] * slot_stride;
+    const K* __restrict k0 = kr[t];
+    const K* __restrict k1 = kr[t + 1];
+    const K* __restrict k2 = kr[t + 2];
+    const K* __restrict k3 = kr[t + 3];
     for (int64_t j = 0; j < g; ++j) {
       const T* __restrict qj = q + j * D;
       T s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -66,64 +149,52 @@ static void scores(const T* q, const K* kv, const int64_t* slots, int64_t nt, in
         s2 += qj[d] * widen<T>(k2[d]);
         s3 += qj[d] * widen<T>(k3[d]);
       }
-      T* sj = s + j * ld + t;
+      T* sj = s + j * LD + t;
       sj[0] = s0 * scale, sj[1] = s1 * scale, sj[2] = s2 * scale, sj[3] = s3 * scale;
     }
   }
   for (; t < nt; ++t) {
-    const K* __restrict k = kv + slots[t] * slot_stride;
+    const K* __restrict k = kr[t];
     for (int64_t j = 0; j < g; ++j) {
       const T* __restrict qj = q + j * D;
       T s0 = 0;
 #pragma omp simd reduction(+ : s0)
       for (int64_t d = 0; d < D; ++d) s0 += qj[d] * widen<T>(k[d]);
-      s[j * ld + t] = s0 * scale;
+      s[j * LD + t] = s0 * scale;
     }
   }
 }
 
-// acc_j += sum_t p[j * ld + t] * v_t over a tile, four tokens per pass.
-template <typename T, typename K, int64_t DC>
-static void weighted_values(const T* p, const K* kv, const int64_t* slots, int64_t nt, int64_t g, int64_t D_,
-                            int64_t slot_stride, T* acc, int64_t ld) {
-  const int64_t D = DC > 0 ? DC : D_;  // a compile-time head_dim unrolls the d loops
-  int64_t t = 0;
-  for (; t + 4 <= nt; t += 4) {
-    const K* __restrict v0 = kv + slots[t] * slot_stride;
-    const K* __restrict v1 = kv + slots[t + 1] * slot_stride;
-    const K* __restrict v2 = kv + slots[t + 2] * slot_stride;
-    const K* __restrict v3 = kv + slots[t + 3] * slot_stride;
-    for (int64_t j = 0; j < g; ++j) {
-      const T* pj = p + j * ld + t;
-      const T p0 = pj[0], p1 = pj[1], p2 = pj[2], p3 = pj[3];
-      T* __restrict a = acc + j * D;
+template <typename T, typename K>
+static void values(const T* p, const K* const* vr, int64_t nt, int64_t D, T alpha, T* __restrict acc) {
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d)
-        a[d] += p0 * widen<T>(v0[d]) + p1 * widen<T>(v1[d]) + p2 * widen<T>(v2[d]) + p3 * widen<T>(v3[d]);
-    }
-  }
-  for (; t < nt; ++t) {
-    const K* __restrict v = kv + slots[t] * slot_stride;
-    for (int64_t j = 0; j < g; ++j) {
-      const T pj = p[j * ld + t];
-      T* __restrict a = acc + j * D;
+  for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+  for (int64_t t = 0; t < nt; ++t) {
+    const K* __restrict v = vr[t];
+    const T pt = p[t];
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) a[d] += pj * widen<T>(v[d]);
-    }
+    for (int64_t d = 0; d < D; ++d) acc[d] += pt * widen<T>(v[d]);
   }
 }
 
 // One sequence per task, all heads, keys in tiles of TILE tokens with an online softmax (running
-// max m and sum l per query head; acc rescaled when m grows), so each tile's key and value rows
-// (whole cache slots) are read once, together, while they sit in L1.
+// max m and sum l per query head; acc rescaled by alpha = exp(m_old - m_new) as the tile is added):
+// per kv head, the tile's scores for all its query heads, then their softmax, then the weighted values.
 template <typename T, typename K, int64_t DC>
 static void decode(const T* q, const K* kv, T* out, const int64_t* slots, const int64_t* ctx,
                    int64_t B, int64_t Hq, int64_t Hkv, int64_t D_, int64_t S, T scale) {
   const int64_t D = DC > 0 ? DC : D_;
-  constexpr int64_t TILE = 16;
   const int64_t g = Hq / Hkv, slot_stride = 2 * Hkv * D, v_off = Hkv * D;
+#ifdef JOINTRL_SIMD
+  constexpr bool simd_types = std::is_same_v<T, K> || (std::is_same_v<T, float> && std::is_same_v<K, uint16_t>);
+  constexpr int64_t VL = simd_types ? Vec<T>::L : 1;
+  const bool simd = simd_types && D % VL == 0;
+  const int64_t nj = std::min<int64_t>(g & -g, VL);  // heads per pass: the largest power of 2 dividing g
+#endif
   at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> s(Hq * TILE), acc(Hq * D), m(Hq), l(Hq);
+    std::vector<T> s(Hq * LD), acc(Hq * D), m(Hq), l(Hq), alpha(Hq);
+    std::vector<const K*> kr(TILE), vr(TILE);
+    std::vector<const char*> pf(TILE);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t n = ctx[b];
       const int64_t* sl = slots + b * S;
@@ -133,30 +204,56 @@ static void decode(const T* q, const K* kv, T* out, const int64_t* slots, const 
       std::fill(l.begin(), l.end(), T(0));
       for (int64_t t0 = 0; t0 < n; t0 += TILE) {
         const int64_t nt = std::min(TILE, n - t0);
-        for (int64_t h = 0; h < Hkv; ++h)
-          scores<T, K, DC>(qb + h * g * D, kv + h * D, sl + t0, nt, g, D, slot_stride, scale, s.data() + h * g * TILE, TILE);
+        // the tile after this one: this sequence's next, or the next sequence's first
+        const int64_t* nsl = t0 + TILE < n ? sl + t0 + TILE : (b + 1 < end ? sl + S : nullptr);
+        const int64_t pf_n = t0 + TILE < n ? std::min(TILE, n - t0 - TILE) : (b + 1 < end ? std::min(TILE, ctx[b + 1]) : 0);
+        for (int64_t t = 0; t < pf_n; ++t) pf[t] = reinterpret_cast<const char*>(kv + nsl[t] * slot_stride);
+        for (int64_t h = 0; h < Hkv; ++h) {
+          for (int64_t t = 0; t < nt; ++t) kr[t] = kv + sl[t0 + t] * slot_stride + h * D;
+          const T* qh = qb + h * g * D;
+          T* sh = s.data() + h * g * LD;
+#ifdef JOINTRL_SIMD
+          if constexpr (simd_types) {
+            if (simd) {
+              const int64_t np = h == 0 ? pf_n : 0, nb = slot_stride * sizeof(K);
+              if (nj == VL) scores_simd<T, K, 1, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, nb);
+              else if (nj * 2 == VL) scores_simd<T, K, 2, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, nb);
+              else if (nj * 4 == VL) scores_simd<T, K, 4, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, nb);
+              else if constexpr (VL == 8) scores_simd<T, K, 8, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, nb);
+              continue;
+            }
+          }
+#endif
+          scores<T, K, DC>(qh, kr.data(), nt, g, D, scale, sh);
+        }
         for (int64_t i = 0; i < Hq; ++i) {
-          T* __restrict si = s.data() + i * TILE;
+          T* __restrict si = s.data() + i * LD;
           T mx = m[i];
           for (int64_t t = 0; t < nt; ++t) mx = std::max(mx, si[t]);
-          const T alpha = exp_(m[i] - mx);  // exp(-inf) = 0 on the first tile
+          alpha[i] = exp_(m[i] - mx);  // exp(-inf) = 0 on the first tile
           T sum = 0;
 #pragma omp simd reduction(+ : sum)
           for (int64_t t = 0; t < nt; ++t) {
             si[t] = exp_(si[t] - mx);
             sum += si[t];
           }
-          l[i] = l[i] * alpha + sum;
+          l[i] = l[i] * alpha[i] + sum;
           m[i] = mx;
-          if (alpha != T(1)) {
-            T* __restrict a = acc.data() + i * D;
-#pragma omp simd
-            for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
+        }
+        for (int64_t h = 0; h < Hkv; ++h) {
+          for (int64_t t = 0; t < nt; ++t) vr[t] = kv + sl[t0 + t] * slot_stride + v_off + h * D;
+          for (int64_t i = h * g; i < (h + 1) * g; ++i) {
+#ifdef JOINTRL_SIMD
+            if constexpr (simd_types) {
+              if (simd) {
+                values_row<T, K>(s.data() + i * LD, vr.data(), nt, D, alpha[i], acc.data() + i * D);
+                continue;
+              }
+            }
+#endif
+            values<T, K>(s.data() + i * LD, vr.data(), nt, D, alpha[i], acc.data() + i * D);
           }
         }
-        for (int64_t h = 0; h < Hkv; ++h)
-          weighted_values<T, K, DC>(s.data() + h * g * TILE, kv + v_off + h * D, sl + t0, nt, g, D, slot_stride,
-                             acc.data() + h * g * D, TILE);
       }
       T* ob = out + b * Hq * D;
       for (int64_t i = 0; i < Hq; ++i)

@@ -26,7 +26,8 @@ def experts(E: int, H: int, I: int, dtype: torch.dtype, seed: int = 0) -> Expert
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
-@pytest.mark.parametrize("N,k,E,H,I", [(1, 2, 16, 64, 32), (7, 1, 5, 60, 30), (33, 3, 8, 20, 9), (4, 2, 16, 8, 4)])
+@pytest.mark.parametrize("N,k,E,H,I", [(1, 2, 16, 64, 32), (7, 1, 5, 60, 30), (33, 3, 8, 20, 9), (4, 2, 16, 8, 4),
+                                     (50, 2, 3, 64, 36)])
 def test_kernel_equals_the_per_expert_loop(dtype, tol, N, k, E, H, I):
     ex = experts(E, H, I, dtype)
     g = torch.Generator().manual_seed(1)
@@ -38,6 +39,21 @@ def test_kernel_equals_the_per_expert_loop(dtype, tol, N, k, E, H, I):
         ref = ex(x_NH.requires_grad_(), ids_Nk, w_Nk)
     assert ref.grad_fn is not None
     assert (out - ref.detach()).abs().max() < tol * ref.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_tokens_output_does_not_depend_on_the_tokens_beside_it(dtype):
+    """Bit for bit (rollout.batch_invariant relies on it): alone, or sharing its experts with 1-40 others."""
+    ex = experts(4, 64, 32, dtype)
+    g = torch.Generator().manual_seed(2)
+    x_NH = torch.randn(41, 64, generator=g, dtype=dtype)
+    ids_Nk = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(41)])
+    w_Nk = torch.rand(41, 2, generator=g, dtype=dtype)
+    alone = moe_cpu.moe_experts(x_NH[:1], ids_Nk[:1], w_Nk[:1], ex.gate_up_proj, ex.down_proj)
+    for n in (2, 3, 5, 41):
+        crowd = moe_cpu.moe_experts(x_NH[:n].flip(0), ids_Nk[:n].flip(0), w_Nk[:n].flip(0), ex.gate_up_proj,
+                                    ex.down_proj)
+        assert torch.equal(crowd[-1], alone[0])
 
 
 def test_experts_takes_the_kernel_for_inference_with_few_rows_per_expert(monkeypatch):

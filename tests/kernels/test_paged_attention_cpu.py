@@ -1,6 +1,8 @@
 """The CPU paged decode-attention kernel against its torch reference and against plain SDPA on
 contiguous keys: awkward shapes (a 1-token context, contexts not a multiple of the block size,
-shuffled blocks, GQA groups of 1 and 4), float64 and float32."""
+shuffled blocks, GQA groups of 1 to 8), float64 and float32. The head shapes reach every pass shape
+of the AVX2 path (1, 2, 4 or 8 keys per pass by the group size; head_dim 64 and 128 compiled as
+constants, 24 and 32 not, 60 and 8 off the float vector width: the fallback loops)."""
 
 import pytest
 import torch
@@ -10,7 +12,8 @@ from jointrl.kernels.paged_attention_cpu import paged_decode, paged_decode_torch
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
-@pytest.mark.parametrize("Hq,Hkv,D", [(4, 2, 16), (4, 4, 8), (8, 2, 60)])
+@pytest.mark.parametrize("Hq,Hkv,D", [(4, 2, 16), (4, 4, 8), (8, 2, 60), (8, 1, 64), (6, 2, 32), (12, 2, 24),
+                                      (16, 2, 128)])
 def test_paged_decode_equals_sdpa_on_gathered_keys(dtype, tol, Hq, Hkv, D):
     g = torch.Generator().manual_seed(0)
     bs, num_blocks = 4, 40
