@@ -92,6 +92,17 @@ def topk_mask(scores_BcS: torch.Tensor, visible_BcS: torch.Tensor, k: int) -> to
     return (above | (tied & (from_the_end <= need_Bc1))) & visible_BcS
 
 
+def selected_keys(allowed_BcS: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indices [B, c, k'] of the allowed keys, valid [B, c, k']) with k' = min(k, S): a row of
+    ``topk_mask`` holds at most k allowed keys; where it holds fewer, the rest are padding (valid
+    False, index of some disallowed key)."""
+    S = allowed_BcS.shape[-1]
+    k = min(k, S)
+    rank = allowed_BcS * torch.arange(1, S + 1, dtype=torch.float32, device=allowed_BcS.device)
+    idx_Bck = torch.topk(rank, k, dim=-1, sorted=False).indices
+    return idx_Bck, allowed_BcS.gather(-1, idx_Bck)
+
+
 class GatedDSAAttention(Attention):
     """`full` attention restricted to the indexer's top-k keys per query, with a sigmoid output gate."""
 
@@ -112,26 +123,65 @@ class GatedDSAAttention(Attention):
             ik_BSD = ik_BTD if batch.cache is None else batch.cache.update_index(self.layer_idx, ik_BTD)
             iq_BTnD, iw_BTn = self.indexer.queries(x_idx, batch.index_rope)
         outs, kl_sum = [], x_BTH.new_zeros((), dtype=compute_dtype(x_BTH.dtype))
-        for a in range(0, T, self.query_chunk):
+        # split, not x[..., a:b] per chunk: a slice's backward zero-fills the whole tensor's gradient
+        chunks = zip(q_BHTD.split(self.query_chunk, dim=2), iq_BTnD.split(self.query_chunk, dim=1),
+                     iw_BTn.split(self.query_chunk, dim=1), strict=True)
+        for a, (q_c, iq_c, iw_c) in zip(range(0, T, self.query_chunk), chunks, strict=True):
             b = min(a + self.query_chunk, T)
-            visible_BcS = batch.mask((a, b))[:, 0].expand(B, b - a, -1)
+            # keys after the chunk's last query are never visible: score and mask only the first Sc
+            # (half the indexer's work over a prefill); indices into them are indices into all S
+            Sc = ik_BSD.shape[1] - T + b
+            visible_BcS = batch.mask((a, b))[:, 0, :, :Sc].expand(B, b - a, -1)
             with torch.set_grad_enabled(want_loss and torch.is_grad_enabled()):
-                scores_BcS = self.indexer.scores(iq_BTnD[:, a:b], iw_BTn[:, a:b], ik_BSD)
-            allowed_BcS = topk_mask(scores_BcS.detach(), visible_BcS, self.topk) if self.sparse else visible_BcS
-            q_c = q_BHTD[:, :, a:b]
+                scores_BcS = self.indexer.scores(iq_c, iw_c, ik_BSD[:, :Sc])
+            real_Bc = None if batch.token_mask_BT is None else batch.token_mask_BT[:, a:b]
+            if self.sparse:  # attend over the k gathered keys, not over a mask of all S
+                idx_Bck, valid_Bck = selected_keys(topk_mask(scores_BcS.detach(), visible_BcS, self.topk), self.topk)
+                probs_BHck = self._sparse_probs(q_c, k_BHSD, idx_Bck, valid_Bck)
+                outs.append(self._sparse_values(probs_BHck.to(v_BHSD.dtype), v_BHSD, idx_Bck))
+                if want_loss:
+                    kl_sum = kl_sum + indexer_kl(probs_BHck.detach().mean(1), scores_BcS.gather(-1, idx_Bck),
+                                                 valid_Bck, real_Bc)
+                continue
             if not want_loss:
                 outs.append(F.scaled_dot_product_attention(
-                    q_c, k_BHSD, v_BHSD, attn_mask=allowed_BcS[:, None], scale=self.head_dim ** -0.5,
-                    enable_gqa=self.num_heads != self.num_kv_heads))
+                    q_c, k_BHSD[:, :, :Sc], v_BHSD[:, :, :Sc], attn_mask=visible_BcS[:, None],
+                    scale=self.head_dim ** -0.5, enable_gqa=self.num_heads != self.num_kv_heads))
                 continue
-            probs_BHcS = self._probs(q_c, k_BHSD, allowed_BcS)
-            outs.append(self._weighted_values(probs_BHcS.to(v_BHSD.dtype), v_BHSD))
-            real_Bc = None if batch.token_mask_BT is None else batch.token_mask_BT[:, a:b]
-            kl_sum = kl_sum + indexer_kl(probs_BHcS.detach().mean(1), scores_BcS, allowed_BcS, real_Bc)
+            probs_BHcS = self._probs(q_c, k_BHSD[:, :, :Sc], visible_BcS)
+            outs.append(self._weighted_values(probs_BHcS.to(v_BHSD.dtype), v_BHSD[:, :, :Sc]))
+            kl_sum = kl_sum + indexer_kl(probs_BHcS.detach().mean(1), scores_BcS, visible_BcS, real_Bc)
         if want_loss:
             n_real = torch.tensor(float(B * T)) if batch.token_mask_BT is None else batch.token_mask_BT.sum()
             batch.indexer_losses.append((kl_sum, n_real.to(kl_sum.dtype)))
         return self.output(x_BTH, torch.cat(outs, dim=2))
+
+    def _gather(self, x_BHSD: torch.Tensor, idx_Bck: torch.Tensor) -> torch.Tensor:
+        """x at each query's selected keys: [B, Hkv, c, k, D] (whole rows of [B·S, Hkv·D]: an
+        index_select, several times faster than a gather over the expanded index)."""
+        B, Hkv, S, D = x_BHSD.shape
+        _, c, k = idx_Bck.shape
+        rows = (idx_Bck + torch.arange(B, device=idx_Bck.device)[:, None, None] * S).reshape(-1)
+        picked = x_BHSD.transpose(1, 2).reshape(B * S, Hkv * D).index_select(0, rows)
+        return picked.view(B, c, k, Hkv, D).permute(0, 3, 1, 2, 4)
+
+    def _sparse_probs(self, q_BHcD: torch.Tensor, k_BHSD: torch.Tensor, idx_Bck: torch.Tensor,
+                      valid_Bck: torch.Tensor) -> torch.Tensor:
+        """softmax over each query's selected keys, [B, Hq, c, k] in the compute dtype; all 0 where a
+        query has no key (as a fully masked SDPA row gives 0), with finite gradients."""
+        B, Hq, c, D = q_BHcD.shape
+        G = Hq // self.num_kv_heads
+        q_BKGcD = (q_BHcD * D ** -0.5).view(B, self.num_kv_heads, G, c, D)
+        logits = torch.einsum("bkgcd,bkcjd->bkgcj", q_BKGcD, self._gather(k_BHSD, idx_Bck)).reshape(B, Hq, c, -1)
+        logits = logits.to(compute_dtype(q_BHcD.dtype))
+        logits = logits.masked_fill(~valid_Bck[:, None], torch.finfo(logits.dtype).min)
+        return torch.softmax(logits, dim=-1) * valid_Bck[:, None]
+
+    def _sparse_values(self, probs_BHck: torch.Tensor, v_BHSD: torch.Tensor, idx_Bck: torch.Tensor) -> torch.Tensor:
+        B, Hq, c, k = probs_BHck.shape
+        G = Hq // self.num_kv_heads
+        p_BKGck = probs_BHck.view(B, self.num_kv_heads, G, c, k)
+        return torch.einsum("bkgcj,bkcjd->bkgcd", p_BKGck, self._gather(v_BHSD, idx_Bck)).reshape(B, Hq, c, -1)
 
     def _probs(self, q_BHcD: torch.Tensor, k_BHSD: torch.Tensor, allowed_BcS: torch.Tensor) -> torch.Tensor:
         """softmax over allowed keys of q·k/√D, [B, Hq, c, S] in the compute dtype (GQA by grouping)."""
