@@ -58,63 +58,73 @@ class Experts(nn.Module):
             return moe_cpu.moe_experts(x_NH, ids_Nk, weights_Nk, self.gate_up_proj, self.down_proj)
         ids_A = ids_Nk.reshape(-1)  # A = N·k assignments
         order_A = torch.argsort(ids_A, stable=True)
-        token_A = order_A // k
         counts = torch.bincount(ids_A, minlength=E).tolist()
-        x_AH = x_NH[token_A]
-        y_AH = GroupedSwiGLU.apply(x_AH, self.gate_up_proj, self.down_proj, counts)
-        y_AH = y_AH * weights_Nk.reshape(-1)[order_A, None]
-        return torch.zeros_like(x_NH).index_add_(0, token_A, y_AH)
+        return RoutedSwiGLU.apply(x_NH, weights_Nk, self.gate_up_proj, self.down_proj, order_A, order_A // k, counts)
 
 
-class GroupedSwiGLU(torch.autograd.Function):
-    """y_a = down_e(silu(gate_e x_a) ⊙ up_e x_a) for rows x_AH sorted by expert, ``counts[e]`` rows
-    of expert e, gate_up [E, 2I, H] (gate rows first), down [E, H, I] → y_AH.
+class RoutedSwiGLU(torch.autograd.Function):
+    """out_n = Σ_j w[n, j] · y_{ids[n, j]}(x_n), y_e(x) = down_e(silu(gate_e x) ⊙ up_e x), as one
+    autograd node: x_NH [N, H], weights_Nk [N, k], gate_up [E, 2I, H] (gate rows first), down
+    [E, H, I]; assignment a = order_A[i] is (token a // k, slot a % k), ``token_A`` = order_A // k,
+    sorted by expert, ``counts[e]`` of them for expert e → out_NH.
 
-    Each expert's matmuls write into row slices of whole-[A, ·] outputs, and the backward writes
+    Each expert's matmuls write into row slices of whole-[A, ·] buffers, and the backward writes
     each expert's weight gradients straight into one [E, ...] gradient (experts without rows get
     zeros). Autograd over per-expert slices, `proj[e]` / `unbind`, `chunk` and `cat` instead
-    zero-filled, stacked or concatenated [A, H] and [E, ...] buffers per expert and layer
-    (~30 % of a profiled bench_moe learner step before it). tests/model/test_grouped_swiglu.py
-    checks values and gradients against plain autograd in float64.
+    zero-filled, stacked or concatenated [A, H] and [E, ...] buffers per expert and layer (~30 % of
+    a profiled bench_moe learner step before it). The token gather, the routing weights and the
+    scatter back are in the same node, so the backward's weight terms run on [A, I] rather than
+    [A, H] (dw_a = <dout_a @ down_e, act_a>, dact_a = w_a · dout_a @ down_e) and SwiGLU's backward
+    is ``silu_backward``. tests/model/test_grouped_swiglu.py checks values and gradients against
+    plain autograd in float64.
     """
 
     @staticmethod
-    def forward(ctx, x_AH, gate_up_EOH, down_EHI, counts):
-        A, I = x_AH.shape[0], down_EHI.shape[2]
+    def forward(ctx, x_NH, weights_Nk, gate_up_EOH, down_EHI, order_A, token_A, counts):
+        A, I = order_A.shape[0], down_EHI.shape[2]
+        x_AH = x_NH.index_select(0, token_A)
         h_AO = x_AH.new_empty(A, 2 * I)
         for e, rows in _expert_rows(counts):
             torch.mm(x_AH[rows], gate_up_EOH[e].t(), out=h_AO[rows])
-        act_AI = F.silu(h_AO[:, :I]) * h_AO[:, I:]
+        silu_AI = F.silu(h_AO[:, :I])
+        act_AI = silu_AI * h_AO[:, I:]
         y_AH = x_AH.new_empty(A, down_EHI.shape[1])
         for e, rows in _expert_rows(counts):
             torch.mm(act_AI[rows], down_EHI[e].t(), out=y_AH[rows])
-        ctx.save_for_backward(x_AH, gate_up_EOH, down_EHI, h_AO, act_AI)
+        w_A1 = weights_Nk.reshape(-1)[order_A, None]
+        out_NH = torch.zeros_like(x_NH).index_add_(0, token_A, y_AH.mul_(w_A1))
+        ctx.save_for_backward(x_AH, gate_up_EOH, down_EHI, h_AO, silu_AI, act_AI, w_A1, order_A, token_A)
         ctx.counts = counts
-        return y_AH
+        return out_NH
 
     @staticmethod
-    def backward(ctx, dy_AH):
-        x_AH, gate_up_EOH, down_EHI, h_AO, act_AI = ctx.saved_tensors
+    def backward(ctx, dout_NH):
+        x_AH, gate_up_EOH, down_EHI, h_AO, silu_AI, act_AI, w_A1, order_A, token_A = ctx.saved_tensors
         counts, I = ctx.counts, down_EHI.shape[2]
-        dy_AH = dy_AH.contiguous()
+        dyw_AH = dout_NH.index_select(0, token_A)  # dL/d(w_a y_a)
         d_gate_up, d_down = torch.empty_like(gate_up_EOH), torch.empty_like(down_EHI)
         for e in (e for e, c in enumerate(counts) if c == 0):
             d_gate_up[e].zero_()
             d_down[e].zero_()
-        d_act_AI = act_AI.new_empty(act_AI.shape)
+        g_AI = act_AI.new_empty(act_AI.shape)  # dyw_a @ down_e = dL/dact_a / w_a
         for e, rows in _expert_rows(counts):
-            torch.mm(dy_AH[rows], down_EHI[e], out=d_act_AI[rows])
-            torch.mm(dy_AH[rows].t(), act_AI[rows], out=d_down[e])
-        gate_AI, up_AI = h_AO[:, :I], h_AO[:, I:]
-        sig_AI = torch.sigmoid(gate_AI)
+            torch.mm(dyw_AH[rows], down_EHI[e], out=g_AI[rows])
+        dw_A = (g_AI * act_AI).sum(-1)
+        actw_AI = act_AI * w_A1
+        for e, rows in _expert_rows(counts):
+            torch.mm(dyw_AH[rows].t(), actw_AI[rows], out=d_down[e])
+        d_act_AI = g_AI.mul_(w_A1)
         dh_AO = h_AO.new_empty(h_AO.shape)
-        torch.mul(d_act_AI * up_AI, sig_AI * (1 + gate_AI * (1 - sig_AI)), out=dh_AO[:, :I])  # silu'
-        torch.mul(d_act_AI, gate_AI * sig_AI, out=dh_AO[:, I:])
+        torch.ops.aten.silu_backward(d_act_AI * h_AO[:, I:], h_AO[:, :I], grad_input=dh_AO[:, :I])
+        torch.mul(d_act_AI, silu_AI, out=dh_AO[:, I:])
         dx_AH = x_AH.new_empty(x_AH.shape)
         for e, rows in _expert_rows(counts):
             torch.mm(dh_AO[rows], gate_up_EOH[e], out=dx_AH[rows])
             torch.mm(dh_AO[rows].t(), x_AH[rows], out=d_gate_up[e])
-        return dx_AH, d_gate_up, d_down, None
+        dx_NH = torch.zeros_like(dout_NH).index_add_(0, token_A, dx_AH)
+        N, k = dout_NH.shape[0], order_A.shape[0] // dout_NH.shape[0]
+        dw_Nk = dw_A.new_empty(N * k).index_copy_(0, order_A, dw_A).view(N, k)
+        return dx_NH, dw_Nk, d_gate_up, d_down, None, None, None
 
 
 def _expert_rows(counts: list[int]):

@@ -1,32 +1,41 @@
-"""``GroupedSwiGLU`` (model/moe.py): values and gradients equal plain autograd over per-expert
-slices, in float64, with experts that get no rows, one row, or every row."""
+"""``RoutedSwiGLU`` (model/moe.py): values and gradients equal plain autograd over per-expert
+slices (gather, experts, routing weights, scatter back), in float64, with experts that get no
+rows, one row, or every row."""
 
 import pytest
 import torch
 
-from jointrl.model.moe import GroupedSwiGLU
+from jointrl.model.moe import RoutedSwiGLU
 from jointrl.rl.learner.expert_parallel import _run_experts
 
 
-def _reference(x_AH, gate_up_EOH, down_EHI, counts):
+def _reference(x_NH, weights_Nk, gate_up_EOH, down_EHI, order_A, token_A, counts):
     """Per-expert slices through plain autograd (the expert-parallel path's own expert loop)."""
-    return _run_experts(x_AH, counts, gate_up_EOH, down_EHI)
+    y_AH = _run_experts(x_NH[token_A], counts, gate_up_EOH, down_EHI)
+    y_AH = y_AH * weights_Nk.reshape(-1)[order_A, None]
+    return torch.zeros_like(x_NH).index_add_(0, token_A, y_AH)
 
 
-@pytest.mark.parametrize("counts", [[3, 0, 5, 1], [9, 0, 0, 0], [0, 2, 3, 4]])
-def test_values_and_gradients_equal_autograd(counts):
-    g = torch.Generator().manual_seed(sum(counts) + counts[0])
-    E, H, I = len(counts), 12, 5
+@pytest.mark.parametrize("ids", [[[0, 2], [2, 3], [0, 2], [2, 0], [0, 2]],  # expert 1 idle, expert 3 one row
+                                 [[1, 1], [1, 1], [1, 1]],                   # one expert takes every row
+                                 [[3, 1], [2, 1], [3, 2], [1, 3]]])          # expert 0 idle
+def test_values_and_gradients_equal_autograd(ids):
+    ids_Nk = torch.tensor(ids)
+    N, k = ids_Nk.shape
+    E, H, I = 4, 12, 5
+    g = torch.Generator().manual_seed(N * k)
     tensors = [torch.randn(*shape, generator=g, dtype=torch.float64)
-               for shape in ((sum(counts), H), (E, 2 * I, H), (E, H, I))]
-    dy = torch.randn(sum(counts), H, generator=g, dtype=torch.float64)
+               for shape in ((N, H), (N, k), (E, 2 * I, H), (E, H, I))]
+    order_A = torch.argsort(ids_Nk.reshape(-1), stable=True)
+    routing = (order_A, order_A // k, torch.bincount(ids_Nk.reshape(-1), minlength=E).tolist())
+    dout = torch.randn(N, H, generator=g, dtype=torch.float64)
     results = []
-    for fn in (_reference, GroupedSwiGLU.apply):
+    for fn in (_reference, RoutedSwiGLU.apply):
         leaves = [t.clone().requires_grad_() for t in tensors]
-        y = fn(*leaves, counts)
-        y.backward(dy)
+        y = fn(*leaves, *routing)
+        y.backward(dout)
         results.append([y.detach()] + [t.grad for t in leaves])
-    for ref, got, name in zip(*results, ("y", "d_x", "d_gate_up", "d_down")):
+    for ref, got, name in zip(*results, ("y", "d_x", "d_weights", "d_gate_up", "d_down")):
         torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12, msg=name)
-    assert torch.autograd.gradcheck(lambda *t: GroupedSwiGLU.apply(*t, counts),
+    assert torch.autograd.gradcheck(lambda *t: RoutedSwiGLU.apply(*t, *routing),
                                     [t.clone().requires_grad_() for t in tensors])
