@@ -10,7 +10,8 @@ logits equal ``MoETransformer.forward``'s (tested).
 
 Shared prefixes (``batch.SharedPrefix``, full attention only): a GRPO group's completions
 continue one prompt, so the prompt is forwarded once and every layer's keys/values of it are
-reused by the completions' rows (their gradients flow back summed). The attention, and so the
+reused by the completions' rows (their gradients flow back summed); outside the attention the
+prompts' and the rows' tokens run as one flat stream (one call per projection, norm and FFN). The attention, and so the
 log-probs and the update, equal the unshared forward's up to float summation order; only the
 balance loss and the expert-load metrics count the prompt's tokens once instead of per row.
 
@@ -23,9 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from jointrl.kernels import norm_rope_cpu
 from jointrl.model.attention import AttentionBatch
+from jointrl.model.norm import RMSNorm
 from jointrl.model.routing import expert_load, load_balancing_loss
 from jointrl.rl.learner.batch import SharedPrefix
 
@@ -56,23 +60,6 @@ def check_packable(config) -> None:
         raise ValueError(f"learner.pack_sequences needs full-attention layers only, the model has {sorted(set(config.kinds))}")
 
 
-class _PrefixKV:
-    """The attention state of a shared-prefix forward: the prompts' attention (``row_group`` None)
-    stores the layer's keys/values; the rows' prepends their prompt's (``row_group``) to their own."""
-
-    def __init__(self) -> None:
-        self.keys: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.row_group: torch.Tensor | None = None
-
-    def update(self, layer: int, k_BHTD: torch.Tensor, v_BHTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.row_group is None:
-            self.keys[layer] = (k_BHTD, v_BHTD)
-            return k_BHTD, v_BHTD
-        k_GHPD, v_GHPD = self.keys[layer]
-        return (torch.cat((k_GHPD[self.row_group], k_BHTD), dim=2),
-                torch.cat((v_GHPD[self.row_group], v_BHTD), dim=2))
-
-
 def _layers(backbone, x_BTH, batch, replay_BTLk, grad_checkpoint):
     """Every decoder layer over ``x_BTH`` → (x_BTH, per-MoE-layer router probs_NE, ids_Nk)."""
     B, T = x_BTH.shape[:2]
@@ -91,54 +78,86 @@ def _layers(backbone, x_BTH, batch, replay_BTLk, grad_checkpoint):
 
 def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor, seg_BT: torch.Tensor,
                     prefix: SharedPrefix) -> LearnerForward:
-    """``learner_forward`` of rows that continue shared prompts: per layer, attention of the prompts,
-    then of the rows' tokens 1.. over the prompts' keys/values, and one FFN / MoE call over both
-    (``DecoderLayer.forward``'s steps, so each expert runs once per layer); column 0's outputs are
-    its prompt's last token's."""
+    """``learner_forward`` of rows that continue shared prompts. The prompts' tokens and the rows'
+    tokens 1.. are one flat stream of N = G·P + B·S tokens through every per-token step of a layer
+    (norms, q/k/v, q/k-norm + RoPE, o_proj, FFN / MoE: ``DecoderLayer.forward``'s steps, so each
+    expert runs once per layer); only the attention itself runs per part: the prompts over their own
+    keys, then the rows over their prompt's keys/values and their own. Column 0's outputs are its
+    prompt's last token's."""
     cfg, backbone = model.config, model.model
     if set(cfg.kinds) != {"full"}:
         raise ValueError(f"shared prefixes need full-attention layers only, the model has {sorted(set(cfg.kinds))}")
     B, T = ids_BT.shape
     G, P = prefix.ids.shape
     S, H = T - 1, cfg.hidden_size
+    GP = G * P
     L, k = cfg.num_moe_layers, cfg.num_experts_per_tok
-    kv = _PrefixKV()
-    x_GPH = backbone.embed_tokens(prefix.ids)
-    x_BSH = backbone.embed_tokens(ids_BT[:, 1:])
     seg_BS = seg_BT[:, 1:]
-    mask_B1SP = prefix.real[prefix.row_group][:, None, None, :].expand(B, 1, S, P)
-    batch_p = AttentionBatch(rope=backbone.rotary_emb(torch.arange(P).expand(G, P), x_GPH.dtype), index_rope=None,
-                             mask_B1TS=segment_mask(torch.where(prefix.real, 0, -1)), token_mask_BT=prefix.real, cache=kv)
-    batch_s = AttentionBatch(rope=backbone.rotary_emb(pos_BT[:, 1:], x_BSH.dtype), index_rope=None,
-                             mask_B1TS=torch.cat((mask_B1SP, segment_mask(seg_BS)), dim=-1),
-                             token_mask_BT=seg_BS >= 0, cache=kv)
+    x_1NH = backbone.embed_tokens(torch.cat((prefix.ids.reshape(-1), ids_BT[:, 1:].reshape(-1))))[None]
+    pos_1N = torch.cat((torch.arange(P).repeat(G), pos_BT[:, 1:].reshape(-1)))[None]
+    batch_n = AttentionBatch(rope=backbone.rotary_emb(pos_1N, x_1NH.dtype), index_rope=None, mask_B1TS=None,
+                             token_mask_BT=None, cache=None)
+    mask_p = segment_mask(torch.where(prefix.real, 0, -1))
+    mask_s = torch.cat((prefix.real[prefix.row_group][:, None, None, :].expand(B, 1, S, P), segment_mask(seg_BS)), dim=-1)
+    fused = norm_rope_cpu.usable(x_1NH)  # one C++ pass per norm (and q/k-norm + RoPE), forward and backward
+    norm = (lambda m, x: norm_rope_cpu.rms_norm(x, m.weight, m.eps)) if fused else (lambda m, x: m(x))
     probs, ids = [], []
     for layer in backbone.layers:
-        kv.row_group = None
-        x_GPH = x_GPH + layer.self_attn(layer.input_layernorm(x_GPH), batch_p)
-        kv.row_group = prefix.row_group
-        x_BSH = x_BSH + layer.self_attn(layer.input_layernorm(x_BSH), batch_s)
-        x_1NH = torch.cat((x_GPH.reshape(-1, H), x_BSH.reshape(-1, H)))[None]  # N = G·P + B·S
-        h_1NH = layer.post_attention_layernorm(x_1NH)
+        attn = layer.self_attn
+        h_1NH = norm(layer.input_layernorm, x_1NH)
+        if fused and type(attn.q_norm) is RMSNorm and type(attn.k_norm) is RMSNorm:  # per-head q/k-norm (Qwen3)
+            q_1HND, k_1HND, v_1HND = _qkv_fused(attn, h_1NH[0], batch_n.rope)
+        else:
+            q_1HND, k_1HND, v_1HND = attn.qkv(h_1NH, batch_n)
+        (q_p, q_s), (k_p, k_s), (v_p, v_s) = (_split_parts(t, G, P, B, S) for t in (q_1HND, k_1HND, v_1HND))
+        sdpa = dict(scale=attn.head_dim ** -0.5, enable_gqa=attn.num_heads != attn.num_kv_heads)
+        out_GHPD = F.scaled_dot_product_attention(q_p, k_p, v_p, attn_mask=mask_p, **sdpa)
+        out_BHSD = F.scaled_dot_product_attention(q_s, torch.cat((k_p[prefix.row_group], k_s), dim=2),
+                                                  torch.cat((v_p[prefix.row_group], v_s), dim=2), attn_mask=mask_s, **sdpa)
+        out_1NF = torch.cat((out_GHPD.transpose(1, 2).reshape(GP, -1), out_BHSD.transpose(1, 2).reshape(B * S, -1)))[None]
+        if attn.gate_proj is not None:  # Attention.output's gate
+            out_1NF = out_1NF * torch.sigmoid(attn.gate_proj(h_1NH))
+        x_1NH = x_1NH + attn.o_proj(out_1NF)
+        h_1NH = norm(layer.post_attention_layernorm, x_1NH)
         if layer.is_moe:
             y_1NH, _, probs_NE, ids_Nk = layer.mlp(h_1NH)
             probs.append(probs_NE)
             ids.append(ids_Nk)
         else:
             y_1NH = layer.mlp(h_1NH)
-        x_GPH, x_BSH = (x_1NH + y_1NH)[0].split((G * P, B * S))
-        x_GPH, x_BSH = x_GPH.view(G, P, H), x_BSH.view(B, S, H)
+        x_1NH = x_1NH + y_1NH
+    x_GPH, x_BSH = x_1NH[0].split((GP, B * S))
     last_B = prefix.real.sum(1)[prefix.row_group] - 1
-    hidden_BTH = backbone.norm(torch.cat((x_GPH[prefix.row_group, last_B][:, None], x_BSH), dim=1))
+    hidden_BTH = norm(backbone.norm, torch.cat((x_GPH.view(G, P, H)[prefix.row_group, last_B][:, None], x_BSH.view(B, S, H)), dim=1))
     logits_BTV = model.lm_head(hidden_BTH)
     real_N = torch.cat((prefix.real.reshape(-1), (seg_BS >= 0).reshape(-1)))
     aux = load_balancing_loss(probs, ids, cfg.num_experts, real_N)
     with torch.no_grad():
         load_LE = torch.stack([expert_load(ids_Nk, cfg.num_experts, real_N) for ids_Nk in ids])
     ids_NLk = torch.stack(ids, dim=1)
-    topk_BTLk = torch.cat((ids_NLk[:G * P].view(G, P, L, k)[prefix.row_group, last_B][:, None],
-                           ids_NLk[G * P:].view(B, S, L, k)), dim=1)
+    topk_BTLk = torch.cat((ids_NLk[:GP].view(G, P, L, k)[prefix.row_group, last_B][:, None],
+                           ids_NLk[GP:].view(B, S, L, k)), dim=1)
     return LearnerForward(logits_BTV, hidden_BTH, topk_BTLk, aux, load_LE)
+
+
+def _qkv_fused(attn, h_NH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``Attention.qkv`` of one flat stream (no cache) with its q/k-norm + RoPE as one C++ pass each
+    → q [1, Hq, N, D], k, v [1, Hkv, N, D]."""
+    N, D = h_NH.shape[0], attn.head_dim
+    cos_ND, sin_ND = rope[0][0], rope[1][0]
+    q_NhD = norm_rope_cpu.qk_norm_rope(attn.q_proj(h_NH).view(N, attn.num_heads, D), attn.q_norm.weight,
+                                       attn.q_norm.eps, cos_ND, sin_ND)
+    k_NhD = norm_rope_cpu.qk_norm_rope(attn.k_proj(h_NH).view(N, attn.num_kv_heads, D), attn.k_norm.weight,
+                                       attn.k_norm.eps, cos_ND, sin_ND)
+    v_NhD = attn.v_proj(h_NH).view(N, attn.num_kv_heads, D)
+    return q_NhD.transpose(0, 1)[None], k_NhD.transpose(0, 1)[None], v_NhD.transpose(0, 1)[None]
+
+
+def _split_parts(t_1HND: torch.Tensor, G: int, P: int, B: int, S: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1, heads, G·P + B·S, D] → the prompts' [G, heads, P, D] and the rows' [B, heads, S, D] (views)."""
+    p_HND, s_HND = t_1HND[0].split((G * P, B * S), dim=1)
+    return p_HND.unflatten(1, (G, P)).transpose(0, 1), s_HND.unflatten(1, (B, S)).transpose(0, 1)
 
 
 def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor, seg_BT: torch.Tensor,
