@@ -44,6 +44,15 @@ from jointrl.rl.learner.value_head import VALUE_HEAD_PREFIX, attach_value_head, 
 from jointrl.rl.losses import LossInputs
 
 
+def own_clip(cfg: Config, world_size: int) -> bool:
+    """One rank under ZeRO-0 in fp32 / fp64: the learner clips the gradient norm itself, with torch's
+    ``clip_grad_norm_`` (foreach kernels, the same rule: g *= min(1, clip / (‖g‖ + 1e-6))), instead of
+    DeepSpeed's per-parameter loop, its one-rank all-reduce of the norm, and its missing norm in
+    ``get_global_grad_norm``. More ranks average gradients inside ``engine.step()``, after any clip here."""
+    lc = cfg.learner
+    return world_size == 1 and lc.zero_stage == 0 and lc.grad_clip > 0 and cfg.model.dtype != "bfloat16"
+
+
 def deepspeed_config(cfg: Config, world_size: int) -> dict:
     """DeepSpeed's config. On one rank ZeRO-2 runs as ZeRO-1: partitioning gradients over one rank
     partitions nothing but still copies every micro-batch's gradients into the flat buffer (~0.1
@@ -54,7 +63,7 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
         "train_micro_batch_size_per_gpu": max(lc.micro_batch_size, 1),
         "gradient_accumulation_steps": 1,
         "managed_gradient_accumulation": False,
-        "gradient_clipping": lc.grad_clip,
+        "gradient_clipping": 0.0 if own_clip(cfg, world_size) else lc.grad_clip,
         "zero_optimization": {"stage": stage, "overlap_comm": False, "contiguous_gradients": True,
                               "reduce_scatter": True},
         "bf16": {"enabled": cfg.model.dtype == "bfloat16"},
@@ -142,6 +151,7 @@ class LearnerWorker:
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=deepspeed_config(cfg, world_size))
         if world_size == 1 and lc.zero_stage == 0:  # its all-reduce over one rank flattens and copies back every gradient
             self.engine.enable_backward_allreduce = False
+        self.own_clip = own_clip(cfg, world_size)
         self.temperature = cfg.rollout.temperature or 1.0
         mc = model.config
         self.topk = (mc.num_moe_layers, mc.num_experts_per_tok)  # replay when a batch carries routed experts
@@ -204,10 +214,16 @@ class LearnerWorker:
             loss_sum += loss.item()
             aux_sum += fwd.aux_loss.item() / len(mbs)
             load_LE = fwd.expert_load_LE if load_LE is None else load_LE + fwd.expert_load_LE
+        grad_norm = None
+        if self.own_clip:
+            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.engine.module.parameters() if p.grad is not None],
+                                                       lc.grad_clip, foreach=True)
         self.engine.step()
+        if grad_norm is None:
+            grad_norm = self.engine.get_global_grad_norm()
         metrics = merge_metrics(parts)
         # each rank's loss is scaled by world_size (gradients are averaged): its share of the global loss is / world_size
-        metrics.update(loss=loss_sum / self.world_size, aux_loss=aux_sum, grad_norm=float(self.engine.get_global_grad_norm() or 0.0))
+        metrics.update(loss=loss_sum / self.world_size, aux_loss=aux_sum, grad_norm=float(grad_norm or 0.0))
         metrics.update(self._expert_load(load_LE))
         metrics["time_s"] = time.perf_counter() - t0
         return metrics
