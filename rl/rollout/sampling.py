@@ -19,23 +19,36 @@ from jointrl.rl.types import SamplingParams
 
 def sample_rows(logits_RV: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator | None]
                 ) -> tuple[list[int], list[float]]:
-    """→ (token per row, its log-prob). ``logits_RV`` in any float dtype."""
+    """→ (token per row, its log-prob). ``logits_RV`` in any float dtype.
+
+    Runs once per decode step, so the common case -- every row sampled at temperature 1, no
+    top-k / top-p -- skips the division, the argmax, the row gather and the scatter back (the same
+    values: dividing by 1 and gathering every row are identities)."""
     R = len(params)
     if R == 0:
         return [], []
-    temp_R1 = torch.tensor([sp.temperature or 1.0 for sp in params], dtype=torch.float64)[:, None]
     logits_RV = logits_RV.double()
-    logp_RV = torch.log_softmax(logits_RV / temp_R1, -1)
-    tok_R = logits_RV.argmax(-1)
+    temps = [sp.temperature or 1.0 for sp in params]
+    if any(t != 1.0 for t in temps):
+        logits_RV = logits_RV / torch.tensor(temps, dtype=torch.float64)[:, None]
+    logp_RV = torch.log_softmax(logits_RV, -1)
     sampled = [i for i, sp in enumerate(params) if sp.temperature != 0]
+    every = len(sampled) == R
+    tok_R = None if every else logits_RV.argmax(-1)
     if sampled:
-        filtered_SV = logp_RV[sampled]
-        for row, i in enumerate(sampled):
-            filter_top_k_top_p(filtered_SV[row], params[i])
+        filtered_SV = logp_RV if every else logp_RV[sampled]
+        rows = [row for row, i in enumerate(sampled) if 0 < params[i].top_k < logp_RV.shape[1] or params[i].top_p < 1.0]
+        if rows and every:
+            filtered_SV = filtered_SV.clone()
+        for row in rows:
+            filter_top_k_top_p(filtered_SV[row], params[sampled[row]])
         cdf_SV = torch.softmax(filtered_SV, -1).cumsum(-1)
         u_S1 = torch.cat([torch.rand(1, dtype=torch.float64, generator=gens[i]) for i in sampled])[:, None]
-        pick_S = torch.searchsorted(cdf_SV, u_S1 * cdf_SV[:, -1:], right=True)[:, 0]
-        tok_R[sampled] = pick_S.clamp_max(logp_RV.shape[1] - 1)
+        pick_S = torch.searchsorted(cdf_SV, u_S1 * cdf_SV[:, -1:], right=True)[:, 0].clamp_max(logp_RV.shape[1] - 1)
+        if every:
+            tok_R = pick_S
+        else:
+            tok_R[sampled] = pick_S
     lp_R = logp_RV.gather(1, tok_R[:, None])[:, 0]
     return tok_R.tolist(), lp_R.tolist()
 
