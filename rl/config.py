@@ -202,6 +202,9 @@ class LearnerConfig:
     pack_sequences: bool = False  # several sequences per row (segment-causal attention)
     gradient_checkpointing: bool = False
     aux_loss_coef: float = 0.0  # weight of the router load-balancing loss in the RL step
+    # weight of gated_dsa's indexer loss (KL of the head-mean attention to the indexer's scores,
+    # DeepSeek-V3.2's L_I; it trains the indexer only); 0: the indexer keeps its initial weights
+    indexer_loss_coef: float = 1.0
     ep_size: int = 1  # expert parallelism: ranks that share one layer's routed experts
     routing_replay: bool = False  # R3: replay the rollout's routed experts in the learner's forward
     fake_quant_experts: bool = False  # the learner's routed experts run through an MXFP4 round trip (STE)
@@ -213,6 +216,7 @@ class LearnerConfig:
         _check_positive("learner.micro_batch_size", self.micro_batch_size, allow_zero=True)
         _check_positive("learner.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, allow_zero=True)
         _check_positive("learner.lr", self.lr)
+        _check_positive("learner.indexer_loss_coef", self.indexer_loss_coef, allow_zero=True)
         _check_positive("learner.ep_size", self.ep_size)
         if self.num_ranks % self.ep_size:
             raise ValueError(f"config key 'learner.ep_size' = {self.ep_size} must divide learner.num_ranks = {self.num_ranks}")

@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from jointrl.kernels import norm_rope_cpu
 from jointrl.model.attention import AttentionBatch
+from jointrl.model.dsa import indexer_loss as dsa_indexer_loss
 from jointrl.model.norm import RMSNorm
 from jointrl.model.routing import expert_load, load_balancing_loss
 from jointrl.rl.learner.batch import SharedPrefix
@@ -41,6 +42,7 @@ class LearnerForward:
     topk_ids_BTLk: torch.Tensor  # experts each token was sent to (the replayed ones under replay), L = MoE layers
     aux_loss: torch.Tensor  # load-balancing loss over real tokens (unweighted)
     expert_load_LE: torch.Tensor  # real-token assignments per (MoE layer, expert), no grad
+    indexer_loss: torch.Tensor | None = None  # gated_dsa's L_I (mean over layers and real queries), when asked
 
 
 def segment_mask(seg_BT: torch.Tensor) -> torch.Tensor:
@@ -162,12 +164,15 @@ def _split_parts(t_1HND: torch.Tensor, G: int, P: int, B: int, S: int) -> tuple[
 
 def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor, seg_BT: torch.Tensor,
                     replay_BTLk: torch.Tensor | None = None, grad_checkpoint: bool = False,
-                    image_patches: torch.Tensor | None = None, prefix: SharedPrefix | None = None) -> LearnerForward:
+                    image_patches: torch.Tensor | None = None, prefix: SharedPrefix | None = None,
+                    indexer_loss: bool = False) -> LearnerForward:
     """Forward ``ids_BT`` with RoPE positions ``pos_BT`` and sequence ids ``seg_BT`` (-1 = padding).
 
     ``replay_BTLk`` [B, T, L_moe, k]: routing replay (the rollout's experts; valid ids everywhere).
     ``image_patches`` [P, patch_dim]: one row per ``<image>`` id, row-major (``MicroBatch.images``).
     ``prefix``: the rows continue these shared prompts (``MicroBatch.prefix``; none of the above).
+    ``indexer_loss``: also return gated_dsa's indexer loss (``model.dsa.indexer_loss``; None
+    without gated_dsa layers).
     """
     if prefix is not None:
         if replay_BTLk is not None or grad_checkpoint or image_patches is not None:
@@ -186,15 +191,18 @@ def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     batch = AttentionBatch(
         rope=backbone.rotary_emb(pos_BT, x_BTH.dtype),
         index_rope=backbone.index_rotary_emb(pos_BT, x_BTH.dtype) if "gated_dsa" in cfg.kinds else None,
-        mask_B1TS=segment_mask(seg_BT), token_mask_BT=real_BT, cache=None)
+        mask_B1TS=segment_mask(seg_BT), token_mask_BT=real_BT, cache=None,
+        indexer_losses=[] if indexer_loss else None)
     x_BTH, probs, ids = _layers(backbone, x_BTH, batch, replay_BTLk, grad_checkpoint)
+    indexer_losses = list(batch.indexer_losses or ())  # before a checkpointed backward appends its recomputed ones
     hidden_BTH = backbone.norm(x_BTH)
     logits_BTV = model.lm_head(hidden_BTH)
     real_N = real_BT.reshape(-1)
     aux = load_balancing_loss(probs, ids, cfg.num_experts, real_N)
     with torch.no_grad():
         load_LE = torch.stack([expert_load(ids_Nk, cfg.num_experts, real_N) for ids_Nk in ids])
-    return LearnerForward(logits_BTV, hidden_BTH, torch.stack(ids, dim=1).view(B, T, L, k), aux, load_LE)
+    return LearnerForward(logits_BTV, hidden_BTH, torch.stack(ids, dim=1).view(B, T, L, k), aux, load_LE,
+                          dsa_indexer_loss(indexer_losses) if indexer_loss else None)
 
 
 def token_entropy(logits_BTV: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

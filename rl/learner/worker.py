@@ -200,14 +200,19 @@ class LearnerWorker:
         norm = max(count, 1) / self.world_size
         parts, load_LE, loss_sum, aux_sum = [], None, 0.0, 0.0
         mbs = self._micro_batches(shard, self.topk if shard.routed_experts is not None else None)
+        # gated_dsa's indexer learns from its own KL (DeepSeek-V3.2's L_I): it never gets the policy's gradient
+        train_indexer = lc.indexer_loss_coef > 0 and "gated_dsa" in self.engine.module.config.kinds
         for mb in mbs:
             fwd = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg, mb.replay, lc.gradient_checkpointing,
-                                  mb.images, mb.prefix)
+                                  mb.images, mb.prefix, indexer_loss=train_indexer)
             logp = logprobs_from_logits(fwd.logits_BTV, mb.input_ids, self.temperature)
             inp = self._loss_inputs(mb, fwd, logp, norm)
             loss, m = self.loss_fn(inp)
             if lc.aux_loss_coef:
                 loss = loss + lc.aux_loss_coef * fwd.aux_loss * mb.num_seqs / max(len(shard), 1)
+            if train_indexer:
+                loss = loss + lc.indexer_loss_coef * fwd.indexer_loss * mb.num_seqs / max(len(shard), 1)
+                m = {**m, "indexer_kl": fwd.indexer_loss.item()}
             self.engine.backward(loss)
             _, mm = self.mismatch(logp.detach(), mb.old_logprobs, mb.loss_mask, mb.seg.clamp(min=0), mb.num_seqs)
             parts.append({**m, **mm})

@@ -98,3 +98,25 @@ def test_update_is_invariant_to_micro_batching():
     assert m4["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-6)
     for k in d4:
         torch.testing.assert_close(d4[k], d1[k], rtol=1e-4, atol=2.5e-7, msg=k)
+
+
+@pytest.mark.parametrize("coef", [1.0, 0.0])
+def test_hybrid_learner_trains_the_dsa_indexer_by_its_own_loss(coef):
+    """gated_dsa's indexer gets no gradient from the policy loss (top-k is not differentiable, its
+    input is detached), so without ``learner.indexer_loss_coef`` it would keep its random initial
+    weights and pick keys at random for the whole run. With it, one step moves the indexer
+    (and reports the KL); at 0 the indexer stays as built."""
+    cfg, lw = learner("model=tiny_hybrid", "model.index_topk=4", f"learner.indexer_loss_coef={coef}")
+    init = {k: v.clone() for k, v in lw.engine.module.state_dict().items()}
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (30, 22)]
+    batch = TrainBatch(seqs, [[0] * 4 + [1] * (len(s) - 4) for s in seqs],
+                       [[0.0] * 4 + [-5.5] * (len(s) - 4) for s in seqs], [1.0, -1.0])
+    m = lw.train_step(batch, batch.num_loss_tokens)
+    after = lw.engine.module.state_dict()
+    moved = {k for k in init if ".indexer." in k and not torch.equal(init[k], after[k])}
+    if coef:
+        assert m["indexer_kl"] > 0
+        assert {k.split(".indexer.")[1] for k in moved} >= {"wq.weight", "wk.weight", "weights_proj.weight"}
+    else:
+        assert "indexer_kl" not in m and not moved
