@@ -119,10 +119,11 @@ def sft(cfg: Config) -> dict[str, float]:
             if not order:
                 order = rng.sample(range(len(demos)), len(demos))
             batch.append(demos[order.pop()])
-        # Shortest first: the learner cuts consecutive micro-batches, each padded to its longest
-        # row, so like lengths share one (a terminal transcript is ~1 K tokens, a code_repo one
-        # ~2.4 K). The loss is normalised over the whole batch, so the order changes nothing else.
-        batch.sort(key=lambda t: len(t.token_ids))
+        # By domain, then shortest first: the learner cuts consecutive micro-batches, each padded
+        # to its longest row and forwarding the system prompt its rows share once (batch.
+        # collate_shared), so one domain's transcripts of like lengths share one (terminal ~1 K
+        # tokens, code_repo ~2.4 K). The loss is normalised over the whole batch: nothing else changes.
+        batch.sort(key=lambda t: (t.domain, len(t.token_ids)))
         metrics = {f"sft/{k}": v for k, v in learner.train_step(sft_batch(batch)).items()}
         if held and (step % rc.sft_heldout_every == 0 or step == cfg.algo.total_steps):
             metrics |= heldout_fit(learner, held)

@@ -175,10 +175,25 @@ def _blank_rows(B: int, T: int, pad_id: int, dtype: torch.dtype) -> tuple[torch.
             torch.zeros((B, T), dtype=dtype), torch.zeros((B, T), dtype=dtype))
 
 
+MIN_COMMON_PREFIX = 32  # tokens every row of a micro-batch must begin with for collate_shared to share them
+
+
+def _common_prefix(seqs: list[list[int]], limit: int) -> int:
+    """Length of the longest prefix all of ``seqs`` begin with, at most ``limit``."""
+    n = 0
+    for column in zip(*(s[:limit] for s in seqs)):
+        if any(t != column[0] for t in column):
+            break
+        n += 1
+    return n
+
+
 def collate_shared(part: TrainBatch, pad_id: int, dtype: torch.dtype) -> MicroBatch | None:
     """One micro-batch whose sequences with the same untrained prompt (the tokens before the first
-    loss token: a GRPO group's shared prompt) share one forward of it (``SharedPrefix``); None
-    when no two sequences share one or a sequence has no loss token (then ``collate``).
+    loss token: a GRPO group's shared prompt) share one forward of it (``SharedPrefix``); when no
+    two share a whole prompt, all share their common untrained prefix if it has at least
+    ``MIN_COMMON_PREFIX`` tokens (SFT transcripts of one domain: its system prompt). None when
+    neither holds or a sequence has no loss token (then ``collate``).
 
     Row i holds sequence i's prompt's last token at column 0 (loss mask 0) and the rest of the
     sequence after the prompt at columns 1..; positions continue the prompt's."""
@@ -188,7 +203,13 @@ def collate_shared(part: TrainBatch, pad_id: int, dtype: torch.dtype) -> MicroBa
     groups: dict[tuple[int, ...], int] = {}
     row_group = [groups.setdefault(tuple(ids[:p]), len(groups)) for ids, p in zip(part.token_ids, starts)]
     if len(groups) == len(part):
-        return None
+        # No two rows share a whole prompt (SFT: each task has its own instruction). Share what they
+        # all begin with instead (the system prompt and tool list), when that is long enough to pay.
+        common = _common_prefix(part.token_ids, min(starts))
+        if len(part) < 2 or common < MIN_COMMON_PREFIX:
+            return None
+        starts, row_group = [common] * len(part), [0] * len(part)
+        groups = {tuple(part.token_ids[0][:common]): 0}
     G, P = len(groups), max(len(k) for k in groups)
     prefix_ids = torch.full((G, P), pad_id, dtype=torch.long)
     prefix_real = torch.zeros((G, P), dtype=torch.bool)

@@ -33,6 +33,7 @@ from jointrl.model.dsa import indexer_loss as dsa_indexer_loss
 from jointrl.model.norm import RMSNorm
 from jointrl.model.routing import expert_load, load_balancing_loss
 from jointrl.rl.learner.batch import SharedPrefix
+from jointrl.rl.learner.prefix_cache import forward_with_prefix_cache
 
 
 @dataclass(slots=True)
@@ -177,6 +178,8 @@ def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     if prefix is not None:
         if replay_BTLk is not None or grad_checkpoint or image_patches is not None:
             raise ValueError("shared prefixes work without routing replay, gradient checkpointing and images only")
+        if set(model.config.kinds) != {"full"}:  # a KDA state does not concatenate: the prompts' cache instead
+            return forward_with_prefix_cache(model, ids_BT, pos_BT, seg_BT, prefix, indexer_loss)
         return _forward_shared(model, ids_BT, pos_BT, seg_BT, prefix)
     B, T = ids_BT.shape
     cfg = model.config

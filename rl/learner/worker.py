@@ -157,13 +157,16 @@ class LearnerWorker:
         self.topk = (mc.num_moe_layers, mc.num_experts_per_tok)  # replay when a batch carries routed experts
         self.image = (mc.image_token_id, mc.image_patch_dim) if mc.image_patch_dim else None  # screenshot slots
         self.has_router_bias = any(getattr(m, "e_score_correction_bias", None) is not None for m in model.modules())
-        # A GRPO group's prompt forwarded once for all its completions (forward.py): the same update up to
-        # float summation order, where nothing reads per-row prompt tokens (the balance loss and the
-        # router-bias update count them, a critic values them) and the rows are neither packed nor
-        # recomputed (checkpointing), nor expert-parallel. Tested against the unshared step.
-        self.share_prefix = (set(mc.kinds) == {"full"} and self.image is None and not self.is_ppo and not lc.pack_sequences
-                             and not lc.gradient_checkpointing and lc.ep_size == 1 and not lc.aux_loss_coef
-                             and not (self.has_router_bias and lc.router_bias_rate > 0))
+        # A shared prompt (a GRPO group's; an SFT micro-batch's common system prompt) forwarded once for
+        # all rows that continue it: the same update up to float summation order, where the rows are
+        # neither packed nor recomputed (checkpointing), nor expert-parallel, and no critic values
+        # prompt tokens. Full attention (forward._forward_shared) counts a prompt's tokens once, so
+        # not with the balance loss or the router-bias update; hybrid models (prefix_cache) weight
+        # them by their rows. Tested against the unshared step.
+        counts_once = set(mc.kinds) == {"full"}
+        self.share_prefix = (self.image is None and not self.is_ppo and not lc.pack_sequences
+                             and not lc.gradient_checkpointing and lc.ep_size == 1
+                             and not (counts_once and (lc.aux_loss_coef or (self.has_router_bias and lc.router_bias_rate > 0))))
         self.master_addr = master_addr
         return rank
 

@@ -40,10 +40,15 @@ def test_collate_shared_groups_equal_prompts():
                           torch.float64) is None  # a sequence without loss tokens
 
 
-@pytest.mark.parametrize("model", [[], ["model.first_k_dense_replace=1", "model.n_shared_experts=1"]])
+HYBRID = ["model=tiny_hybrid", "model.index_topk=4", "model.kda_chunk_size=4", "model.dsa_query_chunk=5"]
+
+
+@pytest.mark.parametrize("model", [[], ["model.first_k_dense_replace=1", "model.n_shared_experts=1"], HYBRID])
 def test_shared_forward_equals_unshared(model):
     """Every trained token's log-prob and entropy, and the gradients, equal the unshared forward's
-    (also with a dense first layer and a shared expert)."""
+    (also with a dense first layer and a shared expert; and for the hybrid, whose KDA and DSA layers
+    continue from a cache of the prompts: top-4 keys, 4-token KDA chunks, so the rows' queries
+    select among prompt keys and the KDA state is handed over mid-chunk)."""
     torch.manual_seed(0)
     model = build_model(load_config(["model.dtype=float64", *model]))
     for p in model.parameters():
@@ -57,10 +62,11 @@ def test_shared_forward_equals_unshared(model):
         ent = token_entropy(fwd.logits_BTV)
         (lp * mb.loss_mask * mb.adv).sum().backward()
         sel = mb.loss_mask > 0  # row-major: the same tokens in the same order either way
-        outs.append((lp[sel], ent[sel], {n: p.grad.clone() for n, p in model.named_parameters()}))
+        outs.append((lp[sel], ent[sel], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (lp0, ent0, g0), (lp1, ent1, g1) = outs
     torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-12)
     torch.testing.assert_close(ent1, ent0, rtol=0, atol=1e-12)
+    assert g1.keys() == g0.keys()  # the hybrid's indexer gets none either way (no indexer loss here)
     for n in g0:
         torch.testing.assert_close(g1[n], g0[n], rtol=1e-9, atol=1e-12, msg=n)
 
@@ -78,7 +84,10 @@ def _update(share: bool, *overrides):
 
 
 @pytest.mark.parametrize("overrides", [["learner.micro_batch_size=3"],
-                                       ["learner.micro_batch_size=0", "algo.aggregation=seq_mean", "algo.kl_coef=0.1"]])
+                                       ["learner.micro_batch_size=0", "algo.aggregation=seq_mean", "algo.kl_coef=0.1"],
+                                       # the router-bias update and the balance loss count prompt tokens per row
+                                       [*HYBRID, "learner.micro_batch_size=3", "learner.indexer_loss_coef=0",
+                                        "learner.aux_loss_coef=0.01"]])
 def test_update_equals_unshared(overrides):
     ref_m, ref = _update(False, *overrides)
     m, d = _update(True, *overrides)
@@ -86,3 +95,35 @@ def test_update_equals_unshared(overrides):
         assert m[key] == pytest.approx(ref_m[key], rel=1e-9, abs=1e-12), key
     for k in ref:
         torch.testing.assert_close(d[k], ref[k], rtol=1e-4, atol=2.5e-7, msg=k)
+
+
+def test_distinct_prompts_share_their_common_prefix():
+    """SFT transcripts of one domain have distinct instructions but one system prompt: the rows
+    share that (one group), their own instructions go in the rows, and for the hybrid every
+    trained token's log-prob and every gradient equal the unshared forward's."""
+    g = torch.Generator().manual_seed(3)
+    rand = lambda n: torch.randint(0, 256, (n,), generator=g).tolist()  # noqa: E731
+    system = rand(40)
+    prompts = [system + rand(n) for n in (3, 6, 2)]
+    seqs = [p + rand(n) for p, n in zip(prompts, (5, 9, 4))]
+    masks = [[0] * len(p) + [1] * (len(s) - len(p)) for p, s in zip(prompts, seqs)]
+    batch = TrainBatch(seqs, masks, [[0.0] * len(s) for s in seqs], [1.0, 1.0, 1.0])
+    mb = collate_shared(batch, 0, torch.float64)
+    assert mb.prefix.ids.shape == (1, 40) and mb.prefix.row_group.tolist() == [0, 0, 0]
+    assert mb.loss_mask.sum() == batch.num_loss_tokens
+    assert collate_shared(TrainBatch([s[30:] for s in seqs], [m[30:] for m in masks], [[0.0] * 40] * 3,
+                                     [1.0] * 3), 0, torch.float64) is None  # 10 common tokens: not worth it
+    torch.manual_seed(0)
+    model = build_model(load_config(["model.dtype=float64", *HYBRID]))
+    for p in model.parameters():
+        p.data.normal_(0, 0.05)
+    outs = []
+    for m in (collate(batch, False, 0, torch.float64), mb):
+        model.zero_grad()
+        lp = logprobs_from_logits(learner_forward(model, m.input_ids, m.pos, m.seg, prefix=m.prefix).logits_BTV, m.input_ids)
+        (lp * m.loss_mask).sum().backward()
+        outs.append((lp[m.loss_mask > 0], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (lp0, g0), (lp1, g1) = outs
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-12)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-9, atol=1e-12, msg=n)
