@@ -235,10 +235,25 @@ def micro_batches(batch: TrainBatch, size: int, pad_id: int, dtype: torch.dtype,
                   image: tuple[int, int] | None = None, share_prefix: bool = False) -> list[MicroBatch]:
     """``plan_micro_batches`` then ``collate`` each group (``size``: sequences per micro-batch);
     ``share_prefix``: ``collate_shared`` where a group's sequences share a prompt (not with
-    packing, routing replay or images)."""
+    packing, routing replay or images), and no micro-batch mixes sequences whose first
+    ``MIN_COMMON_PREFIX`` tokens differ (the order of the sequences is kept)."""
     if share_prefix and (pack or topk is not None or image is not None):
         raise ValueError("share_prefix works without packing, routing replay and image inputs only")
-    plan = plan_micro_batches([len(s) for s in batch.token_ids], max_tokens, size, pack)
+    lengths = [len(s) for s in batch.token_ids]
+    if share_prefix:  # no micro-batch straddles two system prompts (domains), or its rows share nothing
+        def head(i: int) -> tuple[int, ...] | None:  # what a common prefix would start with (None: too short)
+            m = batch.loss_mask[i]
+            short = len(m) < MIN_COMMON_PREFIX or any(m[:MIN_COMMON_PREFIX])
+            return None if short else tuple(batch.token_ids[i][:MIN_COMMON_PREFIX])
+        runs: list[list[int]] = []
+        for i in range(len(batch)):
+            if not runs or head(i) != head(runs[-1][-1]):
+                runs.append([])
+            runs[-1].append(i)
+        plan = [[run[j] for j in g] for run in runs
+                for g in plan_micro_batches([lengths[i] for i in run], max_tokens, size, pack)]
+    else:
+        plan = plan_micro_batches(lengths, max_tokens, size, pack)
     out = []
     for g in plan:
         part = batch.select(g)

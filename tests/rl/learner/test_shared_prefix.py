@@ -6,7 +6,7 @@ import torch
 
 from jointrl.rl.build import build_model
 from jointrl.rl.config import load_config
-from jointrl.rl.learner.batch import TrainBatch, collate, collate_shared, logprobs_from_logits
+from jointrl.rl.learner.batch import TrainBatch, collate, collate_shared, logprobs_from_logits, micro_batches
 from jointrl.rl.learner.forward import learner_forward, token_entropy
 from jointrl.rl.learner.worker import LearnerWorker
 
@@ -127,3 +127,19 @@ def test_distinct_prompts_share_their_common_prefix():
     torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-12)
     for n in g0:
         torch.testing.assert_close(g1[n], g0[n], rtol=1e-9, atol=1e-12, msg=n)
+
+
+def test_micro_batches_do_not_straddle_system_prompts():
+    """An SFT step's transcripts, ordered by domain: 3 of one system prompt, then 5 of another, in
+    micro-batches of 4 -> [3], [4], [1] (not [3 + 1], [4]: a mixed micro-batch shares nothing), the
+    sequences' order kept."""
+    g = torch.Generator().manual_seed(5)
+    rand = lambda n: torch.randint(0, 256, (n,), generator=g).tolist()  # noqa: E731
+    sys_a, sys_b = rand(50), rand(40)
+    seqs = [sys_a + rand(10 + i) for i in range(3)] + [sys_b + rand(5 + i) for i in range(5)]
+    masks = [[0] * (len(s) - 4) + [1] * 4 for s in seqs]
+    batch = TrainBatch(seqs, masks, [[0.0] * len(s) for s in seqs], [1.0] * 8)
+    mbs = micro_batches(batch, 4, 0, torch.float64, share_prefix=True)
+    assert [mb.num_seqs for mb in mbs] == [3, 4, 1]
+    assert [mb.prefix.ids.shape[1] if mb.prefix is not None else 0 for mb in mbs] == [50, 40, 0]
+    assert [mb.num_seqs for mb in micro_batches(batch, 4, 0, torch.float64)] == [4, 4]
