@@ -68,34 +68,48 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   return y;
 }
 
-template <typename T>
-static void qk_rows(const T* xp, const T* wp, double eps, const T* cp, const T* sp, T* kvp, const int64_t* sl, T* qp,
+// A value as the cache's element: the same type, or bfloat16 bits rounded as torch's ``.to(bfloat16)``
+// rounds (to nearest even, NaN kept).
+template <typename C, typename T>
+static inline C narrow(T x) {
+  if constexpr (std::is_same_v<C, uint16_t>) return c10::BFloat16(static_cast<float>(x)).x;
+  else return x;
+}
+
+template <typename T, typename C>
+static void qk_rows(const T* xp, const T* wp, double eps, const T* cp, const T* sp, C* kvp, const int64_t* sl, T* qp,
                     int64_t N, int64_t Hq, int64_t Hkv, int64_t D) {
   const int64_t G = Hq + Hkv, F = (Hq + 2 * Hkv) * D, half = D / 2;
   at::parallel_for(0, N, 4, [&](int64_t n0, int64_t n1) {
-    std::vector<T> t(D);
+    std::vector<T> t(D), r(D);
     for (int64_t n = n0; n < n1; ++n) {
       const T* __restrict c = cp + n * D;
       const T* __restrict s = sp + n * D;
-      T* kv_n = kvp + sl[n] * 2 * Hkv * D;
+      C* kv_n = kvp + sl[n] * 2 * Hkv * D;
       for (int64_t g = 0; g < G; ++g) {
         const T* __restrict x = xp + n * F + g * D;
         T* __restrict tt = t.data();
         if (wp != nullptr) {
-          const T r = inv_rms(x, D, eps);
+          const T inv = inv_rms(x, D, eps);
           const T* __restrict wg = wp + g * D;
 #pragma omp simd
-          for (int64_t i = 0; i < D; ++i) tt[i] = wg[i] * (x[i] * r);
+          for (int64_t i = 0; i < D; ++i) tt[i] = wg[i] * (x[i] * inv);
         } else {
           std::copy(x, x + D, tt);
         }
-        T* __restrict o = g < Hq ? qp + (n * Hq + g) * D : kv_n + (g - Hq) * D;
+        T* __restrict o = g < Hq ? qp + (n * Hq + g) * D : r.data();
 #pragma omp simd
         for (int64_t i = 0; i < half; ++i) o[i] = tt[i] * c[i] + (-tt[half + i]) * s[i];
 #pragma omp simd
         for (int64_t i = half; i < D; ++i) o[i] = tt[i] * c[i] + tt[i - half] * s[i];
+        if (g >= Hq) {
+          C* __restrict k = kv_n + (g - Hq) * D;
+          for (int64_t i = 0; i < D; ++i) k[i] = narrow<C>(o[i]);
+        }
       }
-      std::copy(xp + n * F + G * D, xp + (n + 1) * F, kv_n + Hkv * D);
+      const T* __restrict v = xp + n * F + G * D;
+      C* __restrict kv_v = kv_n + Hkv * D;
+      for (int64_t i = 0; i < Hkv * D; ++i) kv_v[i] = narrow<C>(v[i]);
     }
   });
 }
@@ -108,8 +122,10 @@ torch::Tensor qk_norm_rope_store(torch::Tensor qkv, torch::Tensor w, double eps,
   const int64_t N = qkv.size(0), D = kv.size(3), G = Hq + Hkv, F = (Hq + 2 * Hkv) * D, P = kv.size(0);
   TORCH_CHECK(qkv.size(1) == F && D % 2 == 0 && cos.size(0) == N && cos.size(1) == D && slots.numel() == N,
               "qk_norm_rope_store: qkv [N, (Hq + 2 Hkv) D], cos/sin [N, D], slots [N]");
-  TORCH_CHECK(qkv.scalar_type() == kv.scalar_type() && qkv.scalar_type() == cos.scalar_type() &&
-              qkv.scalar_type() == sin.scalar_type(), "qk_norm_rope_store: one dtype");
+  const bool bf16_kv = kv.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((qkv.scalar_type() == kv.scalar_type() || (bf16_kv && qkv.scalar_type() == at::kFloat)) &&
+              qkv.scalar_type() == cos.scalar_type() && qkv.scalar_type() == sin.scalar_type(),
+              "qk_norm_rope_store: one dtype (the cache may be bfloat16 under float32)");
   const bool norm = w.numel() > 0;
   TORCH_CHECK(!norm || (w.is_contiguous() && w.numel() == G * D && w.scalar_type() == qkv.scalar_type()),
               "qk_norm_rope_store: w [Hq + Hkv, D] or empty");
@@ -117,8 +133,12 @@ torch::Tensor qk_norm_rope_store(torch::Tensor qkv, torch::Tensor w, double eps,
   for (int64_t n = 0; n < N; ++n) TORCH_CHECK(sl[n] >= 0 && sl[n] < P, "qk_norm_rope_store: slot out of range");
   auto q = torch::empty({N, Hq, D}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES(qkv.scalar_type(), "qk_norm_rope_store", [&] {
-    qk_rows<scalar_t>(qkv.data_ptr<scalar_t>(), norm ? w.data_ptr<scalar_t>() : nullptr, eps, cos.data_ptr<scalar_t>(),
-                      sin.data_ptr<scalar_t>(), kv.data_ptr<scalar_t>(), sl, q.data_ptr<scalar_t>(), N, Hq, Hkv, D);
+    auto run = [&](auto* kv_ptr) {
+      qk_rows(qkv.data_ptr<scalar_t>(), norm ? w.data_ptr<scalar_t>() : nullptr, eps, cos.data_ptr<scalar_t>(),
+              sin.data_ptr<scalar_t>(), kv_ptr, sl, q.data_ptr<scalar_t>(), N, Hq, Hkv, D);
+    };
+    if (bf16_kv) run(reinterpret_cast<uint16_t*>(kv.data_ptr()));
+    else run(kv.data_ptr<scalar_t>());
   });
   return q;
 }
@@ -209,9 +229,12 @@ def qk_norm_rope_store(qkv_NF: Tensor, w_GD: Tensor | None, eps: float, cos_ND: 
                        kv_PCHD: Tensor, slot_N: Tensor, Hq: int, Hkv: int) -> Tensor:
     """qkv [N, (Hq + 2·Hkv)·D], w [Hq + Hkv, D] or None (no q/k-norm), cos/sin [N, D], kv [P, 2, Hkv, D]
     (written at rows ``slot_N`` [N] int64), → q [N, Hq, D] after norm and RoPE. One dtype throughout
-    (float32/64); the torch reference otherwise and without a compiler."""
+    (float32/64), except a bfloat16 cache under float32 (``rollout.kv_dtype``: keys and values rounded to
+    nearest even as they are stored, as ``.to(torch.bfloat16)`` rounds); the torch reference otherwise
+    and without a compiler."""
     lib = load_kernel()
-    if lib is None or kv_PCHD.dtype != qkv_NF.dtype or not kv_PCHD.is_contiguous():
+    bf16_under_f32 = kv_PCHD.dtype == torch.bfloat16 and qkv_NF.dtype == torch.float32
+    if lib is None or not (kv_PCHD.dtype == qkv_NF.dtype or bf16_under_f32) or not kv_PCHD.is_contiguous():
         return qk_norm_rope_store_torch(qkv_NF, w_GD, eps, cos_ND, sin_ND, kv_PCHD, slot_N, Hq, Hkv)
     w = w_GD.contiguous() if w_GD is not None else qkv_NF.new_empty(0)
     return lib.qk_norm_rope_store(qkv_NF.contiguous(), w, eps, cos_ND.contiguous(), sin_ND.contiguous(), kv_PCHD,

@@ -77,10 +77,10 @@ class ModelRunner:
         self._fused: dict[int, tuple[tuple, torch.Tensor]] = {}
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos_PD, sin_PD) by position  # id(attention) -> (weights' versions, qkv weight)
         self.image = (cfg.image_token_id, cfg.image_patch_dim) if getattr(cfg, "image_patch_dim", 0) else None
-        # per-row C++ ops (kernels/decode_cpu) for norms, q/k-norm + RoPE + KV write and the softmax router;
-        # batch-invariant mode keeps its tiled torch path
+        # per-row C++ ops (kernels/decode_cpu) for norms, q/k-norm + RoPE + KV write (a bfloat16 cache too)
+        # and the softmax router; batch-invariant mode keeps its tiled torch path
         self.fast = (not self.invariant and self.dtype in (torch.float32, torch.float64)
-                     and self.kv_dtype == self.dtype and decode_cpu.load_kernel() is not None)
+                     and decode_cpu.load_kernel() is not None)
 
     def _qkv_weight(self, attn) -> torch.Tensor:
         """q, k, v projections as one [(Hq + 2·Hkv)·D, H] weight (one matmul instead of three),

@@ -70,6 +70,32 @@ def test_qk_norm_rope_store_equals_norm_rope_and_index_copy(dtype, N, Hq, Hkv, D
     assert torch.allclose(kv_t[written], kv_ref[written], rtol=0, atol=TOL[dtype] * scale * 10)
 
 
+@pytest.mark.parametrize("normed", [True, False])
+def test_qk_norm_rope_store_rounds_into_a_bfloat16_cache_as_torch_does(normed):
+    """A bfloat16 cache under float32 (rollout.kv_dtype): the stored keys and values are the kernel's
+    float32 results rounded as ``.to(torch.bfloat16)`` rounds -- v bit for bit, k within one bfloat16 ulp
+    of the torch reference (its float32 k may differ in the last bits before the rounding)."""
+    g = torch.Generator().manual_seed(3)
+    N, Hq, Hkv, D, P = 7, 4, 2, 64, 40
+    qkv_NF = torch.randn(N, (Hq + 2 * Hkv) * D, generator=g)
+    w_GD = torch.randn(Hq + Hkv, D, generator=g) if normed else None
+    angle_ND = torch.rand(N, D, generator=g) * 6
+    cos_ND, sin_ND = angle_ND.cos(), angle_ND.sin()
+    slot_N = torch.randperm(P, generator=g)[:N]
+    kv_out = torch.zeros(P, 2, Hkv, D, dtype=torch.bfloat16)
+    kv_t = kv_out.clone()
+    q_out = decode_cpu.qk_norm_rope_store(qkv_NF, w_GD, 1e-6, cos_ND, sin_ND, kv_out, slot_N, Hq, Hkv)
+    q_t = decode_cpu.qk_norm_rope_store_torch(qkv_NF, w_GD, 1e-6, cos_ND, sin_ND, kv_t, slot_N, Hq, Hkv)
+    assert q_out.dtype == torch.float32 and (q_out - q_t).abs().max() <= 1e-5 * qkv_NF.abs().max()
+    assert torch.equal(kv_out[:, 1], kv_t[:, 1])
+    k_out, k_t = kv_out[:, 0].float(), kv_t[:, 0].float()
+    assert ((k_out - k_t).abs() <= k_t.abs() * 2 ** -7).all()
+    # the kernel's own float32 keys, rounded by torch, are exactly what it stored
+    kv_f = torch.zeros(P, 2, Hkv, D)
+    decode_cpu.qk_norm_rope_store(qkv_NF, w_GD, 1e-6, cos_ND, sin_ND, kv_f, slot_N, Hq, Hkv)
+    assert torch.equal(kv_f.to(torch.bfloat16), kv_out)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("N,E,k,normalize,scale", [(1, 16, 2, True, 1.0), (13, 5, 1, False, 1.0),
                                                   (6, 8, 8, True, 2.5), (40, 60, 3, False, 1.0)])
