@@ -19,8 +19,9 @@ jointrl, in-process (one process holds the three real pieces, as a one-node user
   over the 16 requests, the reward, ``grpo_advantages``, the ``TrainBatch``;
 * learner: ``LearnerWorker.train_step`` (rl/learner: DeepSpeed ZeRO-2 over gloo, one rank, where
   it runs as ZeRO-1; ``learner.micro_batch_size`` sequences per micro-batch, a group's shared
-  prompt forwarded once per micro-batch);
-* push: ``LearnerWorker.weight_bundle`` (rl/weight_sync: routed experts to MXFP4, CRCs) and
+  prompt forwarded once per micro-batch): the policy-gradient loss over all 16 sequences, one
+  AdamW update of every weight;
+* push: ``LearnerWorker.weight_bundle`` (rl/weight_sync: routed experts to MXFP4, XXH3 digests) and
   ``LLMEngine.update_weights`` (verify, dequantize, copy in).
 
 TRL: ``GRPOTrainer`` on CPU without vLLM (its only CPU path): rollout is
@@ -30,8 +31,12 @@ loss, backward, optimizer), and there is no push: TRL samples from the model it 
 
 Reported as one table of per-phase medians (wall seconds) and CPU seconds per step
 (``time.process_time``, all threads of the process: steadier than wall time on a shared
-machine), with the ratio TRL / jointrl. ``--variants`` adds rows for cheap configuration
-changes on our side. Reports; never asserts.
+machine), with the ratio TRL / jointrl. ``--variants`` adds rows for configuration changes on
+our side, each a set of overrides a user passes as is (``VARIANTS``); the last,
+``learner.micro_batch_size=16 learner.zero_stage=0 rollout.quantize_experts=false``, is the fastest:
+one micro-batch per step, no ZeRO partitioning on the one rank (and torch's foreach gradient
+clip), and a dense fp32 push, so the rollout samples from the learner's exact weights as TRL
+does. Reports; never asserts.
 """
 
 from __future__ import annotations
