@@ -36,6 +36,9 @@ class AttentionBatch:
     indexer_losses: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     past: int = 0                                         # cached tokens before the new ones
     key_mask_BS: torch.Tensor | None = None               # bool [B, past + T], False at padding keys
+    # gated_dsa's indexer loss: each new query's weight [B, T] (None: token_mask_BT). A prompt forwarded
+    # once for several rows (learner/prefix_cache.py) weights its queries by the rows that continue it.
+    query_weight_BT: torch.Tensor | None = None
 
     def mask(self, rows: tuple[int, int] | None = None) -> torch.Tensor:
         """The mask of all new tokens, or of new tokens a..b-1 only ([B|1, 1, b-a, S])."""

@@ -123,6 +123,7 @@ class GatedDSAAttention(Attention):
             ik_BSD = ik_BTD if batch.cache is None else batch.cache.update_index(self.layer_idx, ik_BTD)
             iq_BTnD, iw_BTn = self.indexer.queries(x_idx, batch.index_rope)
         outs, kl_sum = [], x_BTH.new_zeros((), dtype=compute_dtype(x_BTH.dtype))
+        weight_BT = batch.token_mask_BT if batch.query_weight_BT is None else batch.query_weight_BT
         # split, not x[..., a:b] per chunk: a slice's backward zero-fills the whole tensor's gradient
         chunks = zip(q_BHTD.split(self.query_chunk, dim=2), iq_BTnD.split(self.query_chunk, dim=1),
                      iw_BTn.split(self.query_chunk, dim=1), strict=True)
@@ -134,7 +135,7 @@ class GatedDSAAttention(Attention):
             visible_BcS = batch.mask((a, b))[:, 0, :, :Sc].expand(B, b - a, -1)
             with torch.set_grad_enabled(want_loss and torch.is_grad_enabled()):
                 scores_BcS = self.indexer.scores(iq_c, iw_c, ik_BSD[:, :Sc])
-            real_Bc = None if batch.token_mask_BT is None else batch.token_mask_BT[:, a:b]
+            real_Bc = None if weight_BT is None else weight_BT[:, a:b]
             if self.sparse:  # attend over the k gathered keys, not over a mask of all S
                 idx_Bck, valid_Bck = selected_keys(topk_mask(scores_BcS.detach(), visible_BcS, self.topk), self.topk)
                 probs_BHck = self._sparse_probs(q_c, k_BHSD, idx_Bck, valid_Bck)
@@ -152,7 +153,7 @@ class GatedDSAAttention(Attention):
             outs.append(self._weighted_values(probs_BHcS.to(v_BHSD.dtype), v_BHSD[:, :, :Sc]))
             kl_sum = kl_sum + indexer_kl(probs_BHcS.detach().mean(1), scores_BcS, visible_BcS, real_Bc)
         if want_loss:
-            n_real = torch.tensor(float(B * T)) if batch.token_mask_BT is None else batch.token_mask_BT.sum()
+            n_real = torch.tensor(float(B * T)) if weight_BT is None else weight_BT.sum()
             batch.indexer_losses.append((kl_sum, n_real.to(kl_sum.dtype)))
         return self.output(x_BTH, torch.cat(outs, dim=2))
 
@@ -201,7 +202,8 @@ class GatedDSAAttention(Attention):
 
 def indexer_kl(p_BcS: torch.Tensor, scores_BcS: torch.Tensor, allowed_BcS: torch.Tensor,
                real_Bc: torch.Tensor | None) -> torch.Tensor:
-    """Σ over real queries of KL(p ‖ softmax(scores)) on the allowed keys; p is a distribution there."""
+    """Σ over real queries of KL(p ‖ softmax(scores)) on the allowed keys; p is a distribution there.
+    ``real_Bc``: bool, or float weights per query."""
     log_q = torch.log_softmax(scores_BcS.masked_fill(~allowed_BcS, float("-inf")), dim=-1)
     log_p = torch.log(p_BcS.clamp_min(torch.finfo(p_BcS.dtype).tiny))
     kl_Bc = torch.where(p_BcS > 0, p_BcS * (log_p - log_q.masked_fill(~allowed_BcS, 0.0)), 0.0).sum(-1)

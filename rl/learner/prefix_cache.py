@@ -20,10 +20,9 @@ Per row this is the unshared sequence's computation, so log-probs and gradients 
 unshared forward's (float64 tests). What it saves: the prompt's tokens once per group instead of
 once per row, in every layer.
 
-Counts that read prompt tokens stay per row: the expert load (the router-bias update) weights each
-prompt token by the number of rows that continue it. The indexer loss averages over the queries it
-computed, so a shared prompt's queries count once per micro-batch, not once per row (it trains
-only the indexer, whose target does not depend on the weighting).
+Counts that read prompt tokens stay per row: the expert load (the router-bias update), the balance
+loss and gated_dsa's indexer loss weight each prompt token by the number of rows that continue it
+(``AttentionBatch.query_weight_BT``), so they too equal the unshared forward's.
 """
 
 from __future__ import annotations
@@ -50,12 +49,13 @@ def _left_padded_prompts(prefix) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return ids, real, (real.long().cumsum(1) - 1).clamp(min=0)
 
 
-def _batch(backbone, cfg, x_BTH, pos_BT, token_mask_BT, cache, losses, key_mask_BS) -> AttentionBatch:
+def _batch(backbone, cfg, x_BTH, pos_BT, token_mask_BT, cache, losses, key_mask_BS,
+           query_weight_BT=None) -> AttentionBatch:
     return AttentionBatch(
         rope=backbone.rotary_emb(pos_BT, x_BTH.dtype),
         index_rope=backbone.index_rotary_emb(pos_BT, x_BTH.dtype) if "gated_dsa" in cfg.kinds else None,
         mask_B1TS=None, token_mask_BT=token_mask_BT, cache=cache, indexer_losses=losses,
-        past=cache.length, key_mask_BS=key_mask_BS)
+        past=cache.length, key_mask_BS=key_mask_BS, query_weight_BT=query_weight_BT)
 
 
 def forward_with_prefix_cache(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor,
@@ -71,13 +71,15 @@ def forward_with_prefix_cache(model: torch.nn.Module, ids_BT: torch.Tensor, pos_
     pre_ids, pre_real, pre_pos = _left_padded_prompts(prefix)
     G, P0 = pre_ids.shape
     cache = KVCache.empty(cfg, G, dtype=dtype)
+    rg = prefix.row_group
+    # a prompt token stands for every row that continues it
+    uses_G = torch.bincount(rg, minlength=G).to(torch.float32)
     probs_p, ids_p = [], []
     if P0:
         x_GPH = backbone.embed_tokens(pre_ids)
         _, probs_p, ids_p = _layers(backbone, x_GPH, _batch(backbone, cfg, x_GPH, pre_pos, pre_real, cache, losses,
-                                                             pre_real), None, False)
+                                                             pre_real, pre_real * uses_G[:, None]), None, False)
         cache.advance(P0)
-    rg = prefix.row_group
     def rows(ts: list) -> list:
         return [None if t is None else t[rg] for t in ts]
     row_cache = KVCache(keys=rows(cache.keys), values=rows(cache.values), index_keys=rows(cache.index_keys),
@@ -90,8 +92,6 @@ def forward_with_prefix_cache(model: torch.nn.Module, ids_BT: torch.Tensor, pos_
     x_BTH, probs_r, ids_r = _layers(backbone, x_BTH, batch, None, False)
     hidden_BTH = backbone.norm(x_BTH)
     logits_BTV = model.lm_head(hidden_BTH)
-    # a prompt token stands for every row that continues it
-    uses_G = torch.bincount(rg, minlength=G).to(torch.float32)
     weight_N = torch.cat(((pre_real * uses_G[:, None]).reshape(-1), real_BT.reshape(-1).to(torch.float32)))
     probs = [torch.cat(pr) for pr in zip(probs_p, probs_r)] if P0 else probs_r
     ids = [torch.cat(pr) for pr in zip(ids_p, ids_r)] if P0 else ids_r
@@ -99,7 +99,7 @@ def forward_with_prefix_cache(model: torch.nn.Module, ids_BT: torch.Tensor, pos_
     with torch.no_grad():
         load_LE = torch.stack([expert_load(ids_Nk, cfg.num_experts, weight_N) for ids_Nk in ids])
     idx_loss = None
-    if indexer_loss:  # one (KL sum, queries) per gated_dsa layer: the prompts' pass and the rows' added
+    if indexer_loss:  # one (KL sum, weighted queries) per gated_dsa layer: the prompts' pass and the rows' added
         n = len(losses) // 2 if P0 else len(losses)
         per_layer = ([(a[0] + b[0], a[1] + b[1]) for a, b in zip(losses[:n], losses[n:], strict=True)]
                      if P0 else losses)

@@ -85,13 +85,16 @@ def _update(share: bool, *overrides):
 
 @pytest.mark.parametrize("overrides", [["learner.micro_batch_size=3"],
                                        ["learner.micro_batch_size=0", "algo.aggregation=seq_mean", "algo.kl_coef=0.1"],
-                                       # the router-bias update and the balance loss count prompt tokens per row
-                                       [*HYBRID, "learner.micro_batch_size=3", "learner.indexer_loss_coef=0",
-                                        "learner.aux_loss_coef=0.01"]])
+                                       # the router-bias update, the balance loss and gated_dsa's indexer
+                                       # loss (learner.indexer_loss_coef = 1) count prompt tokens per row
+                                       [*HYBRID, "learner.micro_batch_size=3", "learner.aux_loss_coef=0.01"]])
 def test_update_equals_unshared(overrides):
     ref_m, ref = _update(False, *overrides)
     m, d = _update(True, *overrides)
-    for key in ("loss", "clip_frac", "approx_kl", "entropy"):
+    assert ("indexer_kl" in m) == ("indexer_kl" in ref_m) == ("model=tiny_hybrid" in overrides)
+    for key in ("loss", "clip_frac", "approx_kl", "entropy", "indexer_kl"):
+        if key not in ref_m:
+            continue
         assert m[key] == pytest.approx(ref_m[key], rel=1e-9, abs=1e-12), key
     for k in ref:
         torch.testing.assert_close(d[k], ref[k], rtol=1e-4, atol=2.5e-7, msg=k)
