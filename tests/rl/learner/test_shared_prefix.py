@@ -146,3 +146,49 @@ def test_micro_batches_do_not_straddle_system_prompts():
     assert [mb.num_seqs for mb in mbs] == [3, 4, 1]
     assert [mb.prefix.ids.shape[1] if mb.prefix is not None else 0 for mb in mbs] == [50, 40, 0]
     assert [mb.num_seqs for mb in micro_batches(batch, 4, 0, torch.float64)] == [4, 4]
+
+
+def test_hybrid_one_token_prompts_share_an_empty_cache():
+    """Prompts of one token leave nothing to cache (P0 = 0: the prompt's last token is each row's
+    column 0); the rows then run from an empty cache and everything, the indexer loss included,
+    equals the unshared forward's."""
+    g = torch.Generator().manual_seed(9)
+    rand = lambda n: torch.randint(0, 256, (n,), generator=g).tolist()  # noqa: E731
+    p, q = rand(1), rand(1)
+    seqs = [p + rand(6), p + rand(9), q + rand(3), q + rand(5)]
+    batch = TrainBatch(seqs, [[0] + [1] * (len(s) - 1) for s in seqs], [[0.0] * len(s) for s in seqs],
+                       [1.0, -1.0, 0.5, 0.25])
+    torch.manual_seed(0)
+    model = build_model(load_config(["model.dtype=float64", *HYBRID]))
+    for prm in model.parameters():
+        prm.data.normal_(0, 0.05)
+    outs = []
+    for mb in (collate(batch, False, 0, torch.float64), collate_shared(batch, 0, torch.float64)):
+        model.zero_grad()
+        fwd = learner_forward(model, mb.input_ids, mb.pos, mb.seg, prefix=mb.prefix, indexer_loss=True)
+        lp = logprobs_from_logits(fwd.logits_BTV, mb.input_ids)
+        ((lp * mb.loss_mask * mb.adv).sum() + fwd.indexer_loss).backward()
+        outs.append((lp[mb.loss_mask > 0], fwd.indexer_loss.detach(),
+                     {n: prm.grad.clone() for n, prm in model.named_parameters() if prm.grad is not None}))
+    assert collate_shared(batch, 0, torch.float64).prefix.ids.shape == (2, 1)
+    (lp0, il0, g0), (lp1, il1, g1) = outs
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-12)
+    torch.testing.assert_close(il1, il0, rtol=1e-9, atol=1e-15)
+    assert g1.keys() == g0.keys()
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-9, atol=1e-12, msg=n)
+
+
+def test_micro_batch_runs_keep_the_batch_order():
+    """``LearnerWorker.logprobs`` reads sequences back in micro-batch order: system prompts that
+    alternate (A, B, A) make three runs, not two, and the sequences come out in the batch's order."""
+    g = torch.Generator().manual_seed(6)
+    rand = lambda n: torch.randint(0, 256, (n,), generator=g).tolist()  # noqa: E731
+    sys_a, sys_b = rand(40), rand(40)
+    seqs = [s + rand(5 + i) for i, s in enumerate((sys_a, sys_a, sys_b, sys_b, sys_a, sys_a))]
+    masks = [[0] * (len(s) - 3) + [1] * 3 for s in seqs]
+    batch = TrainBatch(seqs, masks, [[0.0] * len(s) for s in seqs], [1.0] * 6)
+    mbs = micro_batches(batch, 4, 0, torch.float64, share_prefix=True)
+    assert [mb.num_seqs for mb in mbs] == [2, 2, 2]
+    got = [mb.input_ids[b, 1:int((mb.seg[b] >= 0).sum())].tolist() for mb in mbs for b in range(mb.num_seqs)]
+    assert got == [s[40:] for s in seqs]
