@@ -240,7 +240,11 @@ def micro_batches(batch: TrainBatch, size: int, pad_id: int, dtype: torch.dtype,
     if share_prefix and (pack or topk is not None or image is not None):
         raise ValueError("share_prefix works without packing, routing replay and image inputs only")
     lengths = [len(s) for s in batch.token_ids]
-    if share_prefix:  # no micro-batch straddles two system prompts (domains), or its rows share nothing
+    prompts = [tuple(ids[:m.index(1)]) if 1 in m else None for ids, m in zip(batch.token_ids, batch.loss_mask)]
+    if share_prefix and len(set(prompts)) == len(prompts):
+        # No two sequences share a whole prompt (SFT): only a common prefix can be shared, so no
+        # micro-batch may straddle two system prompts (domains). (GRPO groups are planned as they
+        # come: splitting there would only cut their micro-batches smaller.)
         def head(i: int) -> tuple[int, ...] | None:  # what a common prefix would start with (None: too short)
             m = batch.loss_mask[i]
             short = len(m) < MIN_COMMON_PREFIX or any(m[:MIN_COMMON_PREFIX])

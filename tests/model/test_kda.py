@@ -76,8 +76,8 @@ def test_chunked_gradients_equal_recurrent_fp64(decay, chunk):
     """Training differentiates the chunked form: its gradients (every input, the initial state
     included) equal the token-by-token recurrence's. The decays cover each form of the decayed
     products: decay 0.7 factored; 30 (a mean log-decay of 15 a token) spans more than 600 in a
-    64-token chunk but not in its 16-token quarters, so they are halved; 200 spans more than 600
-    even in 8 tokens, which takes the direct form."""
+    64-token chunk but not in its 32-token halves, which are factored; 200 spans more than 600
+    even in 8 tokens, which takes the direct form (64 -> 32 -> 16 -> 8)."""
     q, k, v, g, beta, s0 = _inputs(2, 70, 3, 8, seed=7)
     g = g * (decay / 0.7)
     results = []

@@ -192,3 +192,16 @@ def test_micro_batch_runs_keep_the_batch_order():
     assert [mb.num_seqs for mb in mbs] == [2, 2, 2]
     got = [mb.input_ids[b, 1:int((mb.seg[b] >= 0).sum())].tolist() for mb in mbs for b in range(mb.num_seqs)]
     assert got == [s[40:] for s in seqs]
+
+
+def test_grpo_groups_of_alternating_domains_keep_full_micro_batches():
+    """Whole-prompt groups (GRPO) are planned as they come, whatever their system prompts: 2 tasks
+    x 4 completions from two domains, alternating, in micro-batches of 8 -> one micro-batch."""
+    g = torch.Generator().manual_seed(9)
+    rand = lambda n: torch.randint(0, 256, (n,), generator=g).tolist()  # noqa: E731
+    prompts = [rand(40) + rand(5), rand(40) + rand(6)]
+    seqs = [prompts[i % 2] + rand(3 + i) for i in range(8)]
+    masks = [[0] * len(prompts[i % 2]) + [1] * (len(s) - len(prompts[i % 2])) for i, s in enumerate(seqs)]
+    batch = TrainBatch(seqs, masks, [[0.0] * len(s) for s in seqs], [1.0] * 8)
+    mbs = micro_batches(batch, 8, 0, torch.float64, share_prefix=True)
+    assert [mb.num_seqs for mb in mbs] == [8] and mbs[0].prefix.ids.shape[0] == 2
