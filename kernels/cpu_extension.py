@@ -8,7 +8,8 @@ vector ``exp`` variants (<= 4 ulp), so that ``omp simd`` loops calling ``exp_`` 
 4 (double) lanes at a time instead of one libm call per element; and, where the machine has AVX2 and
 FMA (``JOINTRL_SIMD``), ``Vec<T>``: load / fma / store of 8 floats or 4 doubles, and ``sums``, the
 lane sums of a full vector's count of accumulators as one vector -- so a kernel can keep one
-accumulator per dot product and reduce them together (each sum in the same order whatever its slot). The flags let the compiler
+accumulator per dot product and reduce them together (each sum in the same order whatever its slot);
+and ``inv_rms``, RMSNorm's scale. The flags let the compiler
 reorder sums (vectorized reductions), never fast-math's finite-only rules.
 """
 
@@ -83,6 +84,15 @@ struct Vec<double> {
   }
 };
 #endif
+
+// 1 / sqrt(mean(x^2) + eps) over x[0..n): RMSNorm's scale, shared by the decode step and the learner's norms
+template <typename T>
+static inline T inv_rms(const T* __restrict x, int64_t n, double eps) {
+  T ss = 0;
+#pragma omp simd reduction(+ : ss)
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  return T(1) / std::sqrt(ss / T(n) + T(eps));
+}
 """
 
 _LIBMVEC = platform.machine() == "x86_64" and platform.libc_ver()[0] == "glibc"

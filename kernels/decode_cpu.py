@@ -36,13 +36,6 @@ __all__ = ["load_kernel", "rms_norm", "rms_norm_torch", "qk_norm_rope_store", "q
            "route_softmax_topk", "route_softmax_topk_torch"]
 
 _SOURCE = r"""
-template <typename T>
-static inline T inv_rms(const T* __restrict x, int64_t n, double eps) {
-  T ss = 0;
-#pragma omp simd reduction(+ : ss)
-  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  return T(1) / std::sqrt(ss / T(n) + T(eps));
-}
 
 template <typename T>
 static void rms_rows(const T* xp, const T* __restrict wp, T* yp, int64_t N, int64_t H, double eps) {

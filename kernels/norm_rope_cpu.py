@@ -33,13 +33,6 @@ from jointrl.kernels.cpu_extension import load_cpu_extension
 __all__ = ["load_kernel", "rms_norm", "rms_norm_torch", "qk_norm_rope", "qk_norm_rope_torch", "usable"]
 
 _SOURCE = r"""
-template <typename T>
-static inline T inv_rms(const T* __restrict x, int64_t D, double eps) {
-  T ss = 0;
-#pragma omp simd reduction(+ : ss)
-  for (int64_t i = 0; i < D; ++i) ss += x[i] * x[i];
-  return T(1) / std::sqrt(ss / T(D) + T(eps));
-}
 
 // One normalised row: t = w x r; with cos/sin (RoPE, half = D / 2): y = t cos + rotate_half(t) sin.
 template <typename T>
