@@ -207,7 +207,7 @@ def eval_config(overrides: list[str]) -> Config:
 
 def main(argv: list[str] | None = None) -> dict:
     args = list(sys.argv[1:] if argv is None else argv)
-    if any("=" not in a for a in args):
+    if any("=" not in a and not a.startswith("~") for a in args):  # ~key: a Hydra deletion, as for train
         raise SystemExit(USAGE)
     mine = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.split("=", 1)[0] in ARGS}
     overrides = [a for a in args if a.split("=", 1)[0] not in ARGS]

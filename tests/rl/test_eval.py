@@ -34,6 +34,11 @@ def test_bad_arguments_name_the_allowed_values(tmp_path):
         main(["checkpoint=null", "tier=low,medium", f"out={tmp_path}"])
     with pytest.raises(SystemExit, match="split='test' is not allowed"):
         main(["checkpoint=null", "split=test", f"out={tmp_path}"])
+    with pytest.raises(SystemExit, match="usage: jointrl eval"):
+        main(["checkpoint=null", "heldout", f"out={tmp_path}"])
+    # a Hydra deletion (one domain of a joint experiment) is an override, not a usage error
+    with pytest.raises(SystemExit, match="tier='medium' is not allowed"):
+        main(["checkpoint=null", "+experiment=cpu_joint", "~envs.domains.code_repo", "tier=medium", f"out={tmp_path}"])
 
 
 @pytest.fixture(scope="module")
