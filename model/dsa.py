@@ -127,6 +127,9 @@ class GatedDSAAttention(Attention):
         # split, not x[..., a:b] per chunk: a slice's backward zero-fills the whole tensor's gradient
         chunks = zip(q_BHTD.split(self.query_chunk, dim=2), iq_BTnD.split(self.query_chunk, dim=1),
                      iw_BTn.split(self.query_chunk, dim=1), strict=True)
+        S = k_BHSD.shape[2]
+        if self.sparse:  # keys/values as [B·S, Hkv·D] rows once per forward, for every chunk's index_select
+            k_rows, v_rows = (x.transpose(1, 2).reshape(B * S, -1) for x in (k_BHSD, v_BHSD))
         for a, (q_c, iq_c, iw_c) in zip(range(0, T, self.query_chunk), chunks, strict=True):
             b = min(a + self.query_chunk, T)
             # keys after the chunk's last query are never visible: score and mask only the first Sc
@@ -138,8 +141,8 @@ class GatedDSAAttention(Attention):
             real_Bc = None if weight_BT is None else weight_BT[:, a:b]
             if self.sparse:  # attend over the k gathered keys, not over a mask of all S
                 idx_Bck, valid_Bck = selected_keys(topk_mask(scores_BcS.detach(), visible_BcS, self.topk), self.topk)
-                probs_BHck = self._sparse_probs(q_c, k_BHSD, idx_Bck, valid_Bck)
-                outs.append(self._sparse_values(probs_BHck.to(v_BHSD.dtype), v_BHSD, idx_Bck))
+                probs_BHck = self._sparse_probs(q_c, self._gather(k_rows, idx_Bck, S), valid_Bck)
+                outs.append(self._sparse_values(probs_BHck.to(v_BHSD.dtype), self._gather(v_rows, idx_Bck, S)))
                 if want_loss:
                     kl_sum = kl_sum + indexer_kl(probs_BHck.detach().mean(1), scores_BcS.gather(-1, idx_Bck),
                                                  valid_Bck, real_Bc)
@@ -157,32 +160,29 @@ class GatedDSAAttention(Attention):
             batch.indexer_losses.append((kl_sum, n_real.to(kl_sum.dtype)))
         return self.output(x_BTH, torch.cat(outs, dim=2))
 
-    def _gather(self, x_BHSD: torch.Tensor, idx_Bck: torch.Tensor) -> torch.Tensor:
-        """x at each query's selected keys: [B, Hkv, c, k, D] (whole rows of [B·S, Hkv·D]: an
-        index_select, several times faster than a gather over the expanded index)."""
-        B, Hkv, S, D = x_BHSD.shape
-        _, c, k = idx_Bck.shape
+    def _gather(self, rows_NF: torch.Tensor, idx_Bck: torch.Tensor, S: int) -> torch.Tensor:
+        """Each query's selected keys (or values) from their [B·S, Hkv·D] rows: [B, Hkv, c, k, D]
+        (an index_select of whole rows, several times faster than a gather over an expanded index)."""
+        B, c, k = idx_Bck.shape
         rows = (idx_Bck + torch.arange(B, device=idx_Bck.device)[:, None, None] * S).reshape(-1)
-        picked = x_BHSD.transpose(1, 2).reshape(B * S, Hkv * D).index_select(0, rows)
-        return picked.view(B, c, k, Hkv, D).permute(0, 3, 1, 2, 4)
+        return rows_NF.index_select(0, rows).view(B, c, k, self.num_kv_heads, -1).permute(0, 3, 1, 2, 4)
 
-    def _sparse_probs(self, q_BHcD: torch.Tensor, k_BHSD: torch.Tensor, idx_Bck: torch.Tensor,
-                      valid_Bck: torch.Tensor) -> torch.Tensor:
+    def _sparse_probs(self, q_BHcD: torch.Tensor, k_BKckD: torch.Tensor, valid_Bck: torch.Tensor) -> torch.Tensor:
         """softmax over each query's selected keys, [B, Hq, c, k] in the compute dtype; all 0 where a
         query has no key (as a fully masked SDPA row gives 0), with finite gradients."""
         B, Hq, c, D = q_BHcD.shape
         G = Hq // self.num_kv_heads
         q_BKGcD = (q_BHcD * D ** -0.5).view(B, self.num_kv_heads, G, c, D)
-        logits = torch.einsum("bkgcd,bkcjd->bkgcj", q_BKGcD, self._gather(k_BHSD, idx_Bck)).reshape(B, Hq, c, -1)
+        logits = torch.einsum("bkgcd,bkcjd->bkgcj", q_BKGcD, k_BKckD).reshape(B, Hq, c, -1)
         logits = logits.to(compute_dtype(q_BHcD.dtype))
         logits = logits.masked_fill(~valid_Bck[:, None], torch.finfo(logits.dtype).min)
         return torch.softmax(logits, dim=-1) * valid_Bck[:, None]
 
-    def _sparse_values(self, probs_BHck: torch.Tensor, v_BHSD: torch.Tensor, idx_Bck: torch.Tensor) -> torch.Tensor:
+    def _sparse_values(self, probs_BHck: torch.Tensor, v_BKckD: torch.Tensor) -> torch.Tensor:
         B, Hq, c, k = probs_BHck.shape
         G = Hq // self.num_kv_heads
         p_BKGck = probs_BHck.view(B, self.num_kv_heads, G, c, k)
-        return torch.einsum("bkgcj,bkcjd->bkgcd", p_BKGck, self._gather(v_BHSD, idx_Bck)).reshape(B, Hq, c, -1)
+        return torch.einsum("bkgcj,bkcjd->bkgcd", p_BKGck, v_BKckD).reshape(B, Hq, c, -1)
 
     def _probs(self, q_BHcD: torch.Tensor, k_BHSD: torch.Tensor, allowed_BcS: torch.Tensor) -> torch.Tensor:
         """softmax over allowed keys of q·k/√D, [B, Hq, c, S] in the compute dtype (GQA by grouping)."""
