@@ -4,7 +4,9 @@ It reuses the model's own modules and weights (projections, q/k-norm, RoPE, the 
 norms, head); only attention's cache handling differs from ``MoETransformer.forward``.
 All new tokens of a step -- one per decoding sequence, a chunk per prefilling one -- are
 flattened to N rows: every projection and the MoE (tokens grouped by expert, one matmul
-per active expert) run once over all N. Attention then reads each sequence's keys/values
+per active expert) run once over all N; at up to ``linear_cpu.MAX_ROWS`` rows (decode steps) the
+dense projections -- q|k|v, o, router, head -- through ``kernels/linear_cpu`` against weights packed
+once per weights version (MKL's sgemm is slow at so few rows). Attention then reads each sequence's keys/values
 through its block table: the decoding sequences in one batched SDPA call (keys padded to
 the longest context and masked), each prefill chunk in its own call.
 
@@ -39,7 +41,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from jointrl.kernels import decode_cpu, moe_cpu, paged_attention_cpu
+from jointrl.kernels import decode_cpu, linear_cpu, moe_cpu, paged_attention_cpu
 from jointrl.kernels.paged_attention_cpu import paged_decode
 from jointrl.model import MoETransformer
 from jointrl.model.norm import RMSNorm, compute_dtype
@@ -81,6 +83,9 @@ class ModelRunner:
         # and the softmax router; batch-invariant mode keeps its tiled torch path
         self.fast = (not self.invariant and self.dtype in (torch.float32, torch.float64)
                      and decode_cpu.load_kernel() is not None)
+        # the dense projections of a few rows (q|k|v, o, router, head) against weights packed once
+        # (kernels/linear_cpu: ~2x MKL's sgemm at 16 rows on weights streamed from memory each step)
+        self.packed_linear = self.fast and linear_cpu.load_kernel() is not None
 
     def _qkv_weight(self, attn) -> torch.Tensor:
         """q, k, v projections as one [(Hq + 2·Hkv)·D, H] weight (one matmul instead of three),
@@ -92,6 +97,16 @@ class ModelRunner:
         if cached is None or cached[0] != key:
             cached = self._fused[id(attn)] = (key, torch.cat(ws))
         return cached[1]
+
+    def _packed(self, x_NK: torch.Tensor, *ws: torch.Tensor) -> torch.Tensor:
+        """x_NK @ cat(ws).T for bias-free projections through ``kernels/linear_cpu``; the packed weight
+        cached and rebuilt like ``_qkv_weight``'s when any of ``ws`` changes."""
+        key = tuple((w.data_ptr(), w._version) for w in ws)
+        cached = self._fused.get((id(ws[0]), len(ws)))
+        if cached is None or cached[0] != key:
+            w = ws[0] if len(ws) == 1 else torch.cat(ws)
+            cached = self._fused[(id(ws[0]), len(ws))] = (key, (linear_cpu.pack(w), w.shape[0]))
+        return linear_cpu.linear(x_NK, *cached[1])
 
     def _rope(self, pos_N: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos_ND, sin_ND) of ``rotary_emb`` at ``pos_N``, looked up in a table of positions 0..P-1 built by
@@ -205,14 +220,18 @@ class ModelRunner:
         if self.image is not None and bool((ids_N == self.image[0]).any()):
             x_NH = m.model.image_projector.merge(x_NH[None], ids_N[None], self._patches([batch[i] for i in order]))[0]
         cos_ND, sin_ND = self._rope(pos_N, x_NH.dtype)
+        packed = self.packed_linear and len(ids_N) <= linear_cpu.MAX_ROWS  # a few rows: kernels/linear_cpu
         routed = []
         for layer_idx, layer in enumerate(m.model.layers):
             kv_PCHD = self.kv_LPCHD[self.pool_index[layer_idx]]
             attn = layer.self_attn
             h_NH = self._norm(layer.input_layernorm, x_NH)
             N = h_NH.shape[0]
-            qkv_weight = self._qkv_weight(attn)
-            qkv_NF = self._rows(lambda t: F.linear(t, qkv_weight), h_NH)
+            if packed:
+                qkv_NF = self._packed(h_NH, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+            else:
+                qkv_weight = self._qkv_weight(attn)
+                qkv_NF = self._rows(lambda t: F.linear(t, qkv_weight), h_NH)
             qk_norm_HD = self._qk_norm_weight(attn)
             if self.fast and (qk_norm_HD is not None or _no_qk_norm(attn)):  # norm, RoPE, KV write: one call
                 q_NHD = decode_cpu.qk_norm_rope_store(qkv_NF, qk_norm_HD, getattr(attn.q_norm, "eps", 0.0), cos_ND,
@@ -226,18 +245,25 @@ class ModelRunner:
             out_NF = out_NHD.reshape(N, self.Hq * self.D)
             if getattr(attn, "gate_proj", None) is not None:  # sigmoid output gate
                 out_NF = out_NF * torch.sigmoid(self._rows(attn.gate_proj, h_NH))
-            x_NH = x_NH + self._rows(attn.o_proj, out_NF)
+            if packed and attn.o_proj.bias is None:
+                x_NH = x_NH + self._packed(out_NF, attn.o_proj.weight)
+            else:
+                x_NH = x_NH + self._rows(attn.o_proj, out_NF)
             h_NH = self._norm(layer.post_attention_layernorm, x_NH)
             if not getattr(layer, "is_moe", True):  # a dense first layer
                 x_NH = x_NH + self._rows(layer.mlp, h_NH)
                 continue
-            y_NH, ids_Nk = self._moe(layer.mlp, h_NH)
+            y_NH, ids_Nk = self._moe(layer.mlp, h_NH, packed)
             x_NH = x_NH + y_NH
             if want_routed:
                 routed.append(ids_Nk)
 
         ends = [i for i, (seq, n) in enumerate(batch) if seq.num_computed + n == len(seq)]
-        logits_RV = self._rows(m.lm_head, self._norm(m.model.norm, x_NH[[first_row[i] + batch[i][1] - 1 for i in ends]]))
+        h_RH = self._norm(m.model.norm, x_NH[[first_row[i] + batch[i][1] - 1 for i in ends]])
+        if packed and m.lm_head.bias is None:
+            logits_RV = self._packed(h_RH, m.lm_head.weight)
+        else:
+            logits_RV = self._rows(m.lm_head, h_RH)
         routed_NLk = None
         if want_routed:  # back to batch order
             rows = torch.cat([torch.arange(first_row[i], first_row[i] + n) for i, (_, n) in enumerate(batch)])
@@ -288,11 +314,13 @@ class ModelRunner:
         tiles = F.pad(x_NH, (0, 0, 0, -N % ROW_TILE)).split(ROW_TILE)
         return torch.cat([fn(t) for t in tiles])[:N] if N else fn(x_NH)
 
-    def _moe(self, mlp, h_NH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MoE block over the rows of ``h_NH`` → (y_NH, expert ids_Nk); batch-invariant: per tile."""
+    def _moe(self, mlp, h_NH: torch.Tensor, packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """The MoE block over the rows of ``h_NH`` → (y_NH, expert ids_Nk); batch-invariant: per tile.
+        ``packed``: the router's projection through ``_packed``."""
         if self.fast and mlp.shared_experts is None and not mlp.gate.sigmoid:  # the router in one C++ call
             gate = mlp.gate
-            ids_Nk, w_Nk = decode_cpu.route_softmax_topk(F.linear(h_NH, gate.weight), gate.top_k,
+            logits_NE = self._packed(h_NH, gate.weight) if packed else F.linear(h_NH, gate.weight)
+            ids_Nk, w_Nk = decode_cpu.route_softmax_topk(logits_NE, gate.top_k,
                                                          gate.norm_topk_prob, gate.routed_scaling_factor)
             ex = mlp.experts
             if moe_cpu.use_kernel(h_NH, ids_Nk, ex.gate_up_proj.shape[0], False):

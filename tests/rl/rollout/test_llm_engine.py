@@ -65,6 +65,28 @@ def test_batch_with_chunked_prefill_equals_full_recompute(model):
     assert eng.block_manager.num_free + sum(len(s.block_table) for s in eng.scheduler.idle.values()) == 128
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_packed_projections_equal_f_linear(dtype):
+    """The runner's dense projections through kernels/linear_cpu (a few rows) against its F.linear path:
+    the same sampled tokens, log-probs within summation order (float64: 1e-10, float32: 1e-4)."""
+    from jointrl.kernels import linear_cpu
+
+    if linear_cpu.load_kernel() is None:
+        pytest.skip("no C++ toolchain here")
+    model = MoETransformer.from_config(MoEConfig(initializer_range=0.1), dtype=dtype, seed=2)
+    ps = prompts(3, 9, 20, 1, seed=4)
+    params = [SamplingParams(max_tokens=10, temperature=1.0, seed=i) for i in range(len(ps))]
+    outs = {}
+    for packed in (True, False):
+        eng = engine(model, max_num_batched_tokens=64)
+        assert eng.runner.packed_linear
+        eng.runner.packed_linear = packed
+        outs[packed] = eng.generate_batch(ps, params)
+    for a, b in zip(outs[True], outs[False]):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-10 if dtype == torch.float64 else 1e-4)
+
+
 def test_sessions_prefill_only_new_tokens(model):
     eng = engine(model)
     p = prompts(13)[0]

@@ -1,0 +1,138 @@
+"""``y = x Wᵀ`` for the few rows of a decode step on CPU, against a weight packed once in panels.
+
+    y[n, o] = Σ_k x[n, k] · W[o, k]      (k ascending, one fused multiply-add per term)
+
+Why: a bench_moe decode step runs 19 ``F.linear`` calls over 16-64 rows (q|k|v, o_proj and the
+router of each layer, the head). At so few rows MKL's sgemm on this machine reaches ~40 GFLOP/s on a
+warm weight and ~25 on one streamed from memory (every weight is, once per step: 43 MB of model
+against a shared 32 MB L3), about half the step's matmul time lost. Here the weight is packed
+once (``pack``: panels of 16 output columns, ``[ceil(O/16), K, 16]``, zero-padded, each panel
+contiguous so the hardware prefetcher streams it) and every panel is read once per call while all
+rows pass over it, 6 (float) / 3 (double) rows x 16 columns of vector accumulators at a time.
+
+Every output is one sum in k order, whatever the number of rows or a row's place among them: a
+row's result does not depend on what shares its call (batch-invariant, as ``rollout.batch_invariant``
+wants, though the runner keeps its tiled path there). Against ``F.linear`` it differs only by
+summation order: float64 to ~1e-15 relative, float32 to a few ulp (tests/kernels/test_linear_cpu.py).
+
+Compiled at first use (``kernels/cpu_extension``); ``load_kernel()`` is None without a toolchain,
+and ``linear`` then falls back to ``F.linear``. Single-threaded by design (decode rows are few; one
+torch thread is the rollout actor's setting).
+
+Shapes: N rows, K input features, O outputs, Q = ceil(O / 16) panels.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from jointrl.kernels.cpu_extension import load_cpu_extension
+
+__all__ = ["PANEL", "MAX_ROWS", "load_kernel", "pack", "linear", "use_kernel"]
+
+PANEL = 16  # output columns per packed panel
+# Rows up to which ``use_kernel`` says yes: past ~64 rows (prefill chunks) MKL's blocked GEMM is faster.
+MAX_ROWS = 64
+
+_SOURCE = r"""
+#ifdef JOINTRL_SIMD
+// acc[m][v] += x[m, k] * P[k, v·L .. v·L + L) for k = 0..K-1: MR rows x 16 columns of one panel.
+template <typename T, int MR>
+__attribute__((always_inline)) static inline void panel_rows(const T* __restrict x, int64_t K, const T* __restrict P, T* y, int64_t O,
+                              int64_t o0) {
+  using Vt = Vec<T>;
+  using V = typename Vt::V;
+  constexpr int L = Vt::L, NV = 16 / L;
+  V acc[MR][NV];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) acc[m][v] = Vt::zero();
+  for (int64_t k = 0; k < K; ++k) {
+    V w[NV];
+    for (int v = 0; v < NV; ++v) w[v] = Vt::load(P + k * 16 + v * L);
+    for (int m = 0; m < MR; ++m) {
+      const V xb = Vt::set1(x[m * K + k]);
+      for (int v = 0; v < NV; ++v) acc[m][v] = Vt::fma(w[v], xb, acc[m][v]);
+    }
+  }
+  const int64_t ncol = std::min<int64_t>(16, O - o0);
+  for (int m = 0; m < MR; ++m) {
+    if (ncol == 16) {
+      for (int v = 0; v < NV; ++v) Vt::store(y + m * O + o0 + v * L, acc[m][v]);
+    } else {
+      alignas(32) T tmp[16];
+      for (int v = 0; v < NV; ++v) Vt::store(tmp + v * L, acc[m][v]);
+      for (int64_t c = 0; c < ncol; ++c) y[m * O + o0 + c] = tmp[c];
+    }
+  }
+}
+#endif
+
+template <typename T>
+__attribute__((noinline)) static void linear_rows(const T* x, int64_t N, int64_t K, const T* P, int64_t O, T* y) {
+  const int64_t Q = (O + 15) / 16;
+  for (int64_t q = 0; q < Q; ++q) {
+    const T* Pq = P + q * K * 16;
+#ifdef JOINTRL_SIMD
+    constexpr int MR = std::is_same_v<T, float> ? 6 : 3;  // MR x 16 / L accumulators: 12 vector registers
+    int64_t n = 0;
+    for (; n + MR <= N; n += MR) panel_rows<T, MR>(x + n * K, K, Pq, y + n * O, O, q * 16);
+    switch (N - n) {  // the last rows, with the same per-output order
+      case 5: if constexpr (MR > 5) panel_rows<T, 5>(x + n * K, K, Pq, y + n * O, O, q * 16); break;
+      case 4: if constexpr (MR > 4) panel_rows<T, 4>(x + n * K, K, Pq, y + n * O, O, q * 16); break;
+      case 3: if constexpr (MR > 3) panel_rows<T, 3>(x + n * K, K, Pq, y + n * O, O, q * 16); break;
+      case 2: panel_rows<T, 2>(x + n * K, K, Pq, y + n * O, O, q * 16); break;
+      case 1: panel_rows<T, 1>(x + n * K, K, Pq, y + n * O, O, q * 16); break;
+      default: break;
+    }
+#else
+    const int64_t ncol = std::min<int64_t>(16, O - q * 16);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < ncol; ++c) {
+        T s = 0;
+        for (int64_t k = 0; k < K; ++k) s = std::fma(x[n * K + k], Pq[k * 16 + c], s);
+        y[n * O + q * 16 + c] = s;
+      }
+#endif
+  }
+}
+
+torch::Tensor linear_packed(torch::Tensor x, torch::Tensor packed, int64_t O) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && packed.is_contiguous() && packed.dim() == 3 &&
+              packed.size(2) == 16 && packed.size(1) == x.size(1) && packed.size(0) == (O + 15) / 16 &&
+              x.scalar_type() == packed.scalar_type(),
+              "linear_packed: x [N, K] and packed [ceil(O/16), K, 16] contiguous, one dtype");
+  auto y = torch::empty({x.size(0), O}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "linear_packed", [&] {
+    linear_rows<scalar_t>(x.data_ptr<scalar_t>(), x.size(0), x.size(1), packed.data_ptr<scalar_t>(), O,
+                          y.data_ptr<scalar_t>());
+  });
+  return y;
+}
+"""
+
+
+@functools.cache
+def load_kernel():
+    """The compiled extension, or None when it cannot be built here (no compiler)."""
+    return load_cpu_extension("jointrl_linear_cpu", _SOURCE, ["linear_packed"])
+
+
+def pack(w_OK: Tensor) -> Tensor:
+    """W [O, K] → panels [ceil(O/16), K, 16]: panel q holds columns 16q .. 16q + 15 of Wᵀ (zeros past O)."""
+    O, K = w_OK.shape
+    return F.pad(w_OK.detach(), (0, 0, 0, -O % PANEL)).view(-1, PANEL, K).transpose(1, 2).contiguous()
+
+
+def use_kernel(x_NK: Tensor) -> bool:
+    """Whether ``linear`` should run the packed kernel: CPU, float32/64, at most ``MAX_ROWS`` rows, and it builds."""
+    return (x_NK.device.type == "cpu" and x_NK.dtype in (torch.float32, torch.float64)
+            and x_NK.shape[0] <= MAX_ROWS and load_kernel() is not None)
+
+
+def linear(x_NK: Tensor, packed_QKP: Tensor, out_features: int) -> Tensor:
+    """x [N, K] (float32/64, CPU) and ``pack(W)`` → x Wᵀ [N, O]. No autograd."""
+    return load_kernel().linear_packed(x_NK.contiguous(), packed_QKP, out_features)

@@ -1,0 +1,51 @@
+"""``kernels/linear_cpu`` against ``F.linear``: every row-tail (1-7 rows past the full blocks), output
+widths that are not a multiple of the panel, float64 and float32; a row's result bit for bit the same
+alone or among others; the packed layout itself."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from jointrl.kernels import linear_cpu
+
+
+@pytest.fixture(autouse=True)
+def kernel():
+    if linear_cpu.load_kernel() is None:
+        pytest.skip("no C++ toolchain here")
+
+
+TOL = {torch.float64: 1e-14, torch.float32: 2e-6}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("N", [1, 2, 3, 4, 5, 6, 7, 13, 64])
+@pytest.mark.parametrize("O,K", [(512, 256), (264, 256), (5, 9), (16, 1)])
+def test_linear_equals_f_linear(dtype, N, O, K):
+    g = torch.Generator().manual_seed(N * 1000 + O)
+    w_OK = torch.randn(O, K, generator=g, dtype=dtype)
+    x_NK = torch.randn(N, K, generator=g, dtype=dtype)
+    ref = F.linear(x_NK, w_OK)
+    out = linear_cpu.linear(x_NK, linear_cpu.pack(w_OK), O)
+    assert out.shape == (N, O) and out.dtype == dtype
+    assert (out - ref).abs().max() <= TOL[dtype] * ref.abs().max() * K ** 0.5
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_row_is_the_same_alone_or_in_a_crowd(dtype):
+    g = torch.Generator().manual_seed(3)
+    w_OK = torch.randn(40, 24, generator=g, dtype=dtype)
+    x_NK = torch.randn(17, 24, generator=g, dtype=dtype)
+    packed = linear_cpu.pack(w_OK)
+    crowd = linear_cpu.linear(x_NK, packed, 40)
+    for n in range(17):
+        assert torch.equal(linear_cpu.linear(x_NK[n:n + 1], packed, 40)[0], crowd[n])
+        assert torch.equal(linear_cpu.linear(x_NK[n:], packed, 40)[0], crowd[n])
+
+
+def test_pack_layout():
+    w_OK = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)
+    packed = linear_cpu.pack(w_OK)
+    assert packed.shape == (2, 3, linear_cpu.PANEL)
+    assert torch.equal(packed[0], w_OK[:16].T)
+    assert torch.equal(packed[1, :, :4], w_OK[16:].T) and not packed[1, :, 4:].any()
