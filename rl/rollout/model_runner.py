@@ -6,7 +6,10 @@ All new tokens of a step -- one per decoding sequence, a chunk per prefilling on
 flattened to N rows: every projection and the MoE (tokens grouped by expert, one matmul
 per active expert) run once over all N; at up to ``linear_cpu.MAX_ROWS`` rows (decode steps) the
 dense projections -- q|k|v, o, router, head -- through ``kernels/linear_cpu`` against weights packed
-once per weights version (MKL's sgemm is slow at so few rows). Attention then reads each sequence's keys/values
+once per weights version (MKL's sgemm is slow at so few rows). A pure decode step of a plain
+Qwen3-MoE-shaped model runs its layers from a per-layer plan of those C++ calls and their prepared
+weights (``_decode_plan``: no module lookups, cache checks or wrappers per layer; bit for bit the
+general path). Attention then reads each sequence's keys/values
 through its block table: the decoding sequences in one batched SDPA call (keys padded to
 the longest context and masked), each prefill chunk in its own call.
 
@@ -86,6 +89,8 @@ class ModelRunner:
         # the dense projections of a few rows (q|k|v, o, router, head) against weights packed once
         # (kernels/linear_cpu: ~2x MKL's sgemm at 16 rows on weights streamed from memory each step)
         self.packed_linear = self.fast and linear_cpu.load_kernel() is not None
+        self._plan: tuple[tuple, list[tuple]] | None = None  # (weights key, per-layer plan): _decode_plan
+        self._plan_refs: list[tuple[dict, str]] | None = None  # _plan_params' lookups ([]: no plan for this model)
 
     def _qkv_weight(self, attn) -> torch.Tensor:
         """q, k, v projections as one [(Hq + 2·Hkv)·D, H] weight (one matmul instead of three),
@@ -99,14 +104,18 @@ class ModelRunner:
         return cached[1]
 
     def _packed(self, x_NK: torch.Tensor, *ws: torch.Tensor) -> torch.Tensor:
-        """x_NK @ cat(ws).T for bias-free projections through ``kernels/linear_cpu``; the packed weight
-        cached and rebuilt like ``_qkv_weight``'s when any of ``ws`` changes."""
+        """x_NK @ cat(ws).T for bias-free projections through ``kernels/linear_cpu``."""
+        return linear_cpu.linear(x_NK, *self._packed_weight(*ws))
+
+    def _packed_weight(self, *ws: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(``linear_cpu.pack(cat(ws))``, its output count), cached and rebuilt like ``_qkv_weight``'s when
+        any of ``ws`` changes."""
         key = tuple((w.data_ptr(), w._version) for w in ws)
         cached = self._fused.get((id(ws[0]), len(ws)))
         if cached is None or cached[0] != key:
             w = ws[0] if len(ws) == 1 else torch.cat(ws)
             cached = self._fused[(id(ws[0]), len(ws))] = (key, (linear_cpu.pack(w), w.shape[0]))
-        return linear_cpu.linear(x_NK, *cached[1])
+        return cached[1]
 
     def _rope(self, pos_N: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos_ND, sin_ND) of ``rotary_emb`` at ``pos_N``, looked up in a table of positions 0..P-1 built by
@@ -221,6 +230,10 @@ class ModelRunner:
             x_NH = m.model.image_projector.merge(x_NH[None], ids_N[None], self._patches([batch[i] for i in order]))[0]
         cos_ND, sin_ND = self._rope(pos_N, x_NH.dtype)
         packed = self.packed_linear and len(ids_N) <= linear_cpu.MAX_ROWS  # a few rows: kernels/linear_cpu
+        if packed and not prefill and self.image is None:
+            plan = self._decode_plan()
+            if plan is not None:
+                return self._decode_planned(plan, x_NH, cos_ND, sin_ND, slot_N, dec_slots_BS, ctx_B, batch, want_routed)
         routed = []
         for layer_idx, layer in enumerate(m.model.layers):
             kv_PCHD = self.kv_LPCHD[self.pool_index[layer_idx]]
@@ -269,6 +282,83 @@ class ModelRunner:
             rows = torch.cat([torch.arange(first_row[i], first_row[i] + n) for i, (_, n) in enumerate(batch)])
             routed_NLk = torch.stack(routed, dim=1)[rows]
         return logits_RV, ends, routed_NLk
+
+    def _decode_plan(self) -> list[tuple] | None:
+        """What a pure decode step calls per layer, the weights packed and fused, as one tuple per layer (and
+        the final norm and head last); None unless every layer has the plain shape the C++ path covers
+        (full attention with RMSNorm q/k-norm or none, no output gate, bias-free projections, a softmax-routed
+        MoE without shared experts, RMSNorm norms, a cache in the model's dtype). Rebuilt when any weight
+        changes in place (its version) or is replaced (its address), like ``_qkv_weight``."""
+        params = self._plan_params()
+        if params is None:
+            return None
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        if self._plan is not None and self._plan[0] == key:
+            return self._plan[1]
+        m, plan = self.model, []
+        for layer_idx, layer in enumerate(m.model.layers):
+            attn, mlp, (in_norm, post_norm) = layer.self_attn, layer.mlp, (layer.input_layernorm, layer.post_attention_layernorm)
+            qk_norm_HD = self._qk_norm_weight(attn)
+            gate = mlp.gate
+            plan.append((self.kv_LPCHD[self.pool_index[layer_idx]], in_norm.weight.detach(), in_norm.eps,
+                         *self._packed_weight(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight),
+                         qk_norm_HD.detach() if qk_norm_HD is not None else in_norm.weight.new_empty(0),
+                         getattr(attn.q_norm, "eps", 0.0), *self._packed_weight(attn.o_proj.weight),
+                         post_norm.weight.detach(), post_norm.eps, *self._packed_weight(gate.weight),
+                         gate.top_k, gate.norm_topk_prob, gate.routed_scaling_factor,
+                         mlp.experts.gate_up_proj.detach().contiguous(), mlp.experts.down_proj.detach().contiguous()))
+        plan.append((m.model.norm.weight.detach(), m.model.norm.eps, *self._packed_weight(m.lm_head.weight)))
+        self._plan = (key, plan)
+        return plan
+
+    def _plan_params(self) -> list[torch.Tensor] | None:
+        """The parameters ``_decode_plan`` reads, looked up in their modules' parameter tables (a parameter
+        replaced by assignment shows; a cheap lookup, unlike ``Module.__getattr__``), or None when a layer is
+        not of the plan's shape (decided once)."""
+        if self._plan_refs is None:
+            m = self.model
+            if not (self.kv_dtype == self.dtype and _plain_decode_shape(m)):
+                self._plan_refs = []
+                return None
+            mods = [(m.model.norm, "weight"), (m.lm_head, "weight")]
+            for layer in m.model.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                mods += [(layer.input_layernorm, "weight"), (layer.post_attention_layernorm, "weight"),
+                         (attn.q_proj, "weight"), (attn.k_proj, "weight"), (attn.v_proj, "weight"),
+                         (attn.o_proj, "weight"), (mlp.gate, "weight"), (mlp.experts, "gate_up_proj"),
+                         (mlp.experts, "down_proj")]
+                if not _no_qk_norm(attn):
+                    mods += [(attn.q_norm, "weight"), (attn.k_norm, "weight")]
+            self._plan_refs = [(mod._parameters, name) for mod, name in mods]
+        return [table[name] for table, name in self._plan_refs] if self._plan_refs else None
+
+    def _decode_planned(self, plan, x_NH, cos_ND, sin_ND, slot_N, slots_BS, ctx_B, batch, want_routed
+                        ) -> tuple[torch.Tensor, list[int], torch.Tensor | None]:
+        """``run``'s layers for a pure decode step (every row one sequence's next token, in batch order): the
+        same C++ calls as the general path, straight from the plan (no per-layer module lookups, cache
+        checks or wrappers), the residual adds in place."""
+        dl, ll, ml = decode_cpu.load_kernel(), linear_cpu.load_kernel(), moe_cpu.load_kernel()
+        decode = paged_attention_cpu.load_kernel().paged_decode
+        N, Hq, Hkv, scale = x_NH.shape[0], self.Hq, self.Hkv, self.D ** -0.5
+        slots_BS, ctx_B = slots_BS.contiguous(), ctx_B.contiguous()
+        routed = []
+        for (kv_PCHD, w_in, eps_in, qkv_p, F_out, qkn_w, qk_eps, o_p, H, w_post, eps_post, gate_p, E, top_k, norm_topk,
+             route_scale, gate_up, down) in plan[:-1]:
+            qkv_NF = ll.linear_packed(dl.rms_norm(x_NH, w_in, eps_in), qkv_p, F_out)
+            q_NHD = dl.qk_norm_rope_store(qkv_NF, qkn_w, qk_eps, cos_ND, sin_ND, kv_PCHD, slot_N, Hq, Hkv)
+            out_NHD = decode(q_NHD, kv_PCHD, slots_BS, ctx_B, scale)
+            x_NH.add_(ll.linear_packed(out_NHD.view(N, -1), o_p, H))
+            h_NH = dl.rms_norm(x_NH, w_post, eps_post)
+            ids_Nk, w_Nk = dl.route_softmax_topk(ll.linear_packed(h_NH, gate_p, E), top_k, norm_topk, route_scale)
+            x_NH.add_(ml.moe_experts(h_NH, ids_Nk, w_Nk, gate_up, down))
+            if want_routed:
+                routed.append(ids_Nk)
+        w_norm, eps_norm, head_p, V = plan[-1]
+        ends = [i for i, (seq, n) in enumerate(batch) if seq.num_computed + n == len(seq)]
+        if len(ends) < N:  # a prompt's chunk cut to one token by the step's budget: no logits for it
+            x_NH = x_NH[ends]
+        logits_RV = ll.linear_packed(dl.rms_norm(x_NH, w_norm, eps_norm), head_p, V)
+        return logits_RV, ends, torch.stack(routed, dim=1) if want_routed else None
 
     def _qk_rope_store(self, attn, qkv_NF, qk_norm_HD, cos_N1D, sin_N1D, kv_PCHD, slot_N) -> torch.Tensor:
         """q/k-norm and RoPE of the fused projection's q and k, k and v written at ``slot_N`` → q_NHD."""
@@ -359,6 +449,23 @@ class ModelRunner:
                 routed.append(rows[i][1])
         logits_RV = torch.stack(logits) if logits else torch.empty(0, self.model.config.vocab_size, dtype=self.dtype)
         return logits_RV, ends, torch.cat(routed) if want_routed else None
+
+
+def _plain_decode_shape(model) -> bool:
+    """Whether every layer is what ``ModelRunner._decode_plan`` covers (its docstring)."""
+    m = model.model
+    if type(m.norm) is not RMSNorm or model.lm_head.bias is not None:
+        return False
+    for layer in m.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        qk_ok = (type(attn.q_norm) is RMSNorm and type(attn.k_norm) is RMSNorm and attn.q_norm.eps == attn.k_norm.eps
+                 and attn.q_norm.weight.dim() == 1) or _no_qk_norm(attn)
+        if not (getattr(layer, "is_moe", True) and qk_ok and getattr(attn, "gate_proj", None) is None
+                and type(layer.input_layernorm) is RMSNorm and type(layer.post_attention_layernorm) is RMSNorm
+                and all(p.bias is None for p in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
+                and mlp.shared_experts is None and not mlp.gate.sigmoid and hasattr(mlp, "experts")):
+            return False
+    return True
 
 
 def _no_qk_norm(attn) -> bool:
