@@ -41,6 +41,8 @@ V vocab, L layers, k experts per token.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -109,12 +111,17 @@ class ModelRunner:
 
     def _packed_weight(self, *ws: torch.Tensor) -> tuple[torch.Tensor, int]:
         """(``linear_cpu.pack(cat(ws))``, its output count), cached and rebuilt like ``_qkv_weight``'s when
-        any of ``ws`` changes."""
+        any of ``ws`` changes. The entry is keyed by ``id(ws[0])`` and also holds weak references to ``ws``:
+        after parameters are replaced, a later parameter can get a freed one's id *and* its freed memory
+        (same address, version 0), so addresses and versions alone would hand it another weight's panels;
+        and the entry goes when ``ws[0]`` is freed (no packed copies of replaced weights left behind)."""
+        slot = (id(ws[0]), len(ws))
         key = tuple((w.data_ptr(), w._version) for w in ws)
-        cached = self._fused.get((id(ws[0]), len(ws)))
-        if cached is None or cached[0] != key:
+        cached = self._fused.get(slot)
+        if cached is None or cached[0] != key or any(r() is not w for r, w in zip(cached[2], ws)):
             w = ws[0] if len(ws) == 1 else torch.cat(ws)
-            cached = self._fused[(id(ws[0]), len(ws))] = (key, (linear_cpu.pack(w), w.shape[0]))
+            refs = (weakref.ref(ws[0], _dropper(weakref.ref(self), slot)), *map(weakref.ref, ws[1:]))
+            cached = self._fused[slot] = (key, (linear_cpu.pack(w), w.shape[0]), refs)
         return cached[1]
 
     def _rope(self, pos_N: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -449,6 +456,16 @@ class ModelRunner:
                 routed.append(rows[i][1])
         logits_RV = torch.stack(logits) if logits else torch.empty(0, self.model.config.vocab_size, dtype=self.dtype)
         return logits_RV, ends, torch.cat(routed) if want_routed else None
+
+
+def _dropper(runner_ref, slot):
+    """The weakref callback that drops ``runner._fused[slot]`` once its weight is freed (holding the runner
+    weakly: no reference cycle through its cache)."""
+    def drop(_):
+        runner = runner_ref()
+        if runner is not None:
+            runner._fused.pop(slot, None)
+    return drop
 
 
 def _plain_decode_shape(model) -> bool:

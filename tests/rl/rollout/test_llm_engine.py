@@ -118,6 +118,34 @@ def test_planned_decode_equals_the_general_path_across_weight_changes(dtype):
             assert a.token_ids == b.token_ids and a.logprobs == b.logprobs and a.routed_experts == b.routed_experts
 
 
+@pytest.mark.parametrize("planned", [True, False])
+def test_packed_weights_follow_parameters_replaced_layer_after_layer(planned):
+    """o_proj replaced by assignment in every layer, round after round: a new parameter often gets a freed
+    one's id and its freed memory (same address, version 0), so the packed-weight cache must not match on id,
+    address and version alone (it handed a layer another layer's old o_proj); and replaced weights' packed
+    copies do not pile up. Fresh prompts each round: prefix-cached blocks would hold the old weights' keys."""
+    from jointrl.kernels import linear_cpu
+
+    if linear_cpu.load_kernel() is None:
+        pytest.skip("no C++ toolchain here")
+    model = MoETransformer.from_config(MoEConfig(initializer_range=0.1, num_hidden_layers=4), dtype=torch.float64,
+                                       seed=2)
+    eng = engine(model, max_num_batched_tokens=64)
+    if not planned:
+        eng.runner._plan_refs = []  # the general path
+    eng.generate_batch(prompts(3, 9, 20, seed=5), [GREEDY] * 3)
+    for r in range(4):
+        for i, layer in enumerate(model.model.layers):
+            o_proj = layer.self_attn.o_proj
+            o_proj.weight = torch.nn.Parameter(o_proj.weight.detach() * (0.5 + 0.1 * i))
+        ps = prompts(3, 9, 20, seed=10 + r)
+        for p, out in zip(ps, eng.generate_batch(ps, [GREEDY] * len(ps))):
+            assert_matches(model, p, out)
+        assert (eng.runner._plan is not None) == planned
+    # packed: q|k|v, o and the router of each layer, and the head -- none left of the replaced o_proj weights
+    assert sum(isinstance(k, tuple) for k in eng.runner._fused) == 3 * len(model.model.layers) + 1
+
+
 def test_sessions_prefill_only_new_tokens(model):
     eng = engine(model)
     p = prompts(13)[0]
