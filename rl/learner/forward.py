@@ -96,40 +96,45 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     GP = G * P
     L, k = cfg.num_moe_layers, cfg.num_experts_per_tok
     seg_BS = seg_BT[:, 1:]
-    x_1NH = backbone.embed_tokens(torch.cat((prefix.ids.reshape(-1), ids_BT[:, 1:].reshape(-1))))[None]
+    # the stream stays 2-D [N, ·] and q/k/v [N, heads, D] (each part a strided view of it): a leading
+    # [1, ...] dim and its select cost every layer's backward a zero-filled copy of q, k, v and h, and
+    # the [N, heads, D] views' backward a reshape copy each
+    x_NH = backbone.embed_tokens(torch.cat((prefix.ids.reshape(-1), ids_BT[:, 1:].reshape(-1))))
     pos_1N = torch.cat((torch.arange(P).repeat(G), pos_BT[:, 1:].reshape(-1)))[None]
-    batch_n = AttentionBatch(rope=backbone.rotary_emb(pos_1N, x_1NH.dtype), index_rope=None, mask_B1TS=None,
+    batch_n = AttentionBatch(rope=backbone.rotary_emb(pos_1N, x_NH.dtype), index_rope=None, mask_B1TS=None,
                              token_mask_BT=None, cache=None)
     mask_p = segment_mask(torch.where(prefix.real, 0, -1))
     mask_s = torch.cat((prefix.real[prefix.row_group][:, None, None, :].expand(B, 1, S, P), segment_mask(seg_BS)), dim=-1)
-    fused = norm_rope_cpu.usable(x_1NH)  # one C++ pass per norm (and q/k-norm + RoPE), forward and backward
+    fused = norm_rope_cpu.usable(x_NH)  # one C++ pass per norm (and q/k-norm + RoPE), forward and backward
     norm = (lambda m, x: norm_rope_cpu.rms_norm(x, m.weight, m.eps)) if fused else (lambda m, x: m(x))
     probs, ids = [], []
     for layer in backbone.layers:
         attn = layer.self_attn
-        h_1NH = norm(layer.input_layernorm, x_1NH)
+        h_NH = norm(layer.input_layernorm, x_NH)
         if fused and type(attn.q_norm) is RMSNorm and type(attn.k_norm) is RMSNorm:  # per-head q/k-norm (Qwen3)
-            q_1HND, k_1HND, v_1HND = _qkv_fused(attn, h_1NH[0], batch_n.rope)
+            q_NhD, k_NhD, v_NhD = _qkv_fused(attn, h_NH, batch_n.rope)
         else:
-            q_1HND, k_1HND, v_1HND = attn.qkv(h_1NH, batch_n)
-        (q_p, q_s), (k_p, k_s), (v_p, v_s) = (_split_parts(t, G, P, B, S) for t in (q_1HND, k_1HND, v_1HND))
+            q_NhD, k_NhD, v_NhD = (t[0].transpose(0, 1) for t in attn.qkv(h_NH[None], batch_n))
+        (q_p, q_s), (k_p, k_s), (v_p, v_s) = (_split_parts(t, G, P, B, S) for t in (q_NhD, k_NhD, v_NhD))
         sdpa = dict(scale=attn.head_dim ** -0.5, enable_gqa=attn.num_heads != attn.num_kv_heads)
         out_GHPD = F.scaled_dot_product_attention(q_p, k_p, v_p, attn_mask=mask_p, **sdpa)
-        out_BHSD = F.scaled_dot_product_attention(q_s, torch.cat((k_p[prefix.row_group], k_s), dim=2),
-                                                  torch.cat((v_p[prefix.row_group], v_s), dim=2), attn_mask=mask_s, **sdpa)
-        out_1NF = torch.cat((out_GHPD.transpose(1, 2).reshape(GP, -1), out_BHSD.transpose(1, 2).reshape(B * S, -1)))[None]
+        # index_select: its backward is index_add_, not indexing's sorting index_put_(accumulate=True)
+        out_BHSD = F.scaled_dot_product_attention(q_s, torch.cat((k_p.index_select(0, prefix.row_group), k_s), dim=2),
+                                                  torch.cat((v_p.index_select(0, prefix.row_group), v_s), dim=2),
+                                                  attn_mask=mask_s, **sdpa)
+        out_NF = torch.cat((out_GHPD.transpose(1, 2).reshape(GP, -1), out_BHSD.transpose(1, 2).reshape(B * S, -1)))
         if attn.gate_proj is not None:  # Attention.output's gate
-            out_1NF = out_1NF * torch.sigmoid(attn.gate_proj(h_1NH))
-        x_1NH = x_1NH + attn.o_proj(out_1NF)
-        h_1NH = norm(layer.post_attention_layernorm, x_1NH)
+            out_NF = out_NF * torch.sigmoid(attn.gate_proj(h_NH))
+        x_NH = x_NH + attn.o_proj(out_NF)
+        h_NH = norm(layer.post_attention_layernorm, x_NH)
         if layer.is_moe:
-            y_1NH, _, probs_NE, ids_Nk = layer.mlp(h_1NH)
+            y_NH, _, probs_NE, ids_Nk = layer.mlp(h_NH)
             probs.append(probs_NE)
             ids.append(ids_Nk)
         else:
-            y_1NH = layer.mlp(h_1NH)
-        x_1NH = x_1NH + y_1NH
-    x_GPH, x_BSH = x_1NH[0].split((GP, B * S))
+            y_NH = layer.mlp(h_NH)
+        x_NH = x_NH + y_NH
+    x_GPH, x_BSH = x_NH.split((GP, B * S))
     last_B = prefix.real.sum(1)[prefix.row_group] - 1
     hidden_BTH = norm(backbone.norm, torch.cat((x_GPH.view(G, P, H)[prefix.row_group, last_B][:, None], x_BSH.view(B, S, H)), dim=1))
     logits_BTV = model.lm_head(hidden_BTH)
@@ -146,21 +151,20 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
 def _qkv_fused(attn, h_NH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``Attention.qkv`` of one flat stream (no cache) with its q/k-norm + RoPE as one C++ pass each
-    → q [1, Hq, N, D], k, v [1, Hkv, N, D]."""
+    → q [N, Hq, D], k, v [N, Hkv, D] (contiguous)."""
     N, D = h_NH.shape[0], attn.head_dim
     cos_ND, sin_ND = rope[0][0], rope[1][0]
     q_NhD = norm_rope_cpu.qk_norm_rope(attn.q_proj(h_NH).view(N, attn.num_heads, D), attn.q_norm.weight,
                                        attn.q_norm.eps, cos_ND, sin_ND)
     k_NhD = norm_rope_cpu.qk_norm_rope(attn.k_proj(h_NH).view(N, attn.num_kv_heads, D), attn.k_norm.weight,
                                        attn.k_norm.eps, cos_ND, sin_ND)
-    v_NhD = attn.v_proj(h_NH).view(N, attn.num_kv_heads, D)
-    return q_NhD.transpose(0, 1)[None], k_NhD.transpose(0, 1)[None], v_NhD.transpose(0, 1)[None]
+    return q_NhD, k_NhD, attn.v_proj(h_NH).view(N, attn.num_kv_heads, D)
 
 
-def _split_parts(t_1HND: torch.Tensor, G: int, P: int, B: int, S: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[1, heads, G·P + B·S, D] → the prompts' [G, heads, P, D] and the rows' [B, heads, S, D] (views)."""
-    p_HND, s_HND = t_1HND[0].split((G * P, B * S), dim=1)
-    return p_HND.unflatten(1, (G, P)).transpose(0, 1), s_HND.unflatten(1, (B, S)).transpose(0, 1)
+def _split_parts(t_NhD: torch.Tensor, G: int, P: int, B: int, S: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[G·P + B·S, heads, D] → the prompts' [G, heads, P, D] and the rows' [B, heads, S, D] (views)."""
+    p_NhD, s_NhD = t_NhD.split((G * P, B * S))
+    return p_NhD.unflatten(0, (G, P)).transpose(1, 2), s_NhD.unflatten(0, (B, S)).transpose(1, 2)
 
 
 def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor, seg_BT: torch.Tensor,

@@ -45,12 +45,23 @@ from jointrl.rl.losses import LossInputs
 
 
 def own_clip(cfg: Config, world_size: int) -> bool:
-    """One rank under ZeRO-0 in fp32 / fp64: the learner clips the gradient norm itself, with torch's
-    ``clip_grad_norm_`` (foreach kernels, the same rule: g *= min(1, clip / (‖g‖ + 1e-6))), instead of
+    """One rank under ZeRO-0 in fp32 / fp64: the learner clips the gradient norm itself (``clip_grad_norm``:
+    torch's foreach kernels, the same rule: g *= min(1, clip / (‖g‖ + 1e-6))), instead of
     DeepSpeed's per-parameter loop, its one-rank all-reduce of the norm, and its missing norm in
     ``get_global_grad_norm``. More ranks average gradients inside ``engine.step()``, after any clip here."""
     lc = cfg.learner
     return world_size == 1 and lc.zero_stage == 0 and lc.grad_clip > 0 and cfg.model.dtype != "bfloat16"
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)``, bit for bit, without its
+    multiply by 1.0 when the norm is within ``max_norm`` (the usual case: a pass over every gradient
+    saved). → the total 2-norm of the gradients."""
+    grads = [p.grad for p in params]
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if not bool(max_norm / (norm + 1e-6) >= 1.0):  # torch's coefficient, in its dtype; NaN multiplies too
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    return norm
 
 
 def deepspeed_config(cfg: Config, world_size: int) -> dict:
@@ -224,8 +235,7 @@ class LearnerWorker:
             load_LE = fwd.expert_load_LE if load_LE is None else load_LE + fwd.expert_load_LE
         grad_norm = None
         if self.own_clip:
-            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.engine.module.parameters() if p.grad is not None],
-                                                       lc.grad_clip, foreach=True)
+            grad_norm = clip_grad_norm([p for p in self.engine.module.parameters() if p.grad is not None], lc.grad_clip)
         self.engine.step()
         if grad_norm is None:
             grad_norm = self.engine.get_global_grad_norm()

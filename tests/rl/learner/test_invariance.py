@@ -7,7 +7,7 @@ import torch
 from jointrl.rl.build import build_model
 from jointrl.rl.config import load_config
 from jointrl.rl.learner.batch import TrainBatch, plan_micro_batches
-from jointrl.rl.learner.worker import LearnerWorker
+from jointrl.rl.learner.worker import LearnerWorker, clip_grad_norm
 
 _PORT = [29750]
 BASE = ["model.dtype=float64", "learner.eps=1.0", "learner.grad_clip=0.0"]
@@ -83,3 +83,19 @@ def test_update_invariant_to_zero_stage_on_one_rank():
         assert m["loss"] == pytest.approx(ref_m["loss"], rel=1e-12), stage
         for k in ref:
             torch.testing.assert_close(d[k], ref[k], rtol=1e-4, atol=2.5e-7, msg=f"stage {stage}: {k}")
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3, float("nan")])
+def test_clip_grad_norm_equals_torch(scale):
+    """The learner's own clip equals ``torch.nn.utils.clip_grad_norm_`` bit for bit: within the
+    bound (no multiply), above it, and with a NaN gradient."""
+    g = torch.Generator().manual_seed(3)
+    grads = [torch.randn(shape, generator=g) * scale for shape in ((7, 5), (11,), (3, 4, 2))]
+    ours, ref = ([torch.nn.Parameter(torch.zeros_like(t)) for t in grads] for _ in range(2))
+    for a, b, t in zip(ours, ref, grads):
+        a.grad, b.grad = t.clone(), t.clone()
+    norm = clip_grad_norm(ours, 1.0)
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref, 1.0, foreach=True)
+    torch.testing.assert_close(norm, ref_norm, rtol=0, atol=0, equal_nan=True)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, equal_nan=True)

@@ -43,12 +43,16 @@ def test_collate_shared_groups_equal_prompts():
 HYBRID = ["model=tiny_hybrid", "model.index_topk=4", "model.kda_chunk_size=4", "model.dsa_query_chunk=5"]
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("model", [[], ["model.first_k_dense_replace=1", "model.n_shared_experts=1"], HYBRID])
-def test_shared_forward_equals_unshared(model):
+def test_shared_forward_equals_unshared(model, fused, monkeypatch):
     """Every trained token's log-prob and entropy, and the gradients, equal the unshared forward's
     (also with a dense first layer and a shared expert; and for the hybrid, whose KDA and DSA layers
     continue from a cache of the prompts: top-4 keys, 4-token KDA chunks, so the rows' queries
-    select among prompt keys and the KDA state is handed over mid-chunk)."""
+    select among prompt keys and the KDA state is handed over mid-chunk); with the C++ norm / q/k-norm
+    + RoPE kernel and with the modules' own (``fused=False``: no compiler)."""
+    if not fused:
+        monkeypatch.setattr("jointrl.rl.learner.forward.norm_rope_cpu.usable", lambda x: False)
     torch.manual_seed(0)
     model = build_model(load_config(["model.dtype=float64", *model]))
     for p in model.parameters():
