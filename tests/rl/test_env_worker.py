@@ -15,7 +15,9 @@ from jointrl.rl.types import FinishReason
 
 
 def test_killed_env_worker_is_restarted_and_its_episodes_retried(cluster):
-    cfg = load_config(["envs.num_workers=1", "rollout.max_tokens_per_turn=512"])  # episodes of several seconds
+    # episodes of several seconds whatever the engine's speed: the untrained model writes a whole
+    # turn of 4096 tokens (512 in a 2048-token context took under 0.5 s once the decode step got faster)
+    cfg = load_config(["envs.num_workers=1", "rollout.max_context=8192", "rollout.max_tokens_per_turn=4096"])
     rollout = [ray.remote(num_cpus=0, max_concurrency=100)(RolloutWorker).remote(cfg)]
     router = spawn_router(1)  # the driver holds the router: env workers come and go
     (worker,) = spawn_env_workers(cfg, rollout, router)
