@@ -16,7 +16,7 @@ wants, though the runner keeps its tiled path there). Against ``F.linear`` it di
 summation order: float64 to ~1e-15 relative, float32 to a few ulp (tests/kernels/test_linear_cpu.py).
 
 Compiled at first use (``kernels/cpu_extension``); ``load_kernel()`` is None without a toolchain,
-and ``linear`` then falls back to ``F.linear``. Single-threaded by design (decode rows are few; one
+and the caller (``rl/rollout/model_runner``) then keeps ``F.linear``. Single-threaded by design (decode rows are few; one
 torch thread is the rollout actor's setting).
 
 Shapes: N rows, K input features, O outputs, Q = ceil(O / 16) panels.
@@ -32,10 +32,10 @@ from torch import Tensor
 
 from jointrl.kernels.cpu_extension import load_cpu_extension
 
-__all__ = ["PANEL", "MAX_ROWS", "load_kernel", "pack", "linear", "use_kernel"]
+__all__ = ["PANEL", "MAX_ROWS", "load_kernel", "pack", "linear"]
 
 PANEL = 16  # output columns per packed panel
-# Rows up to which ``use_kernel`` says yes: past ~64 rows (prefill chunks) MKL's blocked GEMM is faster.
+# Rows up to which the runner calls ``linear``: past ~64 rows (prefill chunks) MKL's blocked GEMM is faster.
 MAX_ROWS = 64
 
 _SOURCE = r"""
@@ -127,12 +127,6 @@ def pack(w_OK: Tensor) -> Tensor:
     return F.pad(w_OK.detach(), (0, 0, 0, -O % PANEL)).view(-1, PANEL, K).transpose(1, 2).contiguous()
 
 
-def use_kernel(x_NK: Tensor) -> bool:
-    """Whether ``linear`` should run the packed kernel: CPU, float32/64, at most ``MAX_ROWS`` rows, and it builds."""
-    return (x_NK.device.type == "cpu" and x_NK.dtype in (torch.float32, torch.float64)
-            and x_NK.shape[0] <= MAX_ROWS and load_kernel() is not None)
-
-
 def linear(x_NK: Tensor, packed_QKP: Tensor, out_features: int) -> Tensor:
-    """x [N, K] (float32/64, CPU) and ``pack(W)`` → x Wᵀ [N, O]. No autograd."""
+    """x [N, K] (float32/64, CPU) and ``pack(W)`` → x Wᵀ [N, O]. No autograd; needs ``load_kernel()``."""
     return load_kernel().linear_packed(x_NK.contiguous(), packed_QKP, out_features)
