@@ -20,5 +20,5 @@ def load_tasks(task_dir: Path | None) -> list[Task]:
 def make_env(envs_cfg: Any) -> Env:
     from jointrl.envs.browser.env import BrowserEnv, default_config
 
-    del envs_cfg  # text mode; a task with metadata["mode"] = "image" gets Chromium
-    return BrowserEnv(default_config("text"), mode="text")
+    # text mode; a task with metadata["mode"] = "image" gets Chromium
+    return BrowserEnv(default_config("text"), mode="text", compact=getattr(envs_cfg, "prompt", "full") == "compact")

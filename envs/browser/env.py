@@ -52,8 +52,18 @@ TOOLS = [
 ]
 
 
-def system_prompt(mode: str) -> str:
+# ``envs.prompt=compact``: the same tools and schemas with a few words each, and a short system
+# prompt, for a byte-level model whose every training and rollout token re-reads the system turn.
+COMPACT = {"goto": "Open a URL.", "click": "Click element N.", "type": "Fill field N (or pick a select option).",
+           "press": "Press a key.", "scroll": "Scroll.", "back": "Go back.", "find": "Find text on the page.",
+           "answer": "Final answer ('done' for a change). Ends the episode."}
+TOOLS_COMPACT = [ToolSpec(t.name, COMPACT[t.name], t.parameters) for t in TOOLS]
+
+
+def system_prompt(mode: str, compact: bool = False) -> str:
     sites = ", ".join(f"{name} at {base_url(name)}/" for name in PORTS)
+    if compact:
+        return f"Sites: {sites}. Use the [N] numbers with click and type. Call answer when done."
     view = ("Each observation is the page as markdown; links, buttons and form fields carry numbers, "
             "e.g. [3] Paris or [7: text \"q\" = \"\"]." if mode == "text" else
             "Each observation is a screenshot of the page plus a list of its numbered links, buttons and fields.")
@@ -66,11 +76,14 @@ class BrowserEnv:
     """``Env`` for browser tasks; ``mode`` is ``"text"`` or ``"image"`` (a task's
     ``metadata["mode"]`` overrides it); ``config`` sets the sandbox limits."""
 
-    def __init__(self, config: SandboxConfig | None = None, mode: str = "text", action_timeout_s: float = 60.0) -> None:
+    def __init__(self, config: SandboxConfig | None = None, mode: str = "text", action_timeout_s: float = 60.0,
+                 compact: bool = False) -> None:
+        """``compact``: the short system prompt and tool descriptions (``envs.prompt=compact``)."""
         if mode not in MODES:
             raise ValueError(f"browser mode must be one of {MODES}, got {mode!r}")
         self.config, self.mode, self.action_timeout_s = config or default_config(mode), mode, action_timeout_s
-        self.tools: list[ToolSpec] = list(TOOLS)
+        self.compact = compact
+        self.tools: list[ToolSpec] = list(TOOLS_COMPACT if compact else TOOLS)
         self.driver: DriverProcess | None = None
         self.task: Task | None = None
         self.done = False
@@ -87,7 +100,7 @@ class BrowserEnv:
         config = self.config if mode == self.mode else default_config(mode)
         self.driver = await asyncio.to_thread(DriverProcess, config, seed, mode)
         self.task, self.done, self.num_tool_errors = task, False, 0
-        return [Message(role="system", content=system_prompt(mode)), Message(role="user", content=task.prompt)]
+        return [Message(role="system", content=system_prompt(mode, self.compact)), Message(role="user", content=task.prompt)]
 
     async def step(self, call: ToolCall) -> Observation:
         if self.driver is None:

@@ -208,3 +208,23 @@ def test_a_missing_tool_venv_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setenv("JOINTRL_BROWSER_VENV", str(tmp_path / "nowhere"))
     with pytest.raises(EnvError, match="setup.d/browser.sh"):
         asyncio.run(opened())
+
+
+def test_compact_prompt_keeps_the_tools_and_shrinks_the_system_turn():
+    """``envs.prompt=compact`` (through the registry, as the env workers build envs): the same tool
+    names and schemas, a shorter system turn, and calls still run."""
+    from jointrl.envs.registry import make_env
+    from jointrl.rl.config import EnvsConfig
+
+    async def system_turn(env):
+        try:
+            messages = await env.reset(task())
+            home = await env.step(ToolCall("goto", {"url": base_url("wiki") + "/"}))
+            return TPL.render(messages[:1], env.tools), home
+        finally:
+            await env.close()
+
+    full, compact = make_env("browser", EnvsConfig()), make_env("browser", EnvsConfig(prompt="compact"))
+    assert [(s.name, s.parameters) for s in compact.tools] == [(s.name, s.parameters) for s in full.tools]
+    (full_ids, _), (compact_ids, home) = asyncio.run(system_turn(full)), asyncio.run(system_turn(compact))
+    assert len(compact_ids) < len(full_ids) - 500 and "# Wiki" in home.text  # ~600 fewer byte tokens per episode
