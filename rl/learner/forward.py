@@ -86,21 +86,23 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     (norms, q/k/v, q/k-norm + RoPE, o_proj, FFN / MoE: ``DecoderLayer.forward``'s steps, so each
     expert runs once per layer); only the attention itself runs per part: the prompts over their own
     keys, then the rows over their prompt's keys/values and their own. Column 0's outputs are its
-    prompt's last token's."""
+    prompt's last token's. The last column is not forwarded: no query reads its keys and values and
+    no log-prob its logits (column t predicts token t + 1), so its logits and hidden state are 0 and
+    its experts -1; like the prompts', its tokens are not in the balance loss or the expert load."""
     cfg, backbone = model.config, model.model
     if set(cfg.kinds) != {"full"}:
         raise ValueError(f"shared prefixes need full-attention layers only, the model has {sorted(set(cfg.kinds))}")
     B, T = ids_BT.shape
     G, P = prefix.ids.shape
-    S, H = T - 1, cfg.hidden_size
+    S, H = T - 2, cfg.hidden_size  # the rows' columns 1..T-2
     GP = G * P
     L, k = cfg.num_moe_layers, cfg.num_experts_per_tok
-    seg_BS = seg_BT[:, 1:]
+    seg_BS = seg_BT[:, 1:-1]
     # the stream stays 2-D [N, ·] and q/k/v [N, heads, D] (each part a strided view of it): a leading
     # [1, ...] dim and its select cost every layer's backward a zero-filled copy of q, k, v and h, and
     # the [N, heads, D] views' backward a reshape copy each
-    x_NH = backbone.embed_tokens(torch.cat((prefix.ids.reshape(-1), ids_BT[:, 1:].reshape(-1))))
-    pos_1N = torch.cat((torch.arange(P).repeat(G), pos_BT[:, 1:].reshape(-1)))[None]
+    x_NH = backbone.embed_tokens(torch.cat((prefix.ids.reshape(-1), ids_BT[:, 1:-1].reshape(-1))))
+    pos_1N = torch.cat((torch.arange(P).repeat(G), pos_BT[:, 1:-1].reshape(-1)))[None]
     batch_n = AttentionBatch(rope=backbone.rotary_emb(pos_1N, x_NH.dtype), index_rope=None, mask_B1TS=None,
                              token_mask_BT=None, cache=None)
     mask_p = segment_mask(torch.where(prefix.real, 0, -1))
@@ -136,16 +138,17 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
         x_NH = x_NH + y_NH
     x_GPH, x_BSH = x_NH.split((GP, B * S))
     last_B = prefix.real.sum(1)[prefix.row_group] - 1
-    hidden_BTH = norm(backbone.norm, torch.cat((x_GPH.view(G, P, H)[prefix.row_group, last_B][:, None], x_BSH.view(B, S, H)), dim=1))
-    logits_BTV = model.lm_head(hidden_BTH)
+    hidden_BSH = norm(backbone.norm, torch.cat((x_GPH.view(G, P, H)[prefix.row_group, last_B][:, None], x_BSH.view(B, S, H)), dim=1))
+    # the last column back as zeros (a pad: its gradient is a slice of the logits' gradient)
+    logits_BTV = F.pad(model.lm_head(hidden_BSH), (0, 0, 0, 1))
     real_N = torch.cat((prefix.real.reshape(-1), (seg_BS >= 0).reshape(-1)))
     aux = load_balancing_loss(probs, ids, cfg.num_experts, real_N)
     with torch.no_grad():
         load_LE = torch.stack([expert_load(ids_Nk, cfg.num_experts, real_N) for ids_Nk in ids])
     ids_NLk = torch.stack(ids, dim=1)
-    topk_BTLk = torch.cat((ids_NLk[:GP].view(G, P, L, k)[prefix.row_group, last_B][:, None],
-                           ids_NLk[GP:].view(B, S, L, k)), dim=1)
-    return LearnerForward(logits_BTV, hidden_BTH, topk_BTLk, aux, load_LE)
+    topk_BTLk = F.pad(torch.cat((ids_NLk[:GP].view(G, P, L, k)[prefix.row_group, last_B][:, None],
+                                 ids_NLk[GP:].view(B, S, L, k)), dim=1), (0, 0, 0, 0, 0, 1), value=-1)
+    return LearnerForward(logits_BTV, F.pad(hidden_BSH, (0, 0, 0, 1)), topk_BTLk, aux, load_LE)
 
 
 def _qkv_fused(attn, h_NH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
