@@ -32,18 +32,19 @@ from torch import Tensor
 
 from jointrl.kernels.cpu_extension import load_cpu_extension
 
-__all__ = ["PANEL", "MAX_ROWS", "load_kernel", "pack", "linear"]
+__all__ = ["PANEL", "PANEL_SOURCE", "MAX_ROWS", "load_kernel", "pack", "linear"]
 
 PANEL = 16  # output columns per packed panel
 # Rows up to which the runner calls ``linear``: past ~64 rows (prefill chunks) MKL's blocked GEMM is faster.
 MAX_ROWS = 64
 
-_SOURCE = r"""
+# y = x Wᵀ over packed panels (``linear_rows``), shared with ``moe_cpu``'s packed experts.
+PANEL_SOURCE = r"""
 #ifdef JOINTRL_SIMD
 // acc[m][v] += x[m, k] * P[k, v·L .. v·L + L) for k = 0..K-1: MR rows x 16 columns of one panel.
 template <typename T, int MR>
 __attribute__((always_inline)) static inline void panel_rows(const T* __restrict x, int64_t K, const T* __restrict P, T* y, int64_t O,
-                              int64_t o0) {
+                              int64_t o0, const char* pf) {
   using Vt = Vec<T>;
   using V = typename Vt::V;
   constexpr int L = Vt::L, NV = 16 / L;
@@ -51,6 +52,8 @@ __attribute__((always_inline)) static inline void panel_rows(const T* __restrict
   for (int m = 0; m < MR; ++m)
     for (int v = 0; v < NV; ++v) acc[m][v] = Vt::zero();
   for (int64_t k = 0; k < K; ++k) {
+    if (pf != nullptr)
+      for (int64_t b = 0; b < int64_t(16 * sizeof(T)); b += 64) __builtin_prefetch(pf + k * 16 * sizeof(T) + b, 0, 3);
     V w[NV];
     for (int v = 0; v < NV; ++v) w[v] = Vt::load(P + k * 16 + v * L);
     for (int m = 0; m < MR; ++m) {
@@ -72,20 +75,23 @@ __attribute__((always_inline)) static inline void panel_rows(const T* __restrict
 #endif
 
 template <typename T>
-__attribute__((noinline)) static void linear_rows(const T* x, int64_t N, int64_t K, const T* P, int64_t O, T* y) {
+__attribute__((noinline)) static void linear_rows(const T* x, int64_t N, int64_t K, const T* P, int64_t O, T* y,
+                                                  int64_t pf_bytes = 0) {
   const int64_t Q = (O + 15) / 16;
   for (int64_t q = 0; q < Q; ++q) {
     const T* Pq = P + q * K * 16;
 #ifdef JOINTRL_SIMD
     constexpr int MR = std::is_same_v<T, float> ? 6 : 3;  // MR x 16 / L accumulators: 12 vector registers
+    // The first pass over a panel prefetches the weights pf_bytes ahead, a line per k (0: none).
+    const char* pf = pf_bytes > 0 ? reinterpret_cast<const char*>(Pq) + pf_bytes : nullptr;
     int64_t n = 0;
-    for (; n + MR <= N; n += MR) panel_rows<T, MR>(x + n * K, K, Pq, y + n * O, O, q * 16);
+    for (; n + MR <= N; n += MR, pf = nullptr) panel_rows<T, MR>(x + n * K, K, Pq, y + n * O, O, q * 16, pf);
     switch (N - n) {  // the last rows, with the same per-output order
-      case 5: if constexpr (MR > 5) panel_rows<T, 5>(x + n * K, K, Pq, y + n * O, O, q * 16); break;
-      case 4: if constexpr (MR > 4) panel_rows<T, 4>(x + n * K, K, Pq, y + n * O, O, q * 16); break;
-      case 3: if constexpr (MR > 3) panel_rows<T, 3>(x + n * K, K, Pq, y + n * O, O, q * 16); break;
-      case 2: panel_rows<T, 2>(x + n * K, K, Pq, y + n * O, O, q * 16); break;
-      case 1: panel_rows<T, 1>(x + n * K, K, Pq, y + n * O, O, q * 16); break;
+      case 5: if constexpr (MR > 5) panel_rows<T, 5>(x + n * K, K, Pq, y + n * O, O, q * 16, pf); break;
+      case 4: if constexpr (MR > 4) panel_rows<T, 4>(x + n * K, K, Pq, y + n * O, O, q * 16, pf); break;
+      case 3: if constexpr (MR > 3) panel_rows<T, 3>(x + n * K, K, Pq, y + n * O, O, q * 16, pf); break;
+      case 2: panel_rows<T, 2>(x + n * K, K, Pq, y + n * O, O, q * 16, pf); break;
+      case 1: panel_rows<T, 1>(x + n * K, K, Pq, y + n * O, O, q * 16, pf); break;
       default: break;
     }
 #else
@@ -99,7 +105,9 @@ __attribute__((noinline)) static void linear_rows(const T* x, int64_t N, int64_t
 #endif
   }
 }
+"""
 
+_SOURCE = PANEL_SOURCE + r"""
 torch::Tensor linear_packed(torch::Tensor x, torch::Tensor packed, int64_t O) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && packed.is_contiguous() && packed.dim() == 3 &&
               packed.size(2) == 16 && packed.size(1) == x.size(1) && packed.size(0) == (O + 15) / 16 &&

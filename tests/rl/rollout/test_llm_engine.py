@@ -120,10 +120,10 @@ def test_planned_decode_equals_the_general_path_across_weight_changes(dtype):
 
 @pytest.mark.parametrize("planned", [True, False])
 def test_packed_weights_follow_parameters_replaced_layer_after_layer(planned):
-    """o_proj replaced by assignment in every layer, round after round: a new parameter often gets a freed
-    one's id and its freed memory (same address, version 0), so the packed-weight cache must not match on id,
-    address and version alone (it handed a layer another layer's old o_proj); and replaced weights' packed
-    copies do not pile up. Fresh prompts each round: prefix-cached blocks would hold the old weights' keys."""
+    """o_proj (and every other round the experts) replaced by assignment in every layer, round after round: a
+    new parameter often gets a freed one's id and its freed memory (same address, version 0), so the
+    packed-weight cache must not match on id, address and version alone (it handed a layer another layer's
+    old o_proj); and replaced weights' packed copies do not pile up. Fresh prompts each round: prefix-cached blocks would hold the old weights' keys."""
     from jointrl.kernels import linear_cpu
 
     if linear_cpu.load_kernel() is None:
@@ -136,14 +136,17 @@ def test_packed_weights_follow_parameters_replaced_layer_after_layer(planned):
     eng.generate_batch(prompts(3, 9, 20, seed=5), [GREEDY] * 3)
     for r in range(4):
         for i, layer in enumerate(model.model.layers):
-            o_proj = layer.self_attn.o_proj
+            o_proj, ex = layer.self_attn.o_proj, layer.mlp.experts
             o_proj.weight = torch.nn.Parameter(o_proj.weight.detach() * (0.5 + 0.1 * i))
+            if r % 2:  # the routed experts too (their packed copy, moe_cpu.pack_experts)
+                ex.down_proj = torch.nn.Parameter(ex.down_proj.detach() * (0.5 + 0.1 * i))
+                ex.gate_up_proj = torch.nn.Parameter(ex.gate_up_proj.detach().flip(0))
         ps = prompts(3, 9, 20, seed=10 + r)
         for p, out in zip(ps, eng.generate_batch(ps, [GREEDY] * len(ps))):
             assert_matches(model, p, out)
         assert (eng.runner._plan is not None) == planned
-    # packed: q|k|v, o and the router of each layer, and the head -- none left of the replaced o_proj weights
-    assert sum(isinstance(k, tuple) for k in eng.runner._fused) == 3 * len(model.model.layers) + 1
+    # packed: q|k|v, o, the router and the experts of each layer, and the head -- none left of replaced weights
+    assert sum(isinstance(k, tuple) for k in eng.runner._fused) == 4 * len(model.model.layers) + 1
 
 
 def test_sessions_prefill_only_new_tokens(model):
