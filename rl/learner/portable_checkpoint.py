@@ -10,7 +10,9 @@ Adam's two moments (gathered from the ZeRO partitions with DeepSpeed's
 writes ``part_{r}.pt`` with its own experts' rows (and their first row: the tensor is rebuilt by
 concatenating the parts in row order); rank 0's part also holds every replicated tensor, so no
 rank ever holds more than its own share. ``topology.json`` names the writer's ``num_ranks`` /
-``ep_size``.
+``ep_size`` / ZeRO stage. Without ZeRO (one rank, ``worker.zero_stage``) the optimizer is torch's
+AdamW itself: the parameters are the masters and its state holds the moments (both float64 for
+a float64 model, and so in the file).
 
 Loading (``LearnerWorker.load_checkpoint`` when the topology differs): every rank rebuilds the
 whole tensors, cuts the rows of its experts, and writes model weights, fp32 masters and moments
@@ -33,40 +35,48 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def topology(path: str | os.PathLike) -> dict | None:
-    """``{"num_ranks", "ep_size"}`` of the checkpoint at ``path`` (a ``step_N`` dir), or None
-    when it has no portable copy (written before it existed)."""
+    """``{"num_ranks", "ep_size", "zero_stage"}`` of the checkpoint at ``path`` (a ``step_N`` dir;
+    no ``zero_stage`` when written before it was recorded), or None when it has no portable copy
+    (written before it existed)."""
     f = Path(path) / "portable" / "topology.json"
     return json.loads(f.read_text()) if f.is_file() else None
 
 
 def save_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, *, rank: int, num_ranks: int,
-                  ep_size: int, step: int, row_offsets: dict[str, int]) -> None:
-    """Every rank calls this (the gathers are collective); ranks ``0..ep_size-1`` write."""
+                  ep_size: int, step: int, row_offsets: dict[str, int], zero_stage: int = 1) -> None:
+    """Every rank calls this (the gathers are collective); ranks ``0..ep_size-1`` write.
+    ``zero_optimizer``: DeepSpeed's ZeRO optimizer, or with ``zero_stage`` 0 torch's AdamW."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
-    _init_adam_state(zero_optimizer)
+    _init_adam_state(zero_optimizer, zero_stage)
     writes = rank < ep_size
     params: dict[str, dict] = {}
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
-        entry = {"fp32": safe_get_full_fp32_param(p)}
-        for key in MOMENTS:
-            entry[key] = safe_get_full_optimizer_state(p, key)
+        if zero_stage == 0:
+            entry = {"fp32": p, **{key: zero_optimizer.state[p][key] for key in MOMENTS}}
+        else:
+            entry = {"fp32": safe_get_full_fp32_param(p)}
+            for key in MOMENTS:
+                entry[key] = safe_get_full_optimizer_state(p, key)
         if writes and (rank == 0 or name in row_offsets):
-            params[name] = {k: (None if v is None else v.detach().cpu().float()) for k, v in entry.items()}
+            # fp32 (ZeRO's masters); without ZeRO a float64 model's weights and moments stay float64
+            params[name] = {k: (None if v is None else v.detach().cpu().to(torch.promote_types(v.dtype, torch.float32)))
+                            for k, v in entry.items()}
             params[name]["row_offset"] = row_offsets.get(name)
     if not writes:
         return
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
     frozen = {k: v.detach().cpu() for k, v in module.state_dict().items() if k not in trainable} if rank == 0 else {}
-    steps = [float(s["step"]) for s in zero_optimizer.optimizer.state.values() if "step" in s]
+    steps = [float(s["step"]) for s in _adam(zero_optimizer, zero_stage).state.values() if "step" in s]
     out = Path(path) / "portable"
     out.mkdir(parents=True, exist_ok=True)
     torch.save({"params": params, "frozen": frozen, "adam_step": max(steps, default=0.0), "step": step},
                out / f"part_{rank:03d}.pt")
     if rank == 0:
-        (out / "topology.json").write_text(json.dumps({"num_ranks": num_ranks, "ep_size": ep_size, "step": step}))
+        (out / "topology.json").write_text(json.dumps({"num_ranks": num_ranks, "ep_size": ep_size, "zero_stage": zero_stage,
+                                                       "step": step}))
 
 
 def read_portable(path: str | os.PathLike) -> dict:
@@ -88,13 +98,14 @@ def read_portable(path: str | os.PathLike) -> dict:
     return {"params": params, "frozen": parts[0]["frozen"], "adam_step": parts[0]["adam_step"], "step": parts[0]["step"]}
 
 
-def load_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, row_offsets: dict[str, int]) -> int:
-    """Write the portable checkpoint at ``path`` into this rank's model and ZeRO partition;
-    → the step it was saved at."""
+def load_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, row_offsets: dict[str, int],
+                  zero_stage: int = 1) -> int:
+    """Write the portable checkpoint at ``path`` into this rank's model and ZeRO partition (with
+    ``zero_stage`` 0: into the model and torch's AdamW ``zero_optimizer``); → the step it was saved at."""
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
     saved = read_portable(path)
-    _init_adam_state(zero_optimizer)
+    _init_adam_state(zero_optimizer, zero_stage)
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
@@ -108,6 +119,12 @@ def load_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, ro
                              f"this rank's parameter {tuple(p.shape)}")
         with torch.no_grad():
             p.copy_(rows(entry["fp32"]).to(p.dtype))
+        if zero_stage == 0:
+            state = zero_optimizer.state[p]
+            for key in MOMENTS:
+                if entry[key] is not None:
+                    state[key].copy_(rows(entry[key]))
+            continue
         safe_set_full_fp32_param(p, rows(entry["fp32"]))
         for key in MOMENTS:
             if entry[key] is not None:
@@ -117,21 +134,28 @@ def load_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, ro
         for name, t in saved["frozen"].items():
             if name in state:
                 state[name].copy_(t)
-    for s in zero_optimizer.optimizer.state.values():
+    for s in _adam(zero_optimizer, zero_stage).state.values():
         s["step"] = torch.tensor(saved["adam_step"], dtype=s["step"].dtype)
     return int(saved["step"])
 
 
-def _init_adam_state(zero_optimizer) -> None:
+def _adam(zero_optimizer, zero_stage: int) -> torch.optim.Optimizer:
+    """The torch optimizer that holds Adam's state: ZeRO's inner one (over its flat partitions), or
+    without ZeRO the optimizer itself (over the parameters)."""
+    return zero_optimizer if zero_stage == 0 else zero_optimizer.optimizer
+
+
+def _init_adam_state(zero_optimizer, zero_stage: int = 1) -> None:
     """Adam's per-partition state as its first step would create it (zeros) where no step has run
     yet, and every parameter linked to its slices of that state. DeepSpeed 0.19 links them once,
     after the first parameter group's first step, so with expert parallelism (a second group, the
     experts') the experts stay unlinked and their moments unreadable: link again here."""
-    inner = zero_optimizer.optimizer
+    inner = _adam(zero_optimizer, zero_stage)
     for group in inner.param_groups:
         for p in group["params"]:
             if not inner.state.get(p):
                 inner.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
                                   "exp_avg_sq": torch.zeros_like(p)}
-    zero_optimizer._hp_optimizer_states_linked = False
-    zero_optimizer._lazy_init_hp_params_optimizer_state()
+    if zero_stage:
+        zero_optimizer._hp_optimizer_states_linked = False
+        zero_optimizer._lazy_init_hp_params_optimizer_state()

@@ -44,13 +44,25 @@ from jointrl.rl.learner.value_head import VALUE_HEAD_PREFIX, attach_value_head, 
 from jointrl.rl.losses import LossInputs
 
 
+def zero_stage(cfg: Config, world_size: int) -> int:
+    """The ZeRO stage DeepSpeed runs. One rank has nothing to partition: in fp32 / fp64 it runs
+    ZeRO-0 whatever ``learner.zero_stage`` says (the same update, to fp32 rounding: tested; ZeRO-1/2
+    would keep a flat fp32 copy of every weight and gradient and copy each micro-batch's gradients
+    into it, ~0.1-0.2 CPU-s per bench_moe step); in bf16 ZeRO-1 (its fp32 master weights), ZeRO-2
+    included. Checkpoints load across the two (``portable_checkpoint``)."""
+    stage = cfg.learner.zero_stage
+    if world_size == 1:
+        return 1 if cfg.model.dtype == "bfloat16" and stage else 0
+    return stage
+
+
 def own_clip(cfg: Config, world_size: int) -> bool:
     """One rank under ZeRO-0 in fp32 / fp64: the learner clips the gradient norm itself (``clip_grad_norm``:
     torch's foreach kernels, the same rule: g *= min(1, clip / (‖g‖ + 1e-6))), instead of
     DeepSpeed's per-parameter loop, its one-rank all-reduce of the norm, and its missing norm in
     ``get_global_grad_norm``. More ranks average gradients inside ``engine.step()``, after any clip here."""
-    lc = cfg.learner
-    return world_size == 1 and lc.zero_stage == 0 and lc.grad_clip > 0 and cfg.model.dtype != "bfloat16"
+    return (world_size == 1 and zero_stage(cfg, world_size) == 0 and cfg.learner.grad_clip > 0
+            and cfg.model.dtype != "bfloat16")
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -65,11 +77,9 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
 
 
 def deepspeed_config(cfg: Config, world_size: int) -> dict:
-    """DeepSpeed's config. On one rank ZeRO-2 runs as ZeRO-1: partitioning gradients over one rank
-    partitions nothing but still copies every micro-batch's gradients into the flat buffer (~0.1
-    CPU-s per micro-batch of bench_moe); the update, the optimizer state and the files are the same."""
+    """DeepSpeed's config, at ``zero_stage(cfg, world_size)``."""
     lc = cfg.learner
-    stage = 1 if lc.zero_stage == 2 and world_size == 1 else lc.zero_stage
+    stage = zero_stage(cfg, world_size)
     return {
         "train_micro_batch_size_per_gpu": max(lc.micro_batch_size, 1),
         "gradient_accumulation_steps": 1,
@@ -159,8 +169,9 @@ class LearnerWorker:
         if lc.ep_size > 1:
             groups = split_params_into_different_moe_groups_for_optimizer(groups)
         opt = torch.optim.AdamW(groups, lr=lc.lr, betas=tuple(lc.betas), eps=lc.eps, weight_decay=lc.weight_decay, fused=True)
+        self.zero_stage = zero_stage(cfg, world_size)
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=deepspeed_config(cfg, world_size))
-        if world_size == 1 and lc.zero_stage == 0:  # its all-reduce over one rank flattens and copies back every gradient
+        if world_size == 1 and self.zero_stage == 0:  # its all-reduce over one rank flattens and copies back every gradient
             self.engine.enable_backward_allreduce = False
         self.own_clip = own_clip(cfg, world_size)
         self.temperature = cfg.rollout.temperature or 1.0
@@ -367,14 +378,17 @@ class LearnerWorker:
 
         save_portable(self.engine.module, self.engine.optimizer, os.path.join(directory, f"step_{step}"), rank=self.rank,
                       num_ranks=self.world_size, ep_size=self.cfg.learner.ep_size, step=step,
-                      row_offsets=expert_row_offsets(self.engine.module))
+                      row_offsets=expert_row_offsets(self.engine.module),
+                      zero_stage=self.zero_stage)
         if self.cfg.learner.ep_size > 1:
             return self._save_ep_checkpoint(directory, step)
         self.engine.save_checkpoint(directory, tag=f"step_{step}", client_state={"step": step})
 
     def load_checkpoint(self, directory: str) -> int | None:
         """Load the latest checkpoint in ``directory``; the step it was saved at, or None. Saved by
-        another ``num_ranks`` / ``ep_size``: from its portable copy."""
+        another ``num_ranks`` / ``ep_size``, or with ZeRO partitioning where this rank runs without
+        (or the other way round: one rank in fp32 runs ZeRO-0 since 2026-11-30, ZeRO-1 before): from
+        its portable copy."""
         from jointrl.rl.learner.portable_checkpoint import load_portable, topology
 
         if not os.path.exists(os.path.join(directory, "latest")):
@@ -382,8 +396,11 @@ class LearnerWorker:
         with open(os.path.join(directory, "latest")) as f:
             path = os.path.join(directory, f.read().strip())
         saved = topology(path)
-        if saved is not None and (saved["num_ranks"], saved["ep_size"]) != (self.world_size, self.cfg.learner.ep_size):
-            return load_portable(self.engine.module, self.engine.optimizer, path, expert_row_offsets(self.engine.module))
+        here = (self.world_size, self.cfg.learner.ep_size, self.zero_stage > 0)
+        # written before topologies named the stage: with ZeRO (ZeRO-0 could not write a checkpoint then)
+        if saved is not None and (saved["num_ranks"], saved["ep_size"], saved.get("zero_stage", 1) > 0) != here:
+            return load_portable(self.engine.module, self.engine.optimizer, path, expert_row_offsets(self.engine.module),
+                                 self.zero_stage)
         if self.cfg.learner.ep_size > 1:
             return self._load_ep_checkpoint(directory)
         path, client = self.engine.load_checkpoint(directory)

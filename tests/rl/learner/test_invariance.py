@@ -75,10 +75,16 @@ def test_every_objective_option_runs_through_deepspeed():
             assert "value_head.weight" not in {e.name for b in lw.weight_bundle(1).buckets for e in b.entries}
 
 
-def test_update_invariant_to_zero_stage_on_one_rank():
-    """One rank: ZeRO-2 (run as ZeRO-1) and ZeRO-0 (no all-reduce at all) take the same update."""
-    ref_m, ref = _update("learner.micro_batch_size=3")
-    for stage in (0, 1):
+def test_update_invariant_to_zero_stage_on_one_rank(monkeypatch):
+    """One rank: ZeRO-1 (what one rank ran before ``worker.zero_stage`` made it ZeRO-0; forced here)
+    and ZeRO-0 (no all-reduce at all), which every ``learner.zero_stage`` now runs on one rank in
+    fp32 / fp64, take the same update."""
+    import jointrl.rl.learner.worker as worker_mod
+
+    with monkeypatch.context() as m:
+        m.setattr(worker_mod, "zero_stage", lambda cfg, world_size: 1)
+        ref_m, ref = _update("learner.micro_batch_size=3")
+    for stage in (0, 1, 2):
         m, d = _update("learner.micro_batch_size=3", f"learner.zero_stage={stage}")
         assert m["loss"] == pytest.approx(ref_m["loss"], rel=1e-12), stage
         for k in ref:

@@ -1,0 +1,70 @@
+"""One rank in fp32 / fp64 runs ZeRO-0 (``worker.zero_stage``); before, it ran ZeRO-1. A checkpoint
+written under either resumes under the other (through the portable copy) and under its own: the
+weights and Adam's moments come along, so the next step takes the update the writer took (to the
+fp32 rounding of ZeRO's master weights)."""
+
+import pytest
+import torch
+
+import jointrl.rl.learner.worker as worker_mod
+from jointrl.rl.config import load_config
+from jointrl.rl.learner.batch import TrainBatch
+from jointrl.rl.learner.worker import LearnerWorker, zero_stage
+
+_PORT = [29850]
+OVERRIDES = ["model.dtype=float64", "learner.micro_batch_size=2", "learner.eps=1.0", "learner.grad_clip=0.0"]
+
+
+def _batch(seed: int) -> TrainBatch:
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (9, 5, 12, 7)]
+    masks = [[0] * 2 + [1] * (len(s) - 2) for s in seqs]
+    old = [[0.0 if m == 0 else -5.5 + 0.1 * i for i, m in enumerate(mk)] for mk in masks]
+    return TrainBatch(seqs, masks, old, [1.0, -0.5, 0.25, -1.0])
+
+
+def _worker(monkeypatch, stage: int) -> LearnerWorker:
+    """A one-rank learner running ZeRO-``stage`` (1: as every one-rank learner did before)."""
+    if stage:
+        monkeypatch.setattr(worker_mod, "zero_stage", lambda cfg, world_size: stage)
+    else:
+        monkeypatch.undo()
+    _PORT[0] += 1
+    w = LearnerWorker(load_config(OVERRIDES), 0, 1, "127.0.0.1", _PORT[0])
+    assert (w.engine.zero_optimization_stage() if stage else 0) == stage
+    monkeypatch.undo()
+    return w
+
+
+def _step(w: LearnerWorker, seed: int) -> None:
+    b = _batch(seed)
+    w.train_step(b, b.num_loss_tokens, b.num_loss_seqs)
+
+
+def _weights(w: LearnerWorker) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in w.engine.module.named_parameters()}
+
+
+def test_one_rank_runs_zero_0_except_bf16():
+    for dtype, stage, want in (("float32", 2, 0), ("float64", 1, 0), ("bfloat16", 2, 1), ("bfloat16", 0, 0)):
+        cfg = load_config([f"model.dtype={dtype}", f"learner.zero_stage={stage}"])
+        assert zero_stage(cfg, 1) == want, (dtype, stage)
+        assert zero_stage(cfg, 2) == stage
+
+
+@pytest.mark.parametrize("first,then", [(1, 0), (0, 1), (0, 0)])
+def test_resume_across_zero_stages(monkeypatch, tmp_path, first, then):
+    a = _worker(monkeypatch, first)
+    _step(a, 1)
+    a.save_checkpoint(str(tmp_path), 1)
+    saved = _weights(a)
+    _step(a, 2)
+    a_next = _weights(a)
+
+    b = _worker(monkeypatch, then)
+    assert b.load_checkpoint(str(tmp_path)) == 1
+    for n, t in _weights(b).items():
+        assert torch.equal(t, saved[n]), n
+    _step(b, 2)
+    for n, t in _weights(b).items():  # the same update: Adam's moments and step count came along
+        torch.testing.assert_close(t - saved[n], a_next[n] - saved[n], rtol=1e-4, atol=2.5e-7, msg=n)
