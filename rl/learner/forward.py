@@ -13,7 +13,9 @@ continue one prompt, so the prompt is forwarded once and every layer's keys/valu
 reused by the completions' rows (their gradients flow back summed); outside the attention the
 prompts' and the rows' tokens run as one flat stream (one call per projection, norm and FFN). The attention, and so the
 log-probs and the update, equal the unshared forward's up to float summation order; only the
-balance loss and the expert-load metrics count the prompt's tokens once instead of per row.
+balance loss and the expert-load metrics count the prompt's tokens once instead of per row (and
+leave out what is not computed because no log-prob reads it: the rows' last token, and the
+prompts' tokens but their last in the last layer's router).
 
 Shapes: B rows, T tokens per row, H hidden, V vocab, L layers, k experts per token, E experts,
 G shared prompts of P tokens.
@@ -86,9 +88,12 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     (norms, q/k/v, q/k-norm + RoPE, o_proj, FFN / MoE: ``DecoderLayer.forward``'s steps, so each
     expert runs once per layer); only the attention itself runs per part: the prompts over their own
     keys, then the rows over their prompt's keys/values and their own. Column 0's outputs are its
-    prompt's last token's. The last column is not forwarded: no query reads its keys and values and
-    no log-prob its logits (column t predicts token t + 1), so its logits and hidden state are 0 and
-    its experts -1; like the prompts', its tokens are not in the balance loss or the expert load."""
+    prompt's last token's. Nothing whose output no log-prob reads is computed: the rows' last column
+    (no query reads its keys and values, no log-prob its logits: column t predicts token t + 1; its
+    logits and hidden state come back 0, its experts -1) and, in the last layer, the prompts' tokens
+    but their last after the keys and values (no later layer reads their outputs). Like the prompts'
+    repeats, those tokens (the last layer's for its router) are not in the balance loss or the
+    expert load."""
     cfg, backbone = model.config, model.model
     if set(cfg.kinds) != {"full"}:
         raise ValueError(f"shared prefixes need full-attention layers only, the model has {sorted(set(cfg.kinds))}")
@@ -96,7 +101,7 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     G, P = prefix.ids.shape
     S, H = T - 2, cfg.hidden_size  # the rows' columns 1..T-2
     GP = G * P
-    L, k = cfg.num_moe_layers, cfg.num_experts_per_tok
+    k = cfg.num_experts_per_tok
     seg_BS = seg_BT[:, 1:-1]
     # the stream stays 2-D [N, ·] and q/k/v [N, heads, D] (each part a strided view of it): a leading
     # [1, ...] dim and its select cost every layer's backward a zero-filled copy of q, k, v and h, and
@@ -109,9 +114,14 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     mask_s = torch.cat((prefix.real[prefix.row_group][:, None, None, :].expand(B, 1, S, P), segment_mask(seg_BS)), dim=-1)
     fused = norm_rope_cpu.usable(x_NH)  # one C++ pass per norm (and q/k-norm + RoPE), forward and backward
     norm = (lambda m, x: norm_rope_cpu.rms_norm(x, m.weight, m.eps)) if fused else (lambda m, x: m(x))
-    probs, ids = [], []
+    last_G = prefix.real.sum(1) - 1
+    at_G = torch.arange(G) * P + last_G  # each prompt's last token in the stream
+    real_N = torch.cat((prefix.real.reshape(-1), (seg_BS >= 0).reshape(-1)))
+    # per MoE layer: its router's tokens' mask and where column 0's token is among them
+    probs, ids, masks, col0 = [], [], [], []
     for layer in backbone.layers:
         attn = layer.self_attn
+        trim = layer is backbone.layers[-1]  # from here on: each prompt's last token and the rows
         h_NH = norm(layer.input_layernorm, x_NH)
         if fused and type(attn.q_norm) is RMSNorm and type(attn.k_norm) is RMSNorm:  # per-head q/k-norm (Qwen3)
             q_NhD, k_NhD, v_NhD = _qkv_fused(attn, h_NH, batch_n.rope)
@@ -119,12 +129,18 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
             q_NhD, k_NhD, v_NhD = (t[0].transpose(0, 1) for t in attn.qkv(h_NH[None], batch_n))
         (q_p, q_s), (k_p, k_s), (v_p, v_s) = (_split_parts(t, G, P, B, S) for t in (q_NhD, k_NhD, v_NhD))
         sdpa = dict(scale=attn.head_dim ** -0.5, enable_gqa=attn.num_heads != attn.num_kv_heads)
-        out_GHPD = F.scaled_dot_product_attention(q_p, k_p, v_p, attn_mask=mask_p, **sdpa)
+        if trim:  # the prompts' last queries only, over their prompt's keys
+            out_PF = F.scaled_dot_product_attention(q_NhD.index_select(0, at_G)[:, :, None], k_p, v_p,
+                                                    attn_mask=prefix.real[:, None, None, :], **sdpa).reshape(G, -1)
+            keep_N = torch.cat((at_G, torch.arange(GP, GP + B * S)))
+            x_NH, h_NH = x_NH.index_select(0, keep_N), h_NH.index_select(0, keep_N)
+        else:
+            out_PF = F.scaled_dot_product_attention(q_p, k_p, v_p, attn_mask=mask_p, **sdpa).transpose(1, 2).reshape(GP, -1)
         # index_select: its backward is index_add_, not indexing's sorting index_put_(accumulate=True)
         out_BHSD = F.scaled_dot_product_attention(q_s, torch.cat((k_p.index_select(0, prefix.row_group), k_s), dim=2),
                                                   torch.cat((v_p.index_select(0, prefix.row_group), v_s), dim=2),
                                                   attn_mask=mask_s, **sdpa)
-        out_NF = torch.cat((out_GHPD.transpose(1, 2).reshape(GP, -1), out_BHSD.transpose(1, 2).reshape(B * S, -1)))
+        out_NF = torch.cat((out_PF, out_BHSD.transpose(1, 2).reshape(B * S, -1)))
         if attn.gate_proj is not None:  # Attention.output's gate
             out_NF = out_NF * torch.sigmoid(attn.gate_proj(h_NH))
         x_NH = x_NH + attn.o_proj(out_NF)
@@ -133,21 +149,22 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
             y_NH, _, probs_NE, ids_Nk = layer.mlp(h_NH)
             probs.append(probs_NE)
             ids.append(ids_Nk)
+            masks.append(torch.cat((torch.ones(G, dtype=torch.bool), real_N[GP:])) if trim else real_N)
+            col0.append((torch.arange(G) if trim else at_G, G if trim else GP))
         else:
             y_NH = layer.mlp(h_NH)
         x_NH = x_NH + y_NH
-    x_GPH, x_BSH = x_NH.split((GP, B * S))
-    last_B = prefix.real.sum(1)[prefix.row_group] - 1
-    hidden_BSH = norm(backbone.norm, torch.cat((x_GPH.view(G, P, H)[prefix.row_group, last_B][:, None], x_BSH.view(B, S, H)), dim=1))
+    x_GH, x_BSH = x_NH.split((G, B * S))
+    hidden_BSH = norm(backbone.norm, torch.cat((x_GH.index_select(0, prefix.row_group)[:, None], x_BSH.view(B, S, H)), dim=1))
     # the last column back as zeros (a pad: its gradient is a slice of the logits' gradient)
     logits_BTV = F.pad(model.lm_head(hidden_BSH), (0, 0, 0, 1))
-    real_N = torch.cat((prefix.real.reshape(-1), (seg_BS >= 0).reshape(-1)))
-    aux = load_balancing_loss(probs, ids, cfg.num_experts, real_N)
+    # pooled over (layer, token) as load_balancing_loss pools L layers of one token set
+    aux = load_balancing_loss([torch.cat(probs)], [torch.cat(ids)], cfg.num_experts, torch.cat(masks))
     with torch.no_grad():
-        load_LE = torch.stack([expert_load(ids_Nk, cfg.num_experts, real_N) for ids_Nk in ids])
-    ids_NLk = torch.stack(ids, dim=1)
-    topk_BTLk = F.pad(torch.cat((ids_NLk[:GP].view(G, P, L, k)[prefix.row_group, last_B][:, None],
-                                 ids_NLk[GP:].view(B, S, L, k)), dim=1), (0, 0, 0, 0, 0, 1), value=-1)
+        load_LE = torch.stack([expert_load(ids_Nk, cfg.num_experts, m) for ids_Nk, m in zip(ids, masks)])
+    topk_BSLk = torch.stack([torch.cat((ids_Nk[at[prefix.row_group]][:, None], ids_Nk[start:].view(B, S, k)), dim=1)
+                             for ids_Nk, (at, start) in zip(ids, col0)], dim=2)
+    topk_BTLk = F.pad(topk_BSLk, (0, 0, 0, 0, 0, 1), value=-1)
     return LearnerForward(logits_BTV, F.pad(hidden_BSH, (0, 0, 0, 1)), topk_BTLk, aux, load_LE)
 
 
