@@ -17,10 +17,10 @@ jointrl, in-process (one process holds the three real pieces, as a one-node user
 
 * rollout: ``LLMEngine.generate_batch`` (rl/rollout; engine settings from ``conf/rollout/engine``)
   over the 16 requests, the reward, ``grpo_advantages``, the ``TrainBatch``;
-* learner: ``LearnerWorker.train_step`` (rl/learner: DeepSpeed ZeRO-2 over gloo, one rank, where
-  it runs as ZeRO-1; ``learner.micro_batch_size`` sequences per micro-batch, a group's shared
-  prompt forwarded once per micro-batch): the policy-gradient loss over all 16 sequences, one
-  AdamW update of every weight;
+* learner: ``LearnerWorker.train_step`` (rl/learner: DeepSpeed over gloo, one rank, where it runs
+  without ZeRO partitioning whatever ``learner.zero_stage`` says (``worker.zero_stage``);
+  ``learner.micro_batch_size`` sequences per micro-batch, a group's shared prompt forwarded once
+  per micro-batch): the policy-gradient loss over all 16 sequences, one AdamW update of every weight;
 * push: ``LearnerWorker.weight_bundle`` (rl/weight_sync: routed experts to MXFP4, XXH3 digests) and
   ``LLMEngine.update_weights`` (verify, dequantize, copy in).
 
@@ -33,10 +33,10 @@ Reported as one table of per-phase medians (wall seconds) and CPU seconds per st
 (``time.process_time``, all threads of the process: steadier than wall time on a shared
 machine), with the ratio TRL / jointrl. ``--variants`` adds rows for configuration changes on
 our side, each a set of overrides a user passes as is (``VARIANTS``); the last,
-``learner.micro_batch_size=16 learner.zero_stage=0 rollout.quantize_experts=false``, is the fastest:
-one micro-batch per step, no ZeRO partitioning on the one rank (and torch's foreach gradient
-clip), and a dense fp32 push, so the rollout samples from the learner's exact weights as TRL
-does. Reports; never asserts.
+``learner.micro_batch_size=16 rollout.quantize_experts=false``, is the fastest: one micro-batch per
+step and a dense fp32 push, so the rollout samples from the learner's exact weights as TRL does.
+(Until 2026-11-30 it also said ``learner.zero_stage=0``, which one rank now runs by default.)
+Reports; never asserts.
 """
 
 from __future__ import annotations
@@ -59,10 +59,9 @@ LR, CLIP_LOW, CLIP_HIGH = 1e-3, 0.2, 0.28
 VARIANTS = {
     "jointrl (defaults)": [],
     "jointrl, learner micro-batch 16": ["learner.micro_batch_size=16"],
-    # + no ZeRO partitioning (one rank has nothing to partition) and a dense fp32 push (no MXFP4
-    # round trip: the rollout then runs the learner's exact expert weights, as TRL's does)
-    "jointrl, mb 16 + ZeRO-0 + fp32 push": ["learner.micro_batch_size=16", "learner.zero_stage=0",
-                                            "rollout.quantize_experts=false"],
+    # + a dense fp32 push (no MXFP4 round trip: the rollout then runs the learner's exact expert
+    # weights, as TRL's does)
+    "jointrl, mb 16 + fp32 push": ["learner.micro_batch_size=16", "rollout.quantize_experts=false"],
 }
 
 
