@@ -18,7 +18,10 @@ the longest context and masked), each prefill chunk in its own call.
 Cache layout: ``kv_LPCHD`` [layers, num_blocks·block_size slots, 2 (k, v), kv heads, D];
 block b holds slots [b·bs, (b+1)·bs). Keys are stored after q/k-norm and RoPE. Decode
 attention reads them in place (``kernels/paged_attention_cpu.paged_decode``: a gather in
-torch would copy the whole cache every step); a prefill chunk gathers its sequence's keys.
+torch would copy the whole cache every step); a prefill chunk gathers its sequence's keys. The pool and
+the packed expert panels sit in transparent huge pages where the OS allows
+(``cpu_extension.zeros_huge_pages``: a step reads them in scattered 16 KB pieces, each 4 KB page a TLB
+miss otherwise; bench_moe batch 32, steps alternated between two engines: 14.0 -> 13.3 CPU-ms).
 
 bfloat16 cache (``kv_dtype=torch.bfloat16``, ``rollout.kv_dtype: bfloat16``; float32 full-attention
 models only, opt-in): keys and values are rounded to bfloat16 when stored and widened exactly when
@@ -49,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from jointrl.kernels import decode_cpu, linear_cpu, moe_cpu, paged_attention_cpu
+from jointrl.kernels.cpu_extension import zeros_huge_pages
 from jointrl.kernels.paged_attention_cpu import paged_decode
 from jointrl.model import MoETransformer
 from jointrl.model.norm import RMSNorm, compute_dtype
@@ -81,7 +85,8 @@ class ModelRunner:
         index_layers = [i for i, k in enumerate(kinds) if k == "gated_dsa"]
         self.pool_index = {layer: j for j, layer in enumerate(kv_layers)}      # layer -> kv_LPCHD row
         self.index_pool = {layer: j for j, layer in enumerate(index_layers)}  # layer -> index_LPD row
-        self.kv_LPCHD = torch.zeros(len(kv_layers), P, 2, self.Hkv, self.D, dtype=self.kv_dtype)
+        # in transparent huge pages where the OS allows: a decode step reads it in scattered 16 KB blocks
+        self.kv_LPCHD = zeros_huge_pages((len(kv_layers), P, 2, self.Hkv, self.D), self.kv_dtype)
         self.index_LPD = torch.zeros(len(index_layers), P, getattr(cfg, "index_head_dim", 1), dtype=self.dtype)
         self._fused: dict[int, tuple[tuple, torch.Tensor]] = {}
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos_PD, sin_PD) by position  # id(attention) -> (weights' versions, qkv weight)
@@ -135,7 +140,8 @@ class ModelRunner:
         cached = self._fused.get(slot)
         if cached is None or cached[0] != key or any(r() is not w for r, w in zip(cached[2], ws)):
             refs = (weakref.ref(ws[0], _dropper(weakref.ref(self), slot)), weakref.ref(ws[1]))
-            cached = self._fused[slot] = (key, (*moe_cpu.pack_experts(*ws), ws[1].shape[2]), refs)
+            panels = [zeros_huge_pages(p.shape, p.dtype).copy_(p) for p in moe_cpu.pack_experts(*ws)]
+            cached = self._fused[slot] = (key, (*panels, ws[1].shape[2]), refs)
         return cached[1]
 
     def _rope(self, pos_N: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,25 @@
+"""``cpu_extension.zeros_huge_pages``: a zeroed, contiguous tensor of the asked shape and dtype, 2 MiB-aligned
+when it spans a huge page and the OS takes the advice (Linux); a plain ``torch.zeros`` otherwise."""
+
+import pytest
+import torch
+
+from jointrl.kernels import cpu_extension
+from jointrl.kernels.cpu_extension import zeros_huge_pages
+
+
+@pytest.mark.parametrize("shape,dtype", [((3, 5), torch.bfloat16), ((2, 700, 2, 2, 64), torch.float32),
+                                         ((1, 300, 2, 2, 64), torch.float64)])
+def test_zeros_of_the_shape_and_dtype(shape, dtype):
+    a, b = zeros_huge_pages(shape, dtype), zeros_huge_pages(shape, dtype)
+    assert a.shape == shape and a.dtype == dtype and a.is_contiguous() and not a.any()
+    a.fill_(1)  # two buffers never share memory
+    assert not b.any()
+    if a.numel() * a.element_size() >= 2 << 20 and cpu_extension._libc() is not None:
+        assert a.data_ptr() % (2 << 20) == 0
+
+
+def test_without_libc_a_plain_tensor(monkeypatch):
+    monkeypatch.setattr(cpu_extension, "_libc", lambda: None)
+    t = zeros_huge_pages((2, 700, 2, 2, 64), torch.float32)
+    assert t.shape == (2, 700, 2, 2, 64) and not t.any() and t.untyped_storage().nbytes() == t.numel() * 4
