@@ -140,7 +140,7 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
         out_BHSD = F.scaled_dot_product_attention(q_s, torch.cat((k_p.index_select(0, prefix.row_group), k_s), dim=2),
                                                   torch.cat((v_p.index_select(0, prefix.row_group), v_s), dim=2),
                                                   attn_mask=mask_s, **sdpa)
-        out_NF = torch.cat((out_PF, out_BHSD.transpose(1, 2).reshape(B * S, -1)))
+        out_NF = torch.cat((out_PF, out_BHSD.transpose(1, 2).reshape(B * S, out_PF.shape[1])))  # S = 0: one-token completions
         if attn.gate_proj is not None:  # Attention.output's gate
             out_NF = out_NF * torch.sigmoid(attn.gate_proj(h_NH))
         x_NH = x_NH + attn.o_proj(out_NF)

@@ -209,3 +209,31 @@ def test_grpo_groups_of_alternating_domains_keep_full_micro_batches():
     batch = TrainBatch(seqs, masks, [[0.0] * len(s) for s in seqs], [1.0] * 8)
     mbs = micro_batches(batch, 8, 0, torch.float64, share_prefix=True)
     assert [mb.num_seqs for mb in mbs] == [8] and mbs[0].prefix.ids.shape[0] == 2
+
+
+def test_one_token_completions():
+    """Every row of a micro-batch one token past its prompt (T = 2: the rows have no column
+    between the prompt's last token and the dropped last column, S = 0): the shared forward runs
+    and its log-probs and gradients equal the unshared forward's."""
+    g = torch.Generator().manual_seed(11)
+    rand = lambda n: torch.randint(0, 256, (n,), generator=g).tolist()  # noqa: E731
+    p, q = rand(5), rand(3)
+    seqs = [p + rand(1), p + rand(1), q + rand(1), q + rand(1)]
+    starts = [5, 5, 3, 3]
+    batch = TrainBatch(seqs, [[0] * s + [1] for s in starts], [[0.0] * len(s) for s in seqs], [1.0, -1.0, 0.5, -0.5])
+    torch.manual_seed(0)
+    model = build_model(load_config(["model.dtype=float64"]))
+    for prm in model.parameters():
+        prm.data.normal_(0, 0.05)
+    outs = []
+    for mb in (collate(batch, False, 0, torch.float64), collate_shared(batch, 0, torch.float64)):
+        model.zero_grad()
+        lp = logprobs_from_logits(learner_forward(model, mb.input_ids, mb.pos, mb.seg, prefix=mb.prefix).logits_BTV,
+                                  mb.input_ids)
+        (lp * mb.loss_mask * mb.adv).sum().backward()
+        outs.append((lp[mb.loss_mask > 0], {n: prm.grad.clone() for n, prm in model.named_parameters() if prm.grad is not None}))
+    assert collate_shared(batch, 0, torch.float64).input_ids.shape == (4, 2)
+    (lp0, g0), (lp1, g1) = outs
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-12)
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-9, atol=1e-12, msg=n)
