@@ -28,6 +28,9 @@ time each side spent does much less (agentic: wall time is the target, it overla
    1K then 32K tokens, beside the same shape with every layer full attention: decode ms per
    token at each length, KV pool bytes (fixed at start: the budget), blocks in use, and the
    KDA state bytes held by the session against ``model.state.state_layout``'s formula.
+5. decode profile (``--only profile``): a batch-32 decode step's CPU time split by the runner's C++
+   calls (attention, routed experts, projections, the small per-row ops, the rest), float32 and
+   bfloat16 cache steps alternated in one process.
 """
 
 from __future__ import annotations
@@ -216,6 +219,68 @@ def fixed_batch(model, hf, cfg, batches, prompt_len, new) -> tuple[list[str], li
     return rows, [head, *floors]
 
 
+def decode_profile(model, B: int, prompt_len: int, new: int) -> list[str]:
+    """CPU-ms per pure decode step of ``B`` sequences, split by the C++ calls of the runner's decode plan
+    (each call timed with ``time.process_time``; the rest is embedding, sampling, scheduling and Python),
+    the float32 and the bfloat16 cache's steps alternated in one process. Rows of a markdown table."""
+    from jointrl.kernels import decode_cpu, linear_cpu, moe_cpu, paged_attention_cpu
+
+    ps = rand_prompts(B, prompt_len, seed=B)
+    engs = {}
+    for kv in ("auto", "bfloat16"):
+        eng = engine(model, num_blocks=B * (prompt_len + new) // 16 + 8, chunk=2048, kv_dtype=kv)
+        for p in ps:
+            eng.add_request(p, SamplingParams(max_tokens=new, temperature=0))
+        while eng.stats.computed_tokens < B * prompt_len:
+            eng.step()
+        engs[kv] = eng
+    parts = {"paged attention (paged_decode)": (paged_attention_cpu, ["paged_decode"]),
+             "routed experts (moe_experts_packed)": (moe_cpu, ["moe_experts_packed", "moe_experts"]),
+             "projections: q/k/v, o, router, head (linear_packed)": (linear_cpu, ["linear_packed"]),
+             "norms, q/k-norm + RoPE + KV write, top-k": (decode_cpu, ["rms_norm", "qk_norm_rope_store",
+                                                                       "route_softmax_topk"])}
+    spent, current, saved = {}, ["auto"], []
+
+    def timed(lib, name, label):
+        fn = getattr(lib, name)
+        saved.append((lib, name, fn))
+
+        def call(*a):
+            c0 = time.process_time()
+            try:
+                return fn(*a)
+            finally:
+                key = (current[0], label)
+                spent[key] = spent.get(key, 0.0) + time.process_time() - c0
+        setattr(lib, name, call)
+
+    for label, (mod, names) in parts.items():
+        for name in names:
+            timed(mod.load_kernel(), name, label)
+    try:
+        steps = 0
+        while all(e.scheduler.has_work() for e in engs.values()):
+            for kv in ("auto", "bfloat16") if steps % 2 else ("bfloat16", "auto"):
+                current[0] = kv
+                c0 = time.process_time()
+                engs[kv].step()
+                spent[(kv, "step")] = spent.get((kv, "step"), 0.0) + time.process_time() - c0
+            steps += 1
+    finally:
+        for lib, name, fn in saved:
+            setattr(lib, name, fn)
+    rows = [f"\nDecode step of batch {B} by C++ call (CPU-ms per step, {steps} steps each, float32 and bfloat16 cache "
+            "alternated)\n", "| part | float32 cache | bfloat16 cache |", "|---|---|---|"]
+    for label in ["step", *parts]:
+        rows.append(f"| {label} | {spent.get(('auto', label), 0) / steps * 1e3:.2f} | "
+                    f"{spent.get(('bfloat16', label), 0) / steps * 1e3:.2f} |")
+    rest = {kv: spent[(kv, "step")] - sum(spent.get((kv, label), 0) for label in parts) for kv in engs}
+    rows.append(f"| rest: embedding, sampling, scheduler, Python | {rest['auto'] / steps * 1e3:.2f} | "
+                f"{rest['bfloat16'] / steps * 1e3:.2f} |")
+    print("\n".join(rows), flush=True)
+    return rows
+
+
 def grpo(model, hf, prompts_n, group, prompt_len, lo, hi) -> list[str]:
     rng = random.Random(0)
     ps = rand_prompts(prompts_n, prompt_len, seed=1)
@@ -345,7 +410,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
-    parser.add_argument("--only", default="fixed,grpo,agentic", help="comma list of fixed, grpo, agentic, long")
+    parser.add_argument("--only", default="fixed,grpo,agentic",
+                        help="comma list of fixed, grpo, agentic, long, profile")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import Qwen3MoeForCausalLM
@@ -374,6 +440,8 @@ def main() -> None:
                 [("small", n * 1024 // 16 // 4), ("large", n * 1024 // 16 + 64)])
     if "long" in args.only:
         long_context((1024, 4096) if q else (1024, 32768))
+    if "profile" in args.only:
+        decode_profile(model, 8 if q else 32, 256, 32 if q else 128)
     print("\n".join(floors))
     print(f"\nload average at the end {os.getloadavg()[0]:.1f} (2 cores)")
 
