@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -396,6 +397,11 @@ class LearnerWorker:
         with open(os.path.join(directory, "latest")) as f:
             path = os.path.join(directory, f.read().strip())
         saved = topology(path)
+        if saved is None and self.zero_stage == 0 and any(Path(path).glob("zero_pp_rank_*")):
+            raise ValueError(f"checkpoint {path} holds ZeRO optimizer files and no portable copy (written before "
+                             "checkpoints had one); one learner rank now runs without ZeRO and cannot read them: "
+                             "resume it with the code that wrote it, or start from its weights with a fresh "
+                             f"optimizer (checkpoint={path})")
         here = (self.world_size, self.cfg.learner.ep_size, self.zero_stage > 0)
         # written before topologies named the stage: with ZeRO (ZeRO-0 could not write a checkpoint then)
         if saved is not None and (saved["num_ranks"], saved["ep_size"], saved.get("zero_stage", 1) > 0) != here:

@@ -3,6 +3,8 @@ written under either resumes under the other (through the portable copy) and und
 weights and Adam's moments come along, so the next step takes the update the writer took (to the
 fp32 rounding of ZeRO's master weights)."""
 
+import shutil
+
 import pytest
 import torch
 
@@ -68,3 +70,15 @@ def test_resume_across_zero_stages(monkeypatch, tmp_path, first, then):
     _step(b, 2)
     for n, t in _weights(b).items():  # the same update: Adam's moments and step count came along
         torch.testing.assert_close(t - saved[n], a_next[n] - saved[n], rtol=1e-4, atol=2.5e-7, msg=n)
+
+
+def test_pre_portable_zero_checkpoint_names_the_way_out(monkeypatch, tmp_path):
+    """A one-rank ZeRO-1 checkpoint from before the portable copy cannot resume without ZeRO: the
+    error says so and how to start from its weights, instead of DeepSpeed's on a missing optimizer."""
+    a = _worker(monkeypatch, 1)
+    _step(a, 1)
+    a.save_checkpoint(str(tmp_path), 1)
+    shutil.rmtree(tmp_path / "step_1" / "portable")
+    b = _worker(monkeypatch, 0)
+    with pytest.raises(ValueError, match="no portable copy.*checkpoint="):
+        b.load_checkpoint(str(tmp_path))
