@@ -289,6 +289,9 @@ class RecipeConfig:
     # which scripted policy demonstrates each SFT task, by weight (rl/sft.py; jointrl sft reads it too):
     # {oracle: 1.0} imitates the oracles; {oracle: 0.5, wrong: 0.5} mixes in each family's plausible slip
     sft_demos: dict[str, float] = field(default_factory=lambda: {"oracle": 1.0})
+    # domain -> the style of its demonstrations: {code_repo: shell} plays code_repo's oracle_shell /
+    # wrong_shell instead of oracle / wrong (the same edits from one bash call: envs/code_repo/policies.py)
+    sft_demo_style: dict[str, str] = field(default_factory=dict)
     # every N SFT steps (0: never) score held-out oracle transcripts (the first sft_heldout_limit
     # tasks per domain) under the current weights: NLL, tokens greedy gets right, and the
     # probability of sampling the whole oracle (rl/sft.heldout_fit) -- no episodes played
@@ -307,6 +310,10 @@ class RecipeConfig:
         for name, w in self.sft_demos.items():
             _check_choice("recipe.sft_demos", name, ("oracle", "wrong"))
             _check_positive(f"recipe.sft_demos.{name}", w)
+        from jointrl.envs.registry import DOMAINS
+        for domain, style in self.sft_demo_style.items():
+            _check_choice("recipe.sft_demo_style", domain, tuple(DOMAINS))
+            _check_choice(f"recipe.sft_demo_style.{domain}", style, ("shell",))
 
 
 @dataclass

@@ -13,6 +13,8 @@ plausible slip (the generated families' ``wrong`` policy: ``grep -ci`` for ``gre
 for ``s/a/b/g``, an off-by-one patch ...), drawn per task from a seeded hash -- demonstrations of
 mixed quality, as real SFT data is, which the verifiable reward can then sort out. A slip is kept
 when its episode ended normally (it is not solved, by design); an oracle only when it solved its task.
+``recipe.sft_demo_style`` picks a domain's style of both (``{code_repo: shell}``: its edits made from
+one ``bash`` call, ``oracle_shell`` / ``wrong_shell``, instead of ``view_file`` + ``str_replace``).
 
 The batches are GRPO's (``TrainBatch``: the same token ids the policy would sample, never
 re-tokenized); only the loss differs, so ``algo.name`` is set to ``sft`` here. Oracle turns are
@@ -43,10 +45,18 @@ from jointrl.rl.types import FinishReason, Trajectory
 
 
 def demo_policy(cfg: Config, task_id: str) -> str:
-    """The scripted policy that demonstrates ``task_id`` under ``cfg.recipe.sft_demos`` (seeded by ``cfg.seed``)."""
+    """The role that demonstrates ``task_id`` under ``cfg.recipe.sft_demos`` (seeded by ``cfg.seed``):
+    ``oracle`` or ``wrong``."""
     names, weights = zip(*sorted(cfg.recipe.sft_demos.items()))
     u = zlib.crc32(f"{cfg.seed}/{task_id}".encode()) / 2 ** 32
     return random.Random(u).choices(names, weights)[0] if len(names) > 1 else names[0]
+
+
+def policy_name(cfg: Config, domain: str, role: str) -> str:
+    """The scripted policy that plays ``role`` for ``domain``: ``recipe.sft_demo_style`` may name a style
+    (``{code_repo: shell}`` -> ``oracle_shell``)."""
+    style = cfg.recipe.sft_demo_style.get(domain)
+    return f"{role}_{style}" if style else role
 
 
 def oracle_transcripts(cfg: Config, limit: int = 0, split: str = "train",
@@ -56,7 +66,7 @@ def oracle_transcripts(cfg: Config, limit: int = 0, split: str = "train",
     oracle that did not solve its task, a slip that did not end with a stop)."""
     spec = EvalSpec(tiers=("low",), k=1, split=split, limit=limit)
     policy = (lambda task_id: demo_policy(cfg, task_id)) if mixed else (lambda task_id: "oracle")  # noqa: E731
-    demo = lambda task, _: ScriptedEngine(scripted_policy(task, policy(task.id)))  # noqa: E731
+    demo = lambda task, _: ScriptedEngine(scripted_policy(task, policy_name(cfg, task.domain, policy(task.id))))  # noqa: E731
     trajs = asyncio.run(play(cfg, eval_tasks(cfg, spec), spec, demo))
     kept = [t for t in trajs if (succeeded(t.reward_info) if policy(t.task_id) == "oracle"
                                  else t.finish_reason == FinishReason.STOP)]

@@ -3,7 +3,12 @@
 - ``oracle``: view the files the gold ``patch`` touches, apply it as ``str_replace`` calls
   (``create`` for new files, ``bash rm`` for deleted ones), submit -- reward 1;
 - ``wrong``: the same for the record's ``wrong_patch`` (a plausible fix that fails a test) -- 0;
-- ``noop``: submit at once -- 0.
+- ``noop``: submit at once -- 0;
+- ``oracle_shell`` / ``wrong_shell``: the same edits made by one ``bash`` call (a Python
+  ``str.replace`` on each file, found by a glob over its top folder: ``*/count_above.py``), then
+  submit -- what an agent that edits from the shell without opening the files writes. For small
+  models the path's package name (drawn per repository) is the hard part to copy; the glob leaves
+  only the edit, which GRPO can then choose between (docs/recipe.md).
 
 ``patch_calls`` turns any patch into such calls: each changed block of lines becomes one
 ``str_replace`` whose ``old_str`` is widened by context lines until it occurs exactly once in
@@ -21,7 +26,7 @@ from jointrl.envs.code_repo.snapshot import RepoStore, default_store
 from jointrl.envs.code_repo.tools import find_all
 
 Policy = list[list[ToolCall]]
-POLICIES = ("noop", "oracle", "wrong")
+POLICIES = ("noop", "oracle", "wrong", "oracle_shell", "wrong_shell")
 SUBMIT = ToolCall(name="submit", arguments={})
 
 
@@ -72,6 +77,32 @@ def patch_calls(record: SweRecord, patch: str, store: RepoStore | None = None) -
     return [turn for turn in (views, edits, [SUBMIT]) if turn]
 
 
+def _glob(path: str) -> str:
+    """``pkg/mod.py`` -> ``*/mod.py``; a top-level file keeps its name."""
+    head, _, rest = path.partition("/")
+    return f"*/{rest}" if rest else head
+
+
+def shell_calls(record: SweRecord, patch: str, store: RepoStore | None = None) -> Policy:
+    """Turns applying ``patch`` from the shell: one ``bash`` call whose Python script replaces each
+    changed block (``replace_calls``'s unique ``old_str``) in the file its glob finds, then submit."""
+    before, after = (store or default_store()).patched(record, patch)
+    lines = ["python3 - <<'EOF'", "import glob"]
+    for path, old in before.items():
+        new = after[path]
+        if old is None or new is None:
+            raise ValueError(f"{record.instance_id}: the shell policy edits files; {path!r} is created or deleted")
+        lines.append(f"p, = glob.glob({_glob(path)!r})")
+        lines.append("s = open(p).read()")
+        for call in replace_calls(path, old, new):
+            if call.name != "str_replace":
+                raise ValueError(f"{record.instance_id}: {path!r} has no unique block to replace")
+            lines.append(f"s = s.replace({call.arguments['old_str']!r}, {call.arguments['new_str']!r}, 1)")
+        lines.append("open(p, 'w').write(s)")
+    lines.append("EOF")
+    return [[ToolCall("bash", {"command": "\n".join(lines)})], [SUBMIT]]
+
+
 def load_policy(task: Task, name: str, store: RepoStore | None = None) -> Policy:
     """The named policy of a ``code_repo`` task. Raises ``ValueError`` naming the available ones."""
     record = SweRecord.from_task(task)
@@ -81,5 +112,9 @@ def load_policy(task: Task, name: str, store: RepoStore | None = None) -> Policy
         return patch_calls(record, record.patch, store)
     if name == "wrong" and record.wrong_patch:
         return patch_calls(record, record.wrong_patch, store)
-    available = [p for p in POLICIES if p != "wrong" or record.wrong_patch]
+    if name == "oracle_shell":
+        return shell_calls(record, record.patch, store)
+    if name == "wrong_shell" and record.wrong_patch:
+        return shell_calls(record, record.wrong_patch, store)
+    available = [p for p in POLICIES if not p.startswith("wrong") or record.wrong_patch]
     raise ValueError(f"task {task.id!r} has no policy {name!r}; available: {available}")

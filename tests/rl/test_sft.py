@@ -115,3 +115,26 @@ def test_heldout_fit_scores_only_the_assistant_tokens():
     assert fit["sft/heldout/terminal/oracle_prob"] == pytest.approx((math.exp(-2.1) + math.exp(-0.5)) / 2)
     assert fit["sft/heldout/terminal/sure_tokens"] == pytest.approx(2 / 3)  # p > 1/2: -0.1 and -0.5
     assert fit["sft/heldout/code_repo/oracle_prob"] == pytest.approx(math.exp(-0.2))
+
+
+def test_code_repo_shell_demonstrations_solve_with_the_oracle_and_fail_with_the_slip(tmp_path):
+    """``recipe.sft_demo_style={code_repo: shell}``: code_repo tasks are demonstrated by one ``bash``
+    call that edits the file its glob finds (no package name to copy), the oracle's solving its task
+    in the real sandbox and the slip's not; a style no domain has is refused, naming the allowed ones."""
+    from jointrl.envs.code_repo.generate import build
+    from jointrl.rewards.base import succeeded
+    from jointrl.rl.sft import demo_policy
+
+    build(tmp_path, seeds=3, split="train", families=["count-above", "mean"])
+    cfg = load_config(["envs=code_repo", f"envs.domains.code_repo.task_dir={tmp_path}",
+                       "+recipe.sft_demos={oracle: 0.5, wrong: 0.5}", "+recipe.sft_demo_style={code_repo: shell}",
+                       *LONG_TURNS])
+    demos, left_out = oracle_transcripts(cfg)
+    roles = {t.task_id: demo_policy(cfg, t.task_id) for t in demos}
+    assert left_out == 0 and len(demos) >= 4 and set(roles.values()) == {"oracle", "wrong"}
+    for t in demos:
+        calls = [c for m in t.messages if m.tool_calls for c in m.tool_calls]
+        assert [c.name for c in calls] == ["bash", "submit"] and "glob.glob('*/" in calls[0].arguments["command"]
+        assert succeeded(t.reward_info) == (roles[t.task_id] == "oracle")
+    with pytest.raises(ValueError, match=r"recipe.sft_demo_style.code_repo.*'shell'"):
+        load_config(["+recipe.sft_demo_style={code_repo: sed}"])
