@@ -49,13 +49,15 @@ def save_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, *,
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     _init_adam_state(zero_optimizer, zero_stage)
+    inner, masters = _adam(zero_optimizer, zero_stage), _masters(zero_optimizer, zero_stage)
     writes = rank < ep_size
     params: dict[str, dict] = {}
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
         if zero_stage == 0:
-            entry = {"fp32": p, **{key: zero_optimizer.state[p][key] for key in MOMENTS}}
+            m = masters.get(p, p)
+            entry = {"fp32": m, **{key: inner.state[m][key] for key in MOMENTS}}
         else:
             entry = {"fp32": safe_get_full_fp32_param(p)}
             for key in MOMENTS:
@@ -106,6 +108,7 @@ def load_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, ro
 
     saved = read_portable(path)
     _init_adam_state(zero_optimizer, zero_stage)
+    inner, masters = _adam(zero_optimizer, zero_stage), _masters(zero_optimizer, zero_stage)
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
@@ -120,7 +123,11 @@ def load_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, ro
         with torch.no_grad():
             p.copy_(rows(entry["fp32"]).to(p.dtype))
         if zero_stage == 0:
-            state = zero_optimizer.state[p]
+            m = masters.get(p, p)
+            if m is not p:  # bf16 without ZeRO: DeepSpeed's fp32 master of p
+                with torch.no_grad():
+                    m.copy_(rows(entry["fp32"]))
+            state = inner.state[m]
             for key in MOMENTS:
                 if entry[key] is not None:
                     state[key].copy_(rows(entry[key]))
@@ -141,8 +148,23 @@ def load_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, ro
 
 def _adam(zero_optimizer, zero_stage: int) -> torch.optim.Optimizer:
     """The torch optimizer that holds Adam's state: ZeRO's inner one (over its flat partitions), or
-    without ZeRO the optimizer itself (over the parameters)."""
-    return zero_optimizer if zero_stage == 0 else zero_optimizer.optimizer
+    without ZeRO the optimizer itself (over the parameters; in bf16 DeepSpeed's ``FP16_UnfusedOptimizer``
+    wraps it, over its fp32 masters)."""
+    if zero_stage == 0 and not _has_masters(zero_optimizer):
+        return zero_optimizer
+    return zero_optimizer.optimizer
+
+
+def _has_masters(optimizer) -> bool:
+    return hasattr(optimizer, "fp16_groups") and hasattr(optimizer, "fp32_groups")
+
+
+def _masters(zero_optimizer, zero_stage: int) -> dict:
+    """Without ZeRO in bf16: each model parameter's fp32 master (``FP16_UnfusedOptimizer``'s groups,
+    in order); else empty (the parameters are the masters)."""
+    if zero_stage or not _has_masters(zero_optimizer):
+        return {}
+    return {p: m for ps, ms in zip(zero_optimizer.fp16_groups, zero_optimizer.fp32_groups) for p, m in zip(ps, ms)}
 
 
 def _init_adam_state(zero_optimizer, zero_stage: int = 1) -> None:

@@ -82,3 +82,31 @@ def test_pre_portable_zero_checkpoint_names_the_way_out(monkeypatch, tmp_path):
     b = _worker(monkeypatch, 0)
     with pytest.raises(ValueError, match="no portable copy.*checkpoint="):
         b.load_checkpoint(str(tmp_path))
+
+
+@pytest.mark.parametrize("first,then", [(0, 0), (0, 1), (1, 0)])
+def test_bf16_without_zero_checkpoints_and_resumes(tmp_path, first, then):
+    """bfloat16 with ``learner.zero_stage=0`` (DeepSpeed's FP16_UnfusedOptimizer: fp32 masters beside the
+    bf16 weights, torch's AdamW over the masters) writes a checkpoint, and it resumes without ZeRO and
+    with it (and a ZeRO-1 one without): the masters and Adam's moments come along, the same next update."""
+    def worker(stage: int) -> LearnerWorker:
+        _PORT[0] += 1
+        cfg = load_config(["model.dtype=bfloat16", "learner.micro_batch_size=2", "learner.grad_clip=0.0",
+                           f"learner.zero_stage={stage}"])
+        w = LearnerWorker(cfg, 0, 1, "127.0.0.1", _PORT[0])
+        assert w.zero_stage == stage
+        return w
+
+    a = worker(first)
+    _step(a, 1)
+    a.save_checkpoint(str(tmp_path), 1)
+    saved = _weights(a)
+    _step(a, 2)
+    a_next = _weights(a)
+    b = worker(then)
+    assert b.load_checkpoint(str(tmp_path)) == 1
+    for n, t in _weights(b).items():
+        assert torch.equal(t, saved[n]), n
+    _step(b, 2)
+    for n, t in _weights(b).items():
+        assert torch.equal(t, a_next[n]), n
