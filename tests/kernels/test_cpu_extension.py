@@ -9,7 +9,10 @@ from jointrl.kernels.cpu_extension import zeros_huge_pages
 
 
 @pytest.mark.parametrize("shape,dtype", [((3, 5), torch.bfloat16), ((2, 700, 2, 2, 64), torch.float32),
-                                         ((1, 300, 2, 2, 64), torch.float64)])
+                                         ((1, 300, 2, 2, 64), torch.float64),
+                                         # past 2 MiB (the aligned view into a larger buffer), odd sizes
+                                         ((3, 1000, 2, 4, 64), torch.float32), ((1, 2049, 1023), torch.bfloat16),
+                                         ((5, 3, 69911), torch.float64)])
 def test_zeros_of_the_shape_and_dtype(shape, dtype):
     a, b = zeros_huge_pages(shape, dtype), zeros_huge_pages(shape, dtype)
     assert a.shape == shape and a.dtype == dtype and a.is_contiguous() and not a.any()
