@@ -314,7 +314,7 @@ class ModelRunner:
         """What a pure decode step calls per layer, the weights packed and fused, as one tuple per layer (and
         the final norm and head last); None unless every layer has the plain shape the C++ path covers
         (full attention with RMSNorm q/k-norm or none, no output gate, bias-free projections, a softmax-routed
-        MoE without shared experts, RMSNorm norms, a cache in the model's dtype). Rebuilt when any weight
+        MoE without shared experts, RMSNorm norms; a bfloat16 cache too: the same calls take it). Rebuilt when any weight
         changes in place (its version) or is replaced (its address), like ``_qkv_weight``."""
         params = self._plan_params()
         if params is None:
@@ -344,7 +344,7 @@ class ModelRunner:
         not of the plan's shape (decided once)."""
         if self._plan_refs is None:
             m = self.model
-            if not (self.kv_dtype == self.dtype and _plain_decode_shape(m)):
+            if not _plain_decode_shape(m):
                 self._plan_refs = []
                 return None
             mods = [(m.model.norm, "weight"), (m.lm_head, "weight")]

@@ -87,11 +87,13 @@ def test_packed_projections_equal_f_linear(dtype):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-10 if dtype == torch.float64 else 1e-4)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_planned_decode_equals_the_general_path_across_weight_changes(dtype):
+@pytest.mark.parametrize("dtype,kv_dtype", [(torch.float64, "auto"), (torch.float32, "auto"),
+                                            (torch.float32, "bfloat16")])
+def test_planned_decode_equals_the_general_path_across_weight_changes(dtype, kv_dtype):
     """Pure decode steps through ``ModelRunner._decode_plan`` (the C++ calls straight from a per-layer plan)
     against the general per-layer path: the same tokens, log-probs and routed experts bit for bit, before and
-    after an in-place weight update and a parameter replaced by assignment (the plan must see both)."""
+    after an in-place weight update and a parameter replaced by assignment (the plan must see both); with
+    the model's dtype in the cache and with a bfloat16 cache under float32."""
     from jointrl.kernels import linear_cpu
 
     if linear_cpu.load_kernel() is None:
@@ -102,7 +104,7 @@ def test_planned_decode_equals_the_general_path_across_weight_changes(dtype):
     outs = {}
     for planned in (True, False):
         model = make_model(seed=2).to(dtype)
-        eng = engine(model, max_num_batched_tokens=64, return_routed_experts=True)
+        eng = engine(model, max_num_batched_tokens=64, return_routed_experts=True, kv_dtype=kv_dtype)
         if not planned:
             eng.runner._plan_refs = []  # the general path
         runs = [eng.generate_batch(ps, params)]
