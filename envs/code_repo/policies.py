@@ -11,8 +11,8 @@
   only the edit, which GRPO can then choose between (docs/recipe.md).
 
 ``patch_calls`` turns any patch into such calls: each changed block of lines becomes one
-``str_replace`` whose ``old_str`` is widened by context lines until it occurs exactly once in
-the file as it is at that point, so applying the calls in order reproduces the patched file.
+``str_replace`` whose ``old_str`` is widened by context lines (one line after it, or one before,
+else both) until it occurs exactly once in the file as it is at that point, so applying the calls in order reproduces the patched file.
 """
 
 from __future__ import annotations
@@ -46,14 +46,15 @@ def replace_calls(path: str, before: str, after: str) -> list[ToolCall]:
             continue
         a, b = i1 + delta, i2 + delta  # the block's lines in the current text
         repl = new[j1:j2]
-        lo, hi = a, b
-        while True:
-            old = "".join(cur[lo:hi])
-            if old and len(find_all("".join(cur), old)) == 1:
-                break
+        text, lo, hi = "".join(cur), a, b
+        unique = lambda lo, hi: (o := "".join(cur[lo:hi])) != "" and len(find_all(text, o)) == 1  # noqa: E731
+        while not unique(lo, hi):
             if lo == 0 and hi == len(cur):
                 return [ToolCall("create", {"path": path, "content": after})]  # no unique anchor anywhere
-            lo, hi = max(0, lo - 1), min(len(cur), hi + 1)
+            # one more context line, after the block first, then before it, then both
+            lo, hi = next(((l2, h2) for l2, h2 in ((lo, min(len(cur), hi + 1)), (max(0, lo - 1), hi))
+                           if (l2, h2) != (lo, hi) and unique(l2, h2)), (max(0, lo - 1), min(len(cur), hi + 1)))
+        old = "".join(cur[lo:hi])
         calls.append(ToolCall("str_replace", {"path": path, "old_str": old,
                                               "new_str": "".join(cur[lo:a] + repl + cur[b:hi])}))
         cur[a:b] = repl

@@ -119,8 +119,14 @@ def test_replace_calls_reproduce_every_shipped_patch():
 def test_replace_calls_widen_context_until_unique():
     before = "x = 1\ny = 2\nx = 1\nz = 3\n"
     calls = replace_calls("f.py", before, "x = 1\ny = 2\nx = 10\nz = 3\n")
-    assert [c.arguments["old_str"] for c in calls] == ["y = 2\nx = 1\nz = 3\n"]  # one line each side
+    assert [c.arguments["old_str"] for c in calls] == ["x = 1\nz = 3\n"]  # one line after it is enough
     assert apply(before, calls) == "x = 1\ny = 2\nx = 10\nz = 3\n"
+    before = "a = 0\nx = 1\nz = 3\nx = 1\nz = 3\n"  # after: not unique; before: unique
+    calls = replace_calls("f.py", before, "a = 0\nx = 10\nz = 3\nx = 1\nz = 3\n")
+    assert [c.arguments["old_str"] for c in calls] == ["a = 0\nx = 1\n"]
+    before = "q\nx\nq\nq\nx\nq\np\n"  # neither side alone: both, then one more after
+    calls = replace_calls("f.py", before, "q\nx\nq\nq\nX\nq\np\n")
+    assert apply(before, calls) == "q\nx\nq\nq\nX\nq\np\n" and calls[0].arguments["old_str"] == "q\nx\nq\np\n"
     assert apply("a\n", replace_calls("f", "a\n", "a\na\n")) == "a\na\n"
 
 
