@@ -1,4 +1,5 @@
-"""Learner throughput: tokens/s of DeepSpeed ZeRO-2 RL steps on ``bench_moe`` (CPU, gloo).
+"""Learner throughput: tokens/s of DeepSpeed RL steps on ``bench_moe`` (CPU, gloo; one rank runs
+without ZeRO partitioning, two ranks ZeRO-2: ``rl/learner/worker.zero_stage``).
 
     python tests/bench/bench_learner.py [--steps 3] [--seqs 16] [--threads-per-rank 1]
 
@@ -83,8 +84,8 @@ def main() -> None:
     ap.add_argument("--threads-per-rank", dest="threads", type=int, default=1)
     args = ap.parse_args()
     rows = [
-        ("ZeRO-2, 1 rank, ep_size 1", 1, ["learner.micro_batch_size=4"]),
-        ("ZeRO-2, 1 rank, ep_size 1, packed 1024 tok", 1, ["learner.micro_batch_size=0", "learner.pack_sequences=true",
+        ("1 rank (no ZeRO), ep_size 1", 1, ["learner.micro_batch_size=4"]),
+        ("1 rank (no ZeRO), ep_size 1, packed 1024 tok", 1, ["learner.micro_batch_size=0", "learner.pack_sequences=true",
                                                           "learner.max_tokens_per_micro_batch=1024"]),
         ("ZeRO-2, 2 ranks, ep_size 2", 2, ["learner.micro_batch_size=4", "learner.ep_size=2"]),
     ]
