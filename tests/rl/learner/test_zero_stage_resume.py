@@ -10,19 +10,12 @@ import torch
 
 import jointrl.rl.learner.worker as worker_mod
 from jointrl.rl.config import load_config
-from jointrl.rl.learner.batch import TrainBatch
 from jointrl.rl.learner.worker import LearnerWorker, zero_stage
+
+from .test_reshard import _batch  # the same ragged 4-sequence batch
 
 _PORT = [29850]
 OVERRIDES = ["model.dtype=float64", "learner.micro_batch_size=2", "learner.eps=1.0", "learner.grad_clip=0.0"]
-
-
-def _batch(seed: int) -> TrainBatch:
-    g = torch.Generator().manual_seed(seed)
-    seqs = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (9, 5, 12, 7)]
-    masks = [[0] * 2 + [1] * (len(s) - 2) for s in seqs]
-    old = [[0.0 if m == 0 else -5.5 + 0.1 * i for i, m in enumerate(mk)] for mk in masks]
-    return TrainBatch(seqs, masks, old, [1.0, -0.5, 0.25, -1.0])
 
 
 def _worker(monkeypatch, stage: int) -> LearnerWorker:
