@@ -171,6 +171,9 @@ class LearnerWorker:
             groups = split_params_into_different_moe_groups_for_optimizer(groups)
         opt = torch.optim.AdamW(groups, lr=lc.lr, betas=tuple(lc.betas), eps=lc.eps, weight_decay=lc.weight_decay, fused=True)
         self.zero_stage = zero_stage(cfg, world_size)
+        if rank == 0 and self.zero_stage != lc.zero_stage:
+            print(f"learner: {world_size} rank(s) in {cfg.model.dtype} run ZeRO-{self.zero_stage}, not learner.zero_stage="
+                  f"{lc.zero_stage} (nothing to partition on one rank: rl/learner/worker.zero_stage)", flush=True)
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=deepspeed_config(cfg, world_size))
         if world_size == 1 and self.zero_stage == 0:  # its all-reduce over one rank flattens and copies back every gradient
             self.engine.enable_backward_allreduce = False
