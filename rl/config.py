@@ -170,7 +170,7 @@ class EnvsConfig:
     episode_timeout_s: float = 300.0
     command_timeout_s: float = 10.0
     # full: each domain's own system prompt and tool descriptions; compact: a one-line system
-    # prompt and one-line tool descriptions (terminal, code_repo), same tools and schemas, for
+    # prompt and one-line tool descriptions (terminal, code_repo, browser), same tools and schemas, for
     # small byte-level models that re-read the system turn with every token (docs/recipe.md)
     prompt: str = "full"
 
