@@ -137,6 +137,21 @@ def pids_of_uid(uid: int) -> list[int]:
     return pids
 
 
+def leftover_pids(uid: int, keep: frozenset[int] = frozenset(), settle_s: float = 10.0) -> set[int]:
+    """The processes of ``uid`` outside ``keep`` once the dying ones are gone (waits up to ``settle_s``).
+
+    A SIGKILLed process has left its cgroup, released its memory and closed its files before it
+    becomes a zombie, and ``/proc`` shows it as running for that moment: checking right after a
+    cleanup sees it (CI did once). A real leftover is still there ``settle_s`` later.
+    """
+    deadline = time.monotonic() + settle_s
+    while True:
+        extra = set(pids_of_uid(uid)) - keep
+        if not extra or time.monotonic() > deadline:
+            return extra
+        time.sleep(0.01)
+
+
 def kill_uid(uid: int, *, keep: frozenset[int] = frozenset(), rounds: int = 50) -> None:
     """SIGKILL every process of ``uid`` but ``keep`` until none is left (a forking process is caught next round).
 

@@ -22,7 +22,7 @@ import pytest
 from jointrl.envs.base import ToolCall
 from jointrl.envs.sandbox import SandboxConfig
 from jointrl.envs.sandbox.bwrap import SANDBOX_ROOT
-from jointrl.envs.sandbox.uids import pids_of_uid
+from jointrl.envs.sandbox.uids import leftover_pids, pids_of_uid
 from jointrl.envs.terminal import TerminalEnv, load_tasks
 
 pytestmark = pytest.mark.skipif(
@@ -73,7 +73,7 @@ def play(attack: list[str], canary: Path, during=None):
                                                           attack_all())
             watch.stop.set()
             watch.join()
-            leftovers = set(pids_of_uid(uid)) - sb.shell_pids
+            leftovers = leftover_pids(uid, sb.shell_pids)
             extra = during(sb) if during else None
             after = await attacker.step(ToolCall("bash", {"command": "echo after"}))
             return dict(victim=victim_obs.text, attack=[o.text for o in attack_obs], after=after.text, uid=uid,
@@ -85,7 +85,7 @@ def play(attack: list[str], canary: Path, during=None):
     assert result["victim"] == f"20\n{SECRET}\n[exit code: 0]", result["victim"]
     assert canary.read_text() == "host canary\n"
     assert result["leftovers"] == set(), "processes outlived the command"
-    assert pids_of_uid(result["uid"]) == [], "processes outlived the episode"
+    assert leftover_pids(result["uid"]) == set(), "processes outlived the episode"
     for text in result["attack"]:
         assert SECRET not in text and len(text) < 2 * CFG.max_output_bytes + 600, text[:500]
     assert result["after"] == "after\n[exit code: 0]", result["after"]

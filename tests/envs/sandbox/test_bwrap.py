@@ -20,7 +20,7 @@ from jointrl.envs.base import EnvError
 from jointrl.envs.sandbox import SandboxConfig, make_sandbox
 from jointrl.envs.sandbox.bwrap import TIMEOUT_EXIT_CODE, BwrapSandbox
 from jointrl.envs.sandbox.disk import unmount
-from jointrl.envs.sandbox.uids import kill_uid, pids_of_uid
+from jointrl.envs.sandbox.uids import kill_uid, leftover_pids, pids_of_uid
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None, reason="needs root and bubblewrap"
@@ -78,14 +78,14 @@ def test_timeout_kills_the_command_and_its_children(sb):
     assert r.timed_out and r.exit_code == TIMEOUT_EXIT_CODE and not r.ok
     assert "started" in r.stdout
     assert elapsed < 120  # cut at the timeout, not after the 311 s sleep (a wide margin: the host may be loaded)
-    assert set(pids_of_uid(sb.uid)) <= sb.shell_pids  # checked by uid on the host, while the sandbox is still open
+    assert leftover_pids(sb.uid, sb.shell_pids) == set()  # checked by uid on the host, while the sandbox is still open
     assert sb.exec("echo alive").stdout == "alive\n"  # and the sandbox is usable afterwards
 
 
 def test_background_processes_do_not_outlive_exec(sb):
     r = sb.exec("sleep 307 & echo $!")
     assert r.ok
-    assert set(pids_of_uid(sb.uid)) <= sb.shell_pids
+    assert leftover_pids(sb.uid, sb.shell_pids) == set()
 
 
 def test_runs_under_a_nonzero_host_uid(sb):
@@ -153,7 +153,7 @@ def test_close_kills_removes_and_is_idempotent():
     sb.close()
     sb.close()
     assert not private.exists()
-    assert set(pids_of_uid(sb.uid)) <= sb.shell_pids
+    assert leftover_pids(sb.uid, sb.shell_pids) == set()
     with pytest.raises(RuntimeError, match="closed"):
         sb.exec("true")
 
@@ -279,4 +279,4 @@ def test_a_crashed_holders_leftovers_are_cleaned_by_the_next_lease():
         except EnvError:
             time.sleep(0.02)
     with sb:
-        assert sb.uid == uid and not private.exists() and set(pids_of_uid(uid)) <= sb.shell_pids
+        assert sb.uid == uid and not private.exists() and leftover_pids(uid, sb.shell_pids) == set()
