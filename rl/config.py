@@ -290,7 +290,8 @@ class RecipeConfig:
     # {oracle: 1.0} imitates the oracles; {oracle: 0.5, wrong: 0.5} mixes in each family's plausible slip
     sft_demos: dict[str, float] = field(default_factory=lambda: {"oracle": 1.0})
     # domain -> the style of its demonstrations: {code_repo: shell} plays code_repo's oracle_shell /
-    # wrong_shell instead of oracle / wrong (the same edits from one bash call: envs/code_repo/policies.py)
+    # wrong_shell instead of oracle / wrong (the same edits from one bash call: envs/code_repo/policies.py),
+    # {code_repo: sed} its oracle_sed / wrong_sed (the family's edit as one short sed -i; generated tasks)
     sft_demo_style: dict[str, str] = field(default_factory=dict)
     # every N SFT steps (0: never) score held-out oracle transcripts (the first sft_heldout_limit
     # tasks per domain) under the current weights: NLL, tokens greedy gets right, and the
@@ -313,7 +314,7 @@ class RecipeConfig:
         from jointrl.envs.registry import DOMAINS
         for domain, style in self.sft_demo_style.items():
             _check_choice("recipe.sft_demo_style", domain, tuple(DOMAINS))
-            _check_choice(f"recipe.sft_demo_style.{domain}", style, ("shell",))
+            _check_choice(f"recipe.sft_demo_style.{domain}", style, ("shell", "sed"))
 
 
 @dataclass

@@ -8,7 +8,10 @@
   ``str.replace`` on each file, found by a glob over its top folder: ``*/count_above.py``), then
   submit -- what an agent that edits from the shell without opening the files writes. For small
   models the path's package name (drawn per repository) is the hard part to copy; the glob leaves
-  only the edit, which GRPO can then choose between (docs/recipe.md).
+  only the edit, which GRPO can then choose between (docs/recipe.md);
+- ``oracle_sed`` / ``wrong_sed``: for generated instances (``generate.py``), the family's own
+  edit as one ``sed -i 's/old/new/' */<module>.py`` (~40-90 bytes instead of the ~230 of the
+  Python script, whose inexact copies left GRPO nothing to choose between), then submit.
 
 ``patch_calls`` turns any patch into such calls: each changed block of lines becomes one
 ``str_replace`` whose ``old_str`` is widened by context lines (one line after it, or one before,
@@ -18,7 +21,11 @@ else both) until it occurs exactly once in the file as it is at that point, so a
 from __future__ import annotations
 
 import difflib
+import random
 import shlex
+import subprocess
+import tempfile
+from pathlib import Path
 
 from jointrl.envs.base import Task, ToolCall
 from jointrl.envs.code_repo.records import SweRecord
@@ -26,7 +33,7 @@ from jointrl.envs.code_repo.snapshot import RepoStore, default_store
 from jointrl.envs.code_repo.tools import find_all
 
 Policy = list[list[ToolCall]]
-POLICIES = ("noop", "oracle", "wrong", "oracle_shell", "wrong_shell")
+POLICIES = ("noop", "oracle", "wrong", "oracle_shell", "wrong_shell", "oracle_sed", "wrong_sed")
 SUBMIT = ToolCall(name="submit", arguments={})
 
 
@@ -104,6 +111,54 @@ def shell_calls(record: SweRecord, patch: str, store: RepoStore | None = None) -
     return [[ToolCall("bash", {"command": "\n".join(lines)})], [SUBMIT]]
 
 
+def sed_expression(old: str, new: str) -> str:
+    """The ``sed`` substitution of the literal ``old`` (one line) by ``new``: ``s/old/new/``, with
+    ``|`` or ``#`` as the delimiter when ``/`` occurs, and only what sed would misread escaped.
+
+    >>> sed_expression("x >= threshold", "x > threshold")
+    's/x >= threshold/x > threshold/'
+    >>> print(sed_expression("start = number * size", "start = (number - 1) * size"))
+    s/start = number \\* size/start = (number - 1) * size/
+    """
+    if old.endswith("\n") and new.endswith("\n"):
+        old, new = old[:-1], new[:-1]
+    if not old or "\n" in old:
+        raise ValueError(f"a sed edit replaces part of one line; got {old!r}")
+    delim = next((d for d in "/|#" if d not in old + new), None)
+    if delim is None:
+        raise ValueError(f"no sed delimiter fits {old!r} -> {new!r}")
+    pattern = "".join("\\" + c if c in "\\*[^$" else c for c in old)  # '.' matches itself too
+    repl = "".join("\\" + c if c in "\\&" else c for c in new).replace("\n", "\\n")
+    return f"s{delim}{pattern}{delim}{repl}{delim}"
+
+
+def sed_calls(record: SweRecord, role: str, store: RepoStore | None = None) -> Policy:
+    """Turns of a generated instance's ``oracle`` or ``wrong`` edit from the shell: one ``sed -i`` on
+    ``*/<module>.py`` with the family's edit (``generate.FAMILIES``), then submit. Checked: the real
+    sed on the base file gives exactly the patched file, else ``ValueError``."""
+    from jointrl.envs.code_repo.generate import FAMILIES  # the generator imports this package
+
+    family, _, seed = record.instance_id.rpartition("-s")
+    if family not in FAMILIES or not seed.isdigit():
+        raise ValueError(f"{record.instance_id}: sed demonstrations exist for generated instances only "
+                         f"(<family>-s<seed>, families {sorted(FAMILIES)})")
+    fam = FAMILIES[family]
+    _, _, _, breaks, wrong = fam.make(random.Random(f"{family}/{seed}"))
+    edits = [(new, old) for old, new in breaks] if role == "oracle" else wrong
+    script = "; ".join(sed_expression(a, b) for a, b in edits)
+    command = f"sed -i {shlex.quote(script)} */{fam.module}.py"
+    before, after = (store or default_store()).patched(record, record.patch if role == "oracle" else record.wrong_patch)
+    (path,) = before
+    with tempfile.TemporaryDirectory() as tmp:  # the command, run by the real sed, must make the patch
+        target = Path(tmp) / path
+        target.parent.mkdir(parents=True)
+        target.write_text(before[path])
+        subprocess.run(["bash", "-c", command], cwd=tmp, check=True, capture_output=True)
+        if target.read_text() != after[path]:
+            raise ValueError(f"{record.instance_id}: {command!r} does not reproduce the {role} patch")
+    return [[ToolCall("bash", {"command": command})], [SUBMIT]]
+
+
 def load_policy(task: Task, name: str, store: RepoStore | None = None) -> Policy:
     """The named policy of a ``code_repo`` task. Raises ``ValueError`` naming the available ones."""
     record = SweRecord.from_task(task)
@@ -117,5 +172,7 @@ def load_policy(task: Task, name: str, store: RepoStore | None = None) -> Policy
         return shell_calls(record, record.patch, store)
     if name == "wrong_shell" and record.wrong_patch:
         return shell_calls(record, record.wrong_patch, store)
+    if name == "oracle_sed" or (name == "wrong_sed" and record.wrong_patch):
+        return sed_calls(record, name.removesuffix("_sed"), store)
     available = [p for p in POLICIES if not p.startswith("wrong") or record.wrong_patch]
     raise ValueError(f"task {task.id!r} has no policy {name!r}; available: {available}")

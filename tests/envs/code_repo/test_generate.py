@@ -72,6 +72,19 @@ def test_one_seed_builds_checked_instances_whose_oracle_solves_and_noop_does_not
     check(tasks, ("oracle", "noop"))
 
 
+def test_every_familys_sed_edits_reproduce_its_patches_and_shipped_instances_have_none(tmp_path):
+    """``oracle_sed`` / ``wrong_sed`` run the real sed on the base file and compare with the patched
+    file (``sed_calls``), so building them for one seed checks every family's sed escaping."""
+    build(tmp_path, seeds=1)
+    for task in load_tasks(tmp_path):
+        for name in ("oracle_sed", "wrong_sed"):
+            (bash,), (submit,) = load_policy(task, name)
+            assert bash.arguments["command"].startswith("sed -i '") and submit.name == "submit"
+    shipped = load_tasks(None)[0]
+    with pytest.raises(ValueError, match="generated instances only"):
+        load_policy(shipped, "oracle_sed")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # building 107 instances runs pytest ~320 times; then 214 episodes
 def test_every_heldout_instance_of_the_documented_size_oracle_and_noop(tmp_path):
