@@ -417,12 +417,13 @@ def _write(plan: Iterable[tuple[Tensor, WeightEntry]], dtype: torch.dtype | None
     for target, entry in plan:
         if entry.kind == EntryKind.MXFP4:
             assert entry.scales is not None
-            value = dequantize_mxfp4(
-                entry.data.to(target.device), entry.scales.to(target.device), dtype=dtype or target.dtype
-            )
+            blocks, scales = entry.data.to(target.device), entry.scales.to(target.device)
+            if dtype is None or dtype == target.dtype:  # decoded straight into the target (no full-size temporary on CPU)
+                dequantize_mxfp4(blocks, scales, out=target)
+            else:
+                target.copy_(dequantize_mxfp4(blocks, scales, dtype=dtype))
         else:
-            value = entry.data
-        target.copy_(value)
+            target.copy_(entry.data)
 
 
 # ---------------------------------------------------------------------------------------

@@ -394,3 +394,57 @@ def test_public_quantize_runs_the_cpu_path_except_for_float64(monkeypatch):
     assert len(calls) == 1
     assert quantize_mxfp4(torch.zeros(0, 64))[0].shape == (0, 32)
     assert quantize_mxfp4(torch.zeros(4, 0))[1].shape == (4, 0)
+
+
+# ---------------------------------------------------------------------------------------
+# C++ CPU kernels (float32 / bfloat16): the reference's bits
+# ---------------------------------------------------------------------------------------
+
+needs_cpp = pytest.mark.skipif(_m.load_cpu_kernel() is None, reason="no C++ toolchain: the torch paths run")
+
+
+def _random_bits(rows: int, seed: int) -> torch.Tensor:
+    """float32 [rows, 32] of uniformly random bit patterns (NaN, inf, subnormals, both signs)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-(2**31), 2**31 - 1, (rows, 32), generator=g, dtype=torch.int32).view(torch.float32)
+
+
+@needs_cpp
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(40, 96), (3, 7, 64), (11, 32), (5000, 64)], ids=str)
+def test_cpp_quantize_matches_reference_bitwise(rule, dtype, shape):
+    rows = shape[0] * (shape[1] if len(shape) == 3 else 1)
+    x = _edge_blocks(rows, shape[-1], seed=sum(shape))
+    x[-min(rows // 2, 300):] = _random_bits(min(rows // 2, 300) * shape[-1] // 32, seed=rows).reshape(-1, shape[-1])
+    x = x.to(dtype).reshape(shape)
+    blocks, scales = _m._quantize_mxfp4_cpp(x, _m.ScaleRule(rule))
+    want_blocks, want_scales = _m._quantize_mxfp4_torch(x, _m.ScaleRule(rule))
+    assert torch.equal(scales, want_scales) and torch.equal(blocks, want_blocks)
+    assert torch.equal(blocks, quantize_mxfp4(x, rule)[0])  # what the public function runs on CPU
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpp_dequantize_matches_reference_bitwise(dtype):
+    # every byte under every scale byte (0: subnormal scale, 254/253: overflow to inf, 255: NaN)
+    blocks = torch.arange(256, dtype=torch.uint8).repeat(256, 1).reshape(256, 16, 16)
+    scales = torch.arange(256, dtype=torch.uint8).repeat_interleave(16).reshape(256, 16, 1)
+    got = _m._dequantize_mxfp4_cpp(blocks, scales, torch.full((256, 16, 32), 7.0, dtype=dtype))
+    want = _m._dequantize_mxfp4_torch(blocks, scales, dtype)
+    ints = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.view(ints)[~got.isnan()], want.view(ints)[~want.isnan()])  # -0.0 and subnormals included
+
+
+def test_dequantize_into_out():
+    x = _edge_blocks(12, 64, seed=3)
+    blocks, scales = quantize_mxfp4(x)
+    want = _m._dequantize_mxfp4_torch(blocks, scales, torch.float32)
+    for out in (torch.empty(12, 64), torch.empty(64, 12).t(), torch.empty(12, 64, dtype=torch.float64)):
+        version = out._version
+        got = dequantize_mxfp4(blocks, scales, torch.bfloat16, out=out)  # dtype: out's
+        assert got is out and out._version > version  # caches keyed on the version see the write
+        assert torch.equal(out.isnan(), want.isnan()) and torch.equal(out[~out.isnan()], want.to(out.dtype)[~want.isnan()])
+    with pytest.raises(ValueError, match="does not fit"):
+        dequantize_mxfp4(blocks, scales, out=torch.empty(12, 32))
