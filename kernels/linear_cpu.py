@@ -129,10 +129,26 @@ def load_kernel():
     return load_cpu_extension("jointrl_linear_cpu", _SOURCE, ["linear_packed"])
 
 
-def pack(w_OK: Tensor) -> Tensor:
-    """W [O, K] → panels [ceil(O/16), K, 16]: panel q holds columns 16q .. 16q + 15 of Wᵀ (zeros past O)."""
+def pack(w_OK: Tensor, out: Tensor | None = None) -> Tensor:
+    """W [O, K] → panels [ceil(O/16), K, 16]: panel q holds columns 16q .. 16q + 15 of Wᵀ (zeros past O).
+    ``out``: an earlier ``pack`` of a weight of this shape, overwritten in place (one strided copy, no new
+    memory: a runner repacking after a weight update); its padding columns stay zero."""
     O, K = w_OK.shape
-    return F.pad(w_OK.detach(), (0, 0, 0, -O % PANEL)).view(-1, PANEL, K).transpose(1, 2).contiguous()
+    if out is None:
+        return F.pad(w_OK.detach(), (0, 0, 0, -O % PANEL)).view(-1, PANEL, K).transpose(1, 2).contiguous()
+    pack_into(out.unsqueeze(0), w_OK.detach().unsqueeze(0))
+    return out
+
+
+def pack_into(out_EQKP: Tensor, w_EOK: Tensor) -> Tensor:
+    """Write ``pack(w_EOK[e])`` into ``out_EQKP[e]`` for every e (``out``: panels of this shape whose columns
+    past O are zero, as ``pack`` leaves them) → ``out_EQKP``."""
+    E, O, K = w_EOK.shape
+    full = O // PANEL
+    out_EQKP[:, :full].copy_(w_EOK[:, :full * PANEL].view(E, full, PANEL, K).transpose(2, 3))
+    if O % PANEL:
+        out_EQKP[:, full, :, :O % PANEL].copy_(w_EOK[:, full * PANEL:].transpose(1, 2))
+    return out_EQKP
 
 
 def linear(x_NK: Tensor, packed_QKP: Tensor, out_features: int) -> Tensor:

@@ -319,9 +319,14 @@ def moe_experts(x_NH: Tensor, ids_Nk: Tensor, weights_Nk: Tensor, gate_up_EOH: T
                               gate_up_EOH.contiguous(), down_EHI.contiguous())
 
 
-def pack_experts(gate_up_EOH: Tensor, down_EHI: Tensor) -> tuple[Tensor, Tensor]:
+def pack_experts(gate_up_EOH: Tensor, down_EHI: Tensor, out: tuple[Tensor, Tensor] | None = None
+                 ) -> tuple[Tensor, Tensor]:
     """(gate_up, down) → each expert's matrix in ``linear_cpu.pack``'s panels: gate_up [E, ceil(2I/16), H, 16],
-    down [E, ceil(H/16), I, 16] (``pack(gate_up[e])`` is ``gate_up_packed[e]``)."""
+    down [E, ceil(H/16), I, 16] (``pack(gate_up[e])`` is ``gate_up_packed[e]``). ``out``: an earlier
+    ``pack_experts`` of weights of these shapes, overwritten in place (``linear_cpu.pack_into``: one strided
+    copy each, no new memory; bench_moe's six layers ~18 -> ~8 ms, one thread)."""
+    if out is not None:
+        return linear_cpu.pack_into(out[0], gate_up_EOH.detach()), linear_cpu.pack_into(out[1], down_EHI.detach())
     return _pack3(gate_up_EOH), _pack3(down_EHI)
 
 

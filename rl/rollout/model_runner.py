@@ -8,7 +8,12 @@ per active expert) run once over all N; at up to ``linear_cpu.MAX_ROWS`` rows (d
 dense projections -- q|k|v, o, router, head -- through ``kernels/linear_cpu`` against weights packed
 once per weights version (MKL's sgemm is slow at so few rows), and the routed experts through their
 own packed copy (``kernels/moe_cpu.moe_experts_packed``: ~20% less time than the unpacked loop, their
-weights streamed from memory each step; the copy costs the expert weights' bytes once more). A pure decode step of a plain
+weights streamed from memory each step; the copy costs the expert weights' bytes once more; after a weight
+update the panels are refilled in place, one strided copy each: bench_moe's experts ~18 -> ~8 ms). A step
+whose prefill chunks are all short (``SHORT_PREFILL``: a GRPO group's other members after the shared
+prompt's full blocks) runs every row's attention as a decode query through the paged-decode kernel, as
+batch-invariant mode does, instead of a key gather, mask and SDPA call per chunk (bench_moe, 14 chunks of
+4 tokens: that step ~39 -> ~26 ms). A pure decode step of a plain
 Qwen3-MoE-shaped model runs its layers from a per-layer plan of those C++ calls and their prepared
 weights (``_decode_plan``: no module lookups, cache checks or wrappers per layer; bit for bit the
 general path). Attention then reads each sequence's keys/values
@@ -62,6 +67,7 @@ from jointrl.rl.rollout.paged_state import DecodeBatchState, PagedState
 from jointrl.rl.rollout.sequence import Sequence
 
 ROW_TILE = 16  # batch_invariant: rows per GEMM call (a fixed shape, so a fixed summation order per row)
+SHORT_PREFILL = 16  # prefill chunks of at most this many tokens attend as decode rows (``run``)
 
 
 class ModelRunner:
@@ -127,8 +133,11 @@ class ModelRunner:
         cached = self._fused.get(slot)
         if cached is None or cached[0] != key or any(r() is not w for r, w in zip(cached[2], ws)):
             w = ws[0] if len(ws) == 1 else torch.cat(ws)
-            refs = (weakref.ref(ws[0], _dropper(weakref.ref(self), slot)), *map(weakref.ref, ws[1:]))
-            cached = self._fused[slot] = (key, (linear_cpu.pack(w), w.shape[0]), refs)
+            if _same_params(cached, ws) and cached[1][1] == w.shape[0]:  # new values (update_weights): into the old panels
+                cached = self._fused[slot] = (key, (linear_cpu.pack(w, out=cached[1][0]), w.shape[0]), *cached[2:])
+            else:
+                refs = (weakref.ref(ws[0], _dropper(weakref.ref(self), slot)), *map(weakref.ref, ws[1:]))
+                cached = self._fused[slot] = (key, (linear_cpu.pack(w), w.shape[0]), refs, _layout(ws))
         return cached[1]
 
     def _packed_experts(self, experts) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -139,9 +148,12 @@ class ModelRunner:
         key = tuple((w.data_ptr(), w._version) for w in ws)
         cached = self._fused.get(slot)
         if cached is None or cached[0] != key or any(r() is not w for r, w in zip(cached[2], ws)):
-            refs = (weakref.ref(ws[0], _dropper(weakref.ref(self), slot)), weakref.ref(ws[1]))
-            panels = [zeros_huge_pages(p.shape, p.dtype).copy_(p) for p in moe_cpu.pack_experts(*ws)]
-            cached = self._fused[slot] = (key, (*panels, ws[1].shape[2]), refs)
+            if _same_params(cached, ws):  # new values (update_weights): repacked into the old panels in place
+                cached = self._fused[slot] = (key, (*moe_cpu.pack_experts(*ws, out=cached[1][:2]), cached[1][2]), *cached[2:])
+            else:
+                refs = (weakref.ref(ws[0], _dropper(weakref.ref(self), slot)), weakref.ref(ws[1]))
+                panels = [zeros_huge_pages(p.shape, p.dtype).copy_(p) for p in moe_cpu.pack_experts(*ws)]
+                cached = self._fused[slot] = (key, (*panels, ws[1].shape[2]), refs, _layout(ws))
         return cached[1]
 
     def _rope(self, pos_N: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,7 +255,12 @@ class ModelRunner:
             tables = [batch[i][0].block_table[:M] for i in order[:n_dec]]
             table_BM = torch.tensor([t + [0] * (M - len(t)) for t in tables], dtype=torch.long)  # one call per step
             dec_slots_BS = (table_BM[:, :, None] * bs + torch.arange(bs)).view(n_dec, M * bs)[:, :S].contiguous()
-        if self.invariant:  # every row a decode query: its keys 0..pos, read through the decode kernel
+        # every row a decode query, its keys 0..pos read through the decode kernel: batch-invariant mode, and
+        # steps whose prefill chunks are all short (a GRPO group's members after the shared prompt's full
+        # blocks: one kernel call per layer instead of a key gather, mask and SDPA call per chunk)
+        rows_as_decode = self.invariant or (prefill and self.fast and paged_attention_cpu.load_kernel() is not None
+                                            and all(n <= SHORT_PREFILL for _, n, _, _ in prefill))
+        if rows_as_decode:
             all_slots_NS = torch.zeros(len(ids_N), int(pos_N.max()) + 1, dtype=torch.long)
             if n_dec:
                 all_slots_NS[:n_dec, :dec_slots_BS.shape[1]] = dec_slots_BS
@@ -278,7 +295,7 @@ class ModelRunner:
                                                       sin_ND, kv_PCHD, slot_N, self.Hq, self.Hkv)
             else:
                 q_NHD = self._qk_rope_store(attn, qkv_NF, qk_norm_HD, cos_ND[:, None], sin_ND[:, None], kv_PCHD, slot_N)
-            if self.invariant:
+            if rows_as_decode:
                 out_NHD = paged_decode(q_NHD, kv_PCHD, all_slots_NS, all_ctx_N, self.D ** -0.5)
             else:
                 out_NHD = self._attention(q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, prefill)
@@ -478,6 +495,18 @@ class ModelRunner:
                 routed.append(rows[i][1])
         logits_RV = torch.stack(logits) if logits else torch.empty(0, self.model.config.vocab_size, dtype=self.dtype)
         return logits_RV, ends, torch.cat(routed) if want_routed else None
+
+
+def _layout(ws) -> tuple:
+    return tuple((tuple(w.shape), w.dtype) for w in ws)
+
+
+def _same_params(cached, ws) -> bool:
+    """Whether a packed-weight cache entry (key, value, weak references, layout) was built from these very
+    tensors, alive, with their shapes and dtypes: then only their values changed (``update_weights`` copies in
+    place), and the entry's panels are refilled in place -- no new memory, no zeroing, no second copy."""
+    return (cached is not None and len(cached[2]) == len(ws) and all(r() is w for r, w in zip(cached[2], ws))
+            and cached[3] == _layout(ws))
 
 
 def _dropper(runner_ref, slot):

@@ -49,3 +49,17 @@ def test_pack_layout():
     assert packed.shape == (2, 3, linear_cpu.PANEL)
     assert torch.equal(packed[0], w_OK[:16].T)
     assert torch.equal(packed[1, :, :4], w_OK[16:].T) and not packed[1, :, 4:].any()
+
+
+@pytest.mark.parametrize("O", [264, 16, 5, 33])
+def test_pack_into_an_earlier_pack_equals_a_fresh_one(O):
+    from jointrl.kernels import moe_cpu
+
+    w = torch.randn(O, 40, dtype=torch.float64)
+    panels = linear_cpu.pack(w)
+    w2 = torch.randn(O, 40, dtype=torch.float64)
+    assert linear_cpu.pack(w2, out=panels) is panels and torch.equal(panels, linear_cpu.pack(w2))
+    gate_up, down = torch.randn(3, 2 * O, 24), torch.randn(3, 24, O)
+    old = moe_cpu.pack_experts(torch.randn_like(gate_up), torch.randn_like(down))
+    new = moe_cpu.pack_experts(gate_up, down, out=old)
+    assert all(a is b and torch.equal(a, c) for a, b, c in zip(new, old, moe_cpu.pack_experts(gate_up, down)))

@@ -201,6 +201,29 @@ def test_idle_sessions_evicted_by_memory_pressure_and_ttl_are_reprefilled(model)
     assert eng.scheduler.num_evicted > evicted and len(eng.scheduler.idle) == 1  # only the new turn
 
 
+def test_weight_updates_repack_in_place_and_yield_the_new_model():
+    """``update_weights`` copies into the same parameters: the runner refills its packed panels in place (the
+    same tensors, no new memory) and decodes with the new weights (greedy, against full recompute); a GRPO
+    group's members after the shared prompt's full blocks prefill as decode rows (``SHORT_PREFILL``)."""
+    from jointrl.kernels import linear_cpu
+
+    if linear_cpu.load_kernel() is None:
+        pytest.skip("no C++ toolchain here")
+    eng = engine(make_model(), max_num_batched_tokens=64, session_ttl_s=0)
+    p = prompts(30)[0]
+    eng.generate_batch([p] * 3, [GREEDY] * 3)
+    panels = {k: v[1] for k, v in eng.runner._fused.items() if isinstance(k, tuple)}
+    for version, seed in ((1, 7), (2, 8)):
+        new = make_model(seed=seed)
+        eng.update_weights(version, build_bundle(new.state_dict(), version, is_quantized=lambda n, t: False))
+        q = prompts(30, seed=version)[0]
+        for out in eng.generate_batch([q] * 3, [GREEDY] * 3):
+            assert_matches(new, q, out)
+    after = {k: v[1] for k, v in eng.runner._fused.items() if isinstance(k, tuple)}
+    assert after.keys() == panels.keys()
+    assert all(a is b for k in panels for a, b in zip(after[k], panels[k]) if isinstance(a, torch.Tensor))
+
+
 def test_weight_update_reprefill_yields_the_new_model(model):
     eng = engine(make_model(), live_sessions="reprefill")
     p = prompts(11)[0]
