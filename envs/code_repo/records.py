@@ -137,9 +137,10 @@ def read_records(root: Path | None = None) -> list[SweRecord]:
 
 
 def render_prompt(record: SweRecord) -> str:
-    return (f"<issue>\n{record.problem_statement.strip()}\n</issue>\n\n"
-            f"The repository {record.repo} is checked out in /work. Fix the issue by editing the "
-            "source files (not the tests), then call `submit`.")
+    """The task's user turn: where the repository is and what to do, then the issue, last, right
+    before the agent's turn (a small model reads what is near its turn: docs/recipe.md, fifth session)."""
+    return (f"The repository {record.repo} is checked out in /work. Fix the issue below by editing the "
+            f"source files (not the tests), then call `submit`.\n\n<issue>\n{record.problem_statement.strip()}\n</issue>")
 
 
 def to_task(record: SweRecord, max_turns: int = DEFAULT_MAX_TURNS) -> Task:
