@@ -197,8 +197,8 @@ class LearnerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8  # AdamW epsilon
     grad_clip: float = 1.0
-    micro_batch_size: int = 4  # sequences per micro-batch (0: no limit)
-    max_tokens_per_micro_batch: int = 0  # token budget per micro-batch (0: no limit)
+    micro_batch_size: int = 0  # sequences per micro-batch (0: no limit)
+    max_tokens_per_micro_batch: int = 16384  # token budget per micro-batch, padding included (0: no limit)
     pack_sequences: bool = False  # several sequences per row (segment-causal attention)
     gradient_checkpointing: bool = False
     aux_loss_coef: float = 0.0  # weight of the router load-balancing loss in the RL step

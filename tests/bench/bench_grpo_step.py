@@ -19,10 +19,11 @@ jointrl, in-process (one process holds the three real pieces, as a one-node user
   over the 16 requests, the reward, ``grpo_advantages``, the ``TrainBatch``;
 * learner: ``LearnerWorker.train_step`` (rl/learner: DeepSpeed over gloo, one rank, where it runs
   without ZeRO partitioning whatever ``learner.zero_stage`` says (``worker.zero_stage``);
-  ``learner.micro_batch_size`` sequences per micro-batch, a group's shared prompt forwarded once
-  per micro-batch): the policy-gradient loss over all 16 sequences, one AdamW update of every weight;
+  micro-batches cut by ``learner.micro_batch_size`` / ``learner.max_tokens_per_micro_batch`` -- by
+  default one here, 16 x 116 tokens -- a group's shared prompt forwarded once per micro-batch): the
+  policy-gradient loss over all 16 sequences, one AdamW update of every weight;
 * push: ``LearnerWorker.weight_bundle`` (rl/weight_sync: routed experts to MXFP4, XXH3 digests) and
-  ``LLMEngine.update_weights`` (verify, dequantize, copy in).
+  ``LLMEngine.update_weights`` (verify, dequantize straight into the engine's weights).
 
 TRL: ``GRPOTrainer`` on CPU without vLLM (its only CPU path): rollout is
 ``_generate_and_score_completions`` (``model.generate``, the reward, advantages; with one
@@ -32,10 +33,12 @@ loss, backward, optimizer), and there is no push: TRL samples from the model it 
 Reported as one table of per-phase medians (wall seconds) and CPU seconds per step
 (``time.process_time``, all threads of the process: steadier than wall time on a shared
 machine), with the ratio TRL / jointrl. ``--variants`` adds rows for configuration changes on
-our side, each a set of overrides a user passes as is (``VARIANTS``); the last,
-``learner.micro_batch_size=16 rollout.quantize_experts=false``, is the fastest: one micro-batch per
-step and a dense fp32 push, so the rollout samples from the learner's exact weights as TRL does.
-(Until 2026-11-30 it also said ``learner.zero_stage=0``, which one rank now runs by default.)
+our side, each a set of overrides a user passes as is (``VARIANTS``): the learner's micro-batches
+of 4 sequences (the default until 2026-11-30 15:00), and
+``learner.micro_batch_size=16 rollout.quantize_experts=false``: one micro-batch per step, as the
+defaults now cut it, and a dense fp32 push, so the rollout samples from the learner's exact weights
+as TRL does. (Until 2026-11-30 it also said ``learner.zero_stage=0``, which one rank now runs by
+default.)
 Reports; never asserts.
 """
 
@@ -58,7 +61,8 @@ LR, CLIP_LOW, CLIP_HIGH = 1e-3, 0.2, 0.28
 # name -> extra conf overrides for our side (first: the defaults)
 VARIANTS = {
     "jointrl (defaults)": [],
-    "jointrl, learner micro-batch 16": ["learner.micro_batch_size=16"],
+    # the learner's micro-batches before 2026-11-30 15:00: 4 sequences, no token budget
+    "jointrl, micro-batches of 4": ["learner.micro_batch_size=4", "learner.max_tokens_per_micro_batch=0"],
     # + a dense fp32 push (no MXFP4 round trip: the rollout then runs the learner's exact expert
     # weights, as TRL's does)
     "jointrl, mb 16 + fp32 push": ["learner.micro_batch_size=16", "rollout.quantize_experts=false"],
