@@ -1,4 +1,5 @@
-"""MXFP4 torch reference vs a plain memcpy, on CPU. Run: ``python tests/bench/bench_mxfp4.py``.
+"""MXFP4 on CPU (what ``quantize_mxfp4`` dispatches to: the C++ kernels where a toolchain exists,
+else the torch paths; ``kernels/mxfp4.py``) vs a plain memcpy. Run: ``python tests/bench/bench_mxfp4.py``.
 
 Reports (never asserts) the median wall time of quantize, dequantize and quantize +
 dequantize of a [4096, 4096] fp32 tensor, next to ``Tensor.clone()`` of the same tensor;
@@ -14,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from jointrl.kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from jointrl.kernels.mxfp4 import dequantize_mxfp4, load_cpu_kernel, quantize_mxfp4
 
 
 def _median_seconds(cases: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -51,7 +52,7 @@ def main() -> None:
     base = results["clone (memcpy)"]
 
     print(
-        f"MXFP4 torch reference, CPU, {torch.get_num_threads()} threads, x = [{args.rows}, {args.cols}] fp32 "
+        f"MXFP4 ({'C++ kernels' if load_cpu_kernel() is not None else 'torch paths'}), CPU, {torch.get_num_threads()} threads, x = [{args.rows}, {args.cols}] fp32 "
         f"({nbytes / 2**20:.0f} MiB), rule={args.rule}, median of {args.repeats}"
     )
     print(f"{'op':<24}{'ms':>10}{'GB/s':>10}{'x clone':>10}")
