@@ -142,9 +142,14 @@ def pack(w_OK: Tensor, out: Tensor | None = None) -> Tensor:
 
 def pack_into(out_EQKP: Tensor, w_EOK: Tensor) -> Tensor:
     """Write ``pack(w_EOK[e])`` into ``out_EQKP[e]`` for every e (``out``: panels of this shape whose columns
-    past O are zero, as ``pack`` leaves them) → ``out_EQKP``."""
+    past O are zero, as ``pack`` leaves them) → ``out_EQKP``. Raises ``ValueError`` when ``out`` is not
+    panels of ``w``'s shape and dtype (a copy into larger panels would leave old weights in the rest)."""
     E, O, K = w_EOK.shape
     full = O // PANEL
+    want = (E, full + bool(O % PANEL), K, PANEL)
+    if tuple(out_EQKP.shape) != want or out_EQKP.dtype != w_EOK.dtype:
+        raise ValueError(f"out {tuple(out_EQKP.shape)} {out_EQKP.dtype} is not the panels of a {w_EOK.dtype} weight "
+                         f"[E, O, K] = {(E, O, K)}: expected {want}")
     out_EQKP[:, :full].copy_(w_EOK[:, :full * PANEL].view(E, full, PANEL, K).transpose(2, 3))
     if O % PANEL:
         out_EQKP[:, full, :, :O % PANEL].copy_(w_EOK[:, full * PANEL:].transpose(1, 2))

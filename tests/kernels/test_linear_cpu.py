@@ -63,3 +63,16 @@ def test_pack_into_an_earlier_pack_equals_a_fresh_one(O):
     old = moe_cpu.pack_experts(torch.randn_like(gate_up), torch.randn_like(down))
     new = moe_cpu.pack_experts(gate_up, down, out=old)
     assert all(a is b and torch.equal(a, c) for a, b, c in zip(new, old, moe_cpu.pack_experts(gate_up, down)))
+
+
+def test_pack_into_panels_of_another_shape_or_dtype_is_refused():
+    """Panels of a weight with more outputs would keep the old weights' columns past O (silently stale)."""
+    from jointrl.kernels import moe_cpu
+
+    panels = linear_cpu.pack(torch.randn(20, 8))
+    for w in (torch.randn(16, 8), torch.randn(20, 4), torch.randn(20, 8, dtype=torch.float64)):
+        with pytest.raises(ValueError, match="is not the panels"):
+            linear_cpu.pack(w, out=panels)
+    old = moe_cpu.pack_experts(torch.randn(3, 40, 24), torch.randn(3, 24, 20))
+    with pytest.raises(ValueError, match="is not the panels"):
+        moe_cpu.pack_experts(torch.randn(3, 32, 24), torch.randn(3, 24, 16), out=old)
