@@ -703,7 +703,9 @@ def dequantize_mxfp4(blocks: Tensor, scales: Tensor, dtype: torch.dtype = torch.
         value = _dequantize_mxfp4_triton(blocks, scales, dtype)
     elif (blocks.device.type == "cpu" and dtype in _CPU_DTYPES and sys.byteorder == "little"
           and load_cpu_kernel() is not None):
-        if out is not None and out.is_contiguous():
+        # straight into out where copy_ would raise nothing and record no autograd step (else copy_ below says why)
+        if (out is not None and out.is_contiguous() and not (out.requires_grad and torch.is_grad_enabled())
+                and not (out.is_inference() and not torch.is_inference_mode_enabled())):
             _dequantize_mxfp4_cpp(blocks, scales, out)
             torch.autograd.graph.increment_version(out)  # what copy_ does: caches keyed on it see the change
             return out

@@ -448,3 +448,27 @@ def test_dequantize_into_out():
         assert torch.equal(out.isnan(), want.isnan()) and torch.equal(out[~out.isnan()], want.to(out.dtype)[~want.isnan()])
     with pytest.raises(ValueError, match="does not fit"):
         dequantize_mxfp4(blocks, scales, out=torch.empty(12, 32))
+
+
+def test_dequantize_into_out_keeps_copy_s_autograd_rules():
+    """The C++ path writes out's memory directly: where ``out.copy_`` would refuse (a leaf that requires grad
+    under grad mode, an inference tensor outside inference mode) or record a step (a non-leaf that requires
+    grad), it goes through ``copy_`` instead of overwriting silently."""
+    blocks, scales = quantize_mxfp4(torch.randn(4, 64))
+    want = _m._dequantize_mxfp4_torch(blocks, scales, torch.float32)
+    leaf = torch.zeros(4, 64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        dequantize_mxfp4(blocks, scales, out=leaf)
+    assert not leaf.detach().any()
+    with torch.no_grad():  # the weight push's case: written in place
+        assert torch.equal(dequantize_mxfp4(blocks, scales, out=leaf).detach(), want)
+    base = torch.ones(4, 64, requires_grad=True)
+    nonleaf = base * 2
+    dequantize_mxfp4(blocks, scales, out=nonleaf)
+    assert nonleaf.grad_fn is not None and torch.equal(nonleaf.detach(), want)
+    nonleaf.sum().backward()  # the overwrite cuts base out of the graph, as copy_ does
+    assert base.grad is None or not base.grad.any()
+    with torch.inference_mode():
+        inf = torch.zeros(4, 64)
+    with pytest.raises(RuntimeError, match="[Ii]nference"):
+        dequantize_mxfp4(blocks, scales, out=inf)
