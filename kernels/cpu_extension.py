@@ -15,9 +15,12 @@ reorder sums (vectorized reductions), never fast-math's finite-only rules.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import functools
 import math
+import os
 import platform
 import warnings
 
@@ -106,12 +109,24 @@ _CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fassoci
 
 
 def load_cpu_extension(name: str, source: str, functions: list[str]):
-    """The compiled module of ``PRELUDE + source``, or None when it cannot be built here."""
-    try:
-        from torch.utils.cpp_extension import load_inline
+    """The compiled module of ``PRELUDE + source``, or None when it cannot be built here.
 
-        return load_inline(name=name, cpp_sources=PRELUDE + source, functions=functions, extra_cflags=_CFLAGS,
-                           extra_ldflags=["-lmvec"] if _LIBMVEC else [], verbose=False)
+    Loads of one extension are serialized by an ``flock`` on ``<build dir>/jointrl.flock``, which the
+    kernel drops when its holder dies. torch's own lock (a ``lock`` file, created at every load,
+    build or not, and removed after) is left behind by a process killed mid-load -- a Ray worker
+    SIGKILLed during its first weight push -- and every later load would wait on it forever; holding
+    the flock, any such file is a dead process's and is removed first.
+    """
+    try:
+        from torch.utils.cpp_extension import _get_build_directory, load_inline
+
+        build_dir = _get_build_directory(name, verbose=False)
+        with open(os.path.join(build_dir, "jointrl.flock"), "a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(build_dir, "lock"))
+            return load_inline(name=name, cpp_sources=PRELUDE + source, functions=functions, extra_cflags=_CFLAGS,
+                               extra_ldflags=["-lmvec"] if _LIBMVEC else [], build_directory=build_dir, verbose=False)
     except Exception as e:  # no toolchain: the torch reference still works
         warnings.warn(f"{name}: C++ kernel unavailable, using the torch reference ({e})")
         return None
