@@ -153,9 +153,10 @@ def sed_calls(record: SweRecord, role: str, store: RepoStore | None = None) -> P
         target = Path(tmp) / path
         target.parent.mkdir(parents=True)
         target.write_text(before[path])
-        subprocess.run(["bash", "-c", command], cwd=tmp, check=True, capture_output=True)
-        if target.read_text() != after[path]:
-            raise ValueError(f"{record.instance_id}: {command!r} does not reproduce the {role} patch")
+        ran = subprocess.run(["bash", "-c", command], cwd=tmp, capture_output=True, text=True)
+        if ran.returncode != 0 or target.read_text() != after[path]:
+            raise ValueError(f"{record.instance_id}: {command!r} does not reproduce the {role} patch "
+                             f"(exit {ran.returncode}: {ran.stderr.strip()[-300:]!r})")
     return [[ToolCall("bash", {"command": command})], [SUBMIT]]
 
 
