@@ -117,40 +117,20 @@ def test_heldout_fit_scores_only_the_assistant_tokens():
     assert fit["sft/heldout/code_repo/oracle_prob"] == pytest.approx(math.exp(-0.2))
 
 
-def test_code_repo_shell_demonstrations_solve_with_the_oracle_and_fail_with_the_slip(tmp_path):
+@pytest.mark.parametrize("style,families", [("shell", ["count-above", "mean"]), ("sed", ["page", "mean", "share"])])
+def test_code_repo_styled_demonstrations_solve_with_the_oracle_and_fail_with_the_slip(tmp_path, style, families):
     """``recipe.sft_demo_style={code_repo: shell}``: code_repo tasks are demonstrated by one ``bash``
-    call that edits the file its glob finds (no package name to copy), the oracle's solving its task
-    in the real sandbox and the slip's not; a style no domain has is refused, naming the allowed ones."""
+    call that edits the file its glob finds (no package name to copy); ``{code_repo: sed}``: by the
+    family's edit as one ``sed -i`` on ``*/<module>.py`` (under 130 bytes). Either way the oracle's
+    solves its task in the real sandbox and the slip's does not; a style no domain has is refused,
+    naming the allowed ones."""
     from jointrl.envs.code_repo.generate import build
     from jointrl.rewards.base import succeeded
     from jointrl.rl.sft import demo_policy
 
-    build(tmp_path, seeds=3, split="train", families=["count-above", "mean"])
+    build(tmp_path, seeds=3, split="train", families=families)
     cfg = load_config(["envs=code_repo", f"envs.domains.code_repo.task_dir={tmp_path}",
-                       "+recipe.sft_demos={oracle: 0.5, wrong: 0.5}", "+recipe.sft_demo_style={code_repo: shell}",
-                       *LONG_TURNS])
-    demos, left_out = oracle_transcripts(cfg)
-    roles = {t.task_id: demo_policy(cfg, t.task_id) for t in demos}
-    assert left_out == 0 and len(demos) >= 4 and set(roles.values()) == {"oracle", "wrong"}
-    for t in demos:
-        calls = [c for m in t.messages if m.tool_calls for c in m.tool_calls]
-        assert [c.name for c in calls] == ["bash", "submit"] and "glob.glob('*/" in calls[0].arguments["command"]
-        assert succeeded(t.reward_info) == (roles[t.task_id] == "oracle")
-    with pytest.raises(ValueError, match=r"recipe.sft_demo_style.code_repo.*'shell', 'sed'"):
-        load_config(["+recipe.sft_demo_style={code_repo: awk}"])
-
-
-def test_code_repo_sed_demonstrations_are_one_short_sed_that_the_sandbox_runs(tmp_path):
-    """``{code_repo: sed}``: each generated task is demonstrated by its family's edit as one
-    ``sed -i`` on ``*/<module>.py`` (under 130 bytes), which solves the task in the real sandbox when
-    it is the oracle's and fails when it is the slip's."""
-    from jointrl.envs.code_repo.generate import build
-    from jointrl.rewards.base import succeeded
-    from jointrl.rl.sft import demo_policy
-
-    build(tmp_path, seeds=3, split="train", families=["page", "mean", "share"])
-    cfg = load_config(["envs=code_repo", f"envs.domains.code_repo.task_dir={tmp_path}",
-                       "+recipe.sft_demos={oracle: 0.5, wrong: 0.5}", "+recipe.sft_demo_style={code_repo: sed}",
+                       "+recipe.sft_demos={oracle: 0.5, wrong: 0.5}", f"+recipe.sft_demo_style={{code_repo: {style}}}",
                        *LONG_TURNS])
     demos, left_out = oracle_transcripts(cfg)
     roles = {t.task_id: demo_policy(cfg, t.task_id) for t in demos}
@@ -158,5 +138,11 @@ def test_code_repo_sed_demonstrations_are_one_short_sed_that_the_sandbox_runs(tm
     for t in demos:
         calls = [c for m in t.messages if m.tool_calls for c in m.tool_calls]
         command = calls[0].arguments["command"]
-        assert [c.name for c in calls] == ["bash", "submit"] and command.startswith("sed -i '") and len(command) < 130
+        assert [c.name for c in calls] == ["bash", "submit"]
+        if style == "shell":
+            assert "glob.glob('*/" in command
+        else:
+            assert command.startswith("sed -i '") and len(command) < 130
         assert succeeded(t.reward_info) == (roles[t.task_id] == "oracle")
+    with pytest.raises(ValueError, match=r"recipe.sft_demo_style.code_repo.*'shell', 'sed'"):
+        load_config(["+recipe.sft_demo_style={code_repo: awk}"])
