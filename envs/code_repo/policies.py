@@ -10,7 +10,7 @@
   models the path's package name (drawn per repository) is the hard part to copy; the glob leaves
   only the edit, which GRPO can then choose between (docs/recipe.md);
 - ``oracle_sed`` / ``wrong_sed``: for generated instances (``generate.py``), the family's own
-  edit as one ``sed -i 's/old/new/' */<module>.py`` (~40-90 bytes instead of the ~230 of the
+  edit as one ``sed -i 's/old/new/' */<module>.py`` (46-123 bytes instead of the ~230 of the
   Python script, whose inexact copies left GRPO nothing to choose between), then submit.
 
 ``patch_calls`` turns any patch into such calls: each changed block of lines becomes one
