@@ -46,8 +46,9 @@ def seeded_id(family: str, seed: int) -> str:
     return f"{family}-s{seed}"
 
 
-def seeded_ids(domain: str, families, seeds: int, split: str = "all") -> list[str]:
-    """The ids a generator writes for seeds ``0..seeds-1`` of ``families`` (only ``split``'s),
-    without building anything: a generated task's split follows from its id alone."""
-    every = [Task(id=seeded_id(f, s), domain=domain, prompt="") for s in range(seeds) for f in families]
+def seeded_ids(domain: str, families, seeds: int, split: str = "all", first_seed: int = 0) -> list[str]:
+    """The ids a generator writes for seeds ``first_seed..first_seed+seeds-1`` of ``families`` (only
+    ``split``'s), without building anything: a generated task's split follows from its id alone."""
+    every = [Task(id=seeded_id(f, s), domain=domain, prompt="") for s in range(first_seed, first_seed + seeds)
+             for f in families]
     return [t.id for t in select(every, split)]

@@ -298,6 +298,11 @@ class RecipeConfig:
     # probability of sampling the whole oracle (rl/sft.heldout_fit) -- no episodes played
     sft_heldout_every: int = 0
     sft_heldout_limit: int = 32
+    # domain -> the task folder the GRPO stage trains on (its train split) instead of
+    # envs.domains.<d>.task_dir, which the SFT demonstrations and every held-out eval keep using:
+    # fresh tasks (other seeds of the same generators) whose answers the SFT policy has not
+    # memorized, so a success has to come from the instruction (docs/recipe.md, eighth session)
+    grpo_task_dirs: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for k in ("sft_steps", "sft_prompts_per_step", "sft_lr", "eval_k"):
@@ -312,6 +317,8 @@ class RecipeConfig:
             _check_choice("recipe.sft_demos", name, ("oracle", "wrong"))
             _check_positive(f"recipe.sft_demos.{name}", w)
         from jointrl.envs.registry import DOMAINS
+        for domain in self.grpo_task_dirs:
+            _check_choice("recipe.grpo_task_dirs", domain, tuple(DOMAINS))
         for domain, style in self.sft_demo_style.items():
             _check_choice("recipe.sft_demo_style", domain, tuple(DOMAINS))
             _check_choice(f"recipe.sft_demo_style.{domain}", style, ("shell", "sed"))

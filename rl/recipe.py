@@ -3,6 +3,7 @@
     jointrl sft    recipe.sft_steps steps on the train split's oracle transcripts  -> <out>/sft
     jointrl eval   the SFT checkpoint on the held-out split (GRPO step 0)           -> <out>/eval/step_0
     jointrl train  checkpoint=<out>/sft/checkpoints: algo.total_steps GRPO steps    -> <out>/grpo
+                   (on recipe.grpo_task_dirs' tasks where it names a domain: fresh seeds)
     jointrl eval   the GRPO checkpoint every recipe.eval_every steps and the last   -> <out>/eval/step_N
     curves         <out>/curves.json and <out>/curves.png: the training reward and success per
                    domain per GRPO step (from the step's trajectories), held-out pass@1 per domain
@@ -135,6 +136,17 @@ def plot(curves: dict, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def grpo_envs(cfg: Config):
+    """``cfg.envs`` with each domain of ``recipe.grpo_task_dirs`` training on that folder's tasks."""
+    extra = set(cfg.recipe.grpo_task_dirs) - set(cfg.envs.domains)
+    if extra:
+        raise ValueError(f"recipe.grpo_task_dirs names {sorted(extra)}, not among envs.domains "
+                         f"(allowed: {sorted(cfg.envs.domains)})")
+    domains = {name: dataclasses.replace(d, task_dir=cfg.recipe.grpo_task_dirs.get(name, d.task_dir))
+               for name, d in cfg.envs.domains.items()}
+    return dataclasses.replace(cfg.envs, domains=domains)
+
+
 def _eval(cfg: Config, spec: EvalSpec, checkpoint: str | None, out: Path, label: str) -> dict:
     if (out / "eval.json").is_file():
         return json.loads((out / "eval.json").read_text())
@@ -174,7 +186,7 @@ def recipe(cfg: Config) -> dict:
     evals = {0: stage("eval_sft", _eval, cfg, spec, str(sft_dir / "checkpoints"), out / "eval" / "step_0", "eval-sft")}
     grpo_dir, total = out / "grpo", cfg.algo.total_steps
     steps = eval_steps(total, rc.eval_every)
-    grpo_cfg = dataclasses.replace(cfg, output_dir=str(grpo_dir), run_name=f"{cfg.run_name}-grpo",
+    grpo_cfg = dataclasses.replace(cfg, envs=grpo_envs(cfg), output_dir=str(grpo_dir), run_name=f"{cfg.run_name}-grpo",
                                    checkpoint=str(sft_dir / "checkpoints"), checkpoint_every=rc.eval_every or total,
                                    resume=(grpo_dir / "checkpoints" / "latest").is_file())
     if not _finished(grpo_dir / "checkpoints", total):

@@ -304,9 +304,10 @@ def package(seed: int) -> str:
 instance_id = seeded_id
 
 
-def ids(seeds: int, split: str = "all", families: list[str] | None = None) -> list[str]:
-    """The ids ``build`` writes for seeds ``0..seeds-1`` (only ``split``'s), without building them."""
-    return seeded_ids(DOMAIN, families or list(FAMILIES), seeds, split)
+def ids(seeds: int, split: str = "all", families: list[str] | None = None, first_seed: int = 0) -> list[str]:
+    """The ids ``build`` writes for seeds ``first_seed..first_seed+seeds-1`` (only ``split``'s), without
+    building them."""
+    return seeded_ids(DOMAIN, families or list(FAMILIES), seeds, split, first_seed)
 
 
 def heldout_count(seeds: int) -> int:
@@ -334,24 +335,27 @@ def repo_spec(seed: int, families: list[str] | None = None) -> RepoSpec:
     return RepoSpec(name=f"{pkg}-s{seed}", files=files, bugs=bugs)
 
 
-def build(out: Path, seeds: int, split: str = "all", families: list[str] | None = None) -> list[dict]:
-    """Build the instances of seeds ``0..seeds-1`` (only ``split``'s) into ``out`` (``repos/``,
-    ``instances.jsonl``, replacing it); returns the records."""
+def build(out: Path, seeds: int, split: str = "all", families: list[str] | None = None,
+          first_seed: int = 0) -> list[dict]:
+    """Build the instances of seeds ``first_seed..first_seed+seeds-1`` (only ``split``'s) into ``out``
+    (``repos/``, ``instances.jsonl``, replacing it); returns the records."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r} is not allowed; allowed values: {list(SPLITS)}")
-    chosen = set(ids(seeds, split, families))
-    mine = {seed: [f for f in families or FAMILIES if instance_id(f, seed) in chosen] for seed in range(seeds)}
+    chosen = set(ids(seeds, split, families, first_seed))
+    mine = {seed: [f for f in families or FAMILIES if instance_id(f, seed) in chosen]
+            for seed in range(first_seed, first_seed + seeds)}
     return build_instances.build(out, [repo_spec(seed, fams) for seed, fams in mine.items() if fams])
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Build generated code-repository instances into a task folder.")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--seeds", type=int, required=True, help="seeds 0..N-1, one repository each")
+    p.add_argument("--seeds", type=int, required=True, help="seeds K..K+N-1, one repository each (K: --first-seed)")
+    p.add_argument("--first-seed", type=int, default=0, help="K: e.g. fresh GRPO tasks beyond the SFT's seeds")
     p.add_argument("--split", default="all", choices=SPLITS, help="only this split's instances (envs/splits.py)")
     p.add_argument("--families", nargs="*", choices=sorted(FAMILIES))
     a = p.parse_args(argv)
-    records = build(a.out.resolve(), a.seeds, a.split, a.families)
+    records = build(a.out.resolve(), a.seeds, a.split, a.families, a.first_seed)
     print(f"{len(records)} instances in {a.out}")
 
 

@@ -246,9 +246,10 @@ def generate(family: str, seed: int) -> Spec:
 task_id = seeded_id
 
 
-def ids(seeds: int, split: str = "all", families: list[str] | None = None) -> list[str]:
-    """The ids ``build`` writes for seeds ``0..seeds-1`` (only ``split``'s), without building them."""
-    return seeded_ids(DOMAIN, families or list(FAMILIES), seeds, split)
+def ids(seeds: int, split: str = "all", families: list[str] | None = None, first_seed: int = 0) -> list[str]:
+    """The ids ``build`` writes for seeds ``first_seed..first_seed+seeds-1`` (only ``split``'s), without
+    building them."""
+    return seeded_ids(DOMAIN, families or list(FAMILIES), seeds, split, first_seed)
 
 
 def heldout_count(seeds: int) -> int:
@@ -303,14 +304,16 @@ def write_task(out: Path, family: str, seed: int) -> Path:
     return folder
 
 
-def build(out: Path, seeds: int, split: str = "all", families: list[str] | None = None) -> list[str]:
-    """Write the tasks of seeds ``0..seeds-1`` of every family (only ``split``'s) under ``out``; their ids."""
+def build(out: Path, seeds: int, split: str = "all", families: list[str] | None = None,
+          first_seed: int = 0) -> list[str]:
+    """Write the tasks of seeds ``first_seed..first_seed+seeds-1`` of every family (only ``split``'s)
+    under ``out``; their ids."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r} is not allowed; allowed values: {list(SPLITS)}")
     out.mkdir(parents=True, exist_ok=True)
-    chosen = set(ids(seeds, split, families))
+    chosen = set(ids(seeds, split, families, first_seed))
     written = []
-    for seed in range(seeds):
+    for seed in range(first_seed, first_seed + seeds):
         for family in families or FAMILIES:
             if task_id(family, seed) in chosen:
                 written.append(write_task(out, family, seed).name)
@@ -320,11 +323,12 @@ def build(out: Path, seeds: int, split: str = "all", families: list[str] | None 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Write generated terminal tasks (Harbor folders) to a directory.")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--seeds", type=int, required=True, help="seeds 0..N-1 of every family")
+    p.add_argument("--seeds", type=int, required=True, help="seeds K..K+N-1 of every family (K: --first-seed)")
+    p.add_argument("--first-seed", type=int, default=0, help="K: e.g. fresh GRPO tasks beyond the SFT's seeds")
     p.add_argument("--split", default="all", choices=SPLITS, help="only this split's tasks (envs/splits.py)")
     p.add_argument("--families", nargs="*", choices=sorted(FAMILIES))
     a = p.parse_args(argv)
-    print(f"{len(build(a.out, a.seeds, a.split, a.families))} tasks in {a.out}")
+    print(f"{len(build(a.out, a.seeds, a.split, a.families, a.first_seed))} tasks in {a.out}")
 
 
 if __name__ == "__main__":

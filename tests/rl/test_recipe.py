@@ -15,7 +15,7 @@ from jointrl.rl.config import load_config
 from jointrl.rl.recipe import eval_steps, heldout_curves, summary
 
 TASKS = Path(__file__).resolve().parents[2] / "envs" / "terminal" / "tasks"
-TRAIN, HELDOUT = ("count-lines", "write-file"), ("word-freq",)
+TRAIN, HELDOUT, FRESH = ("count-lines", "write-file"), ("word-freq",), ("csv-sum",)
 
 
 def test_eval_steps_start_at_the_sft_checkpoint_and_end_at_the_last_step():
@@ -38,6 +38,19 @@ def test_the_experiment_config_composes():
         load_config(["+experiment=cpu_joint", "recipe.eval_tiers=[medium]"])
 
 
+def test_grpo_task_dirs_must_name_configured_domains():
+    from jointrl.rl.recipe import grpo_envs
+
+    cfg = load_config(["envs=cpu_joint", "+recipe.grpo_task_dirs={terminal: /fresh}"])
+    envs = grpo_envs(cfg)
+    assert envs.domains["terminal"].task_dir == "/fresh" and cfg.envs.domains["terminal"].task_dir != "/fresh"
+    assert envs.domains["code_repo"].task_dir == cfg.envs.domains["code_repo"].task_dir
+    with pytest.raises(ValueError, match=r"recipe.grpo_task_dirs names \['cad'\]"):
+        grpo_envs(load_config(["envs=cpu_joint", "+recipe.grpo_task_dirs={cad: /fresh}"]))
+    with pytest.raises(ValueError, match="recipe.grpo_task_dirs"):
+        load_config(["+recipe.grpo_task_dirs={nosuch: /fresh}"])
+
+
 def test_recipe_in_miniature_end_to_end(tmp_path):
     import ray
     import wandb
@@ -48,12 +61,17 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
     for name in TRAIN + HELDOUT:
         shutil.copytree(TASKS / name, task_dir / name)
     assert {t.id for t in load_tasks("terminal", str(task_dir), "heldout")} == set(HELDOUT)
+    fresh_dir = tmp_path / "fresh"  # the GRPO stage's own tasks (recipe.grpo_task_dirs)
+    for name in FRESH:
+        shutil.copytree(TASKS / name, fresh_dir / name)
+    assert {t.id for t in load_tasks("terminal", str(fresh_dir), "train")} == set(FRESH)
     out = tmp_path / "run"
     cfg = load_config([f"output_dir={out}", "run_name=mini", f"envs.domains.terminal.task_dir={task_dir}",
                        "envs.num_workers=1", "algo.total_steps=1", "algo.prompts_per_step=2", "algo.group_size=2",
                        "algo.max_refill_attempts=0", "rollout.max_tokens_per_turn=256", "rollout.max_context=4096",
                        "recipe.sft_steps=2", "recipe.sft_prompts_per_step=2", "recipe.eval_k=2", "recipe.eval_every=1",
-                       "logger.wandb_mode=offline", "logger.table_rows=0"])
+                       f"+recipe.grpo_task_dirs={{terminal: {fresh_dir}}}", "logger.wandb_mode=offline",
+                       "logger.table_rows=0"])
     try:
         result = recipe(cfg)
     finally:
@@ -71,7 +89,7 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
     # the training curve comes from the GRPO step's trajectories: 2 prompts x 2 samples
     train = result["train"]["terminal"]
     trajs = [json.loads(line) for line in (out / "grpo" / "trajectories" / "step_000001.jsonl").read_text().splitlines()]
-    assert len(trajs) == 4 and {t["task_id"] for t in trajs} <= set(TRAIN)
+    assert len(trajs) == 4 and {t["task_id"] for t in trajs} == set(FRESH)  # GRPO trains on its own tasks
     assert train["step"] == [1] and train["reward"] == [pytest.approx(sum(t["reward"] for t in trajs) / 4)]
     assert set(result["stages"]) == {"sft", "eval_sft", "grpo", "eval_step_1"}
     assert all(s["cpu_s"] > 0 for s in result["stages"].values())

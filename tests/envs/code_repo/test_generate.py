@@ -64,6 +64,11 @@ def test_a_seed_is_one_repository_and_other_seeds_ask_about_other_values():
     assert heldout_count(HELDOUT_SEEDS) >= 100 and set(ids(3, "heldout")) <= set(ids(3))
 
 
+def test_first_seed_names_fresh_instances_beyond_the_sfts_seeds():
+    fresh = ids(20, "train", first_seed=60)
+    assert fresh and {int(i.rsplit("-s", 1)[1]) for i in fresh} <= set(range(60, 80)) and not set(fresh) & set(ids(60))
+
+
 def test_one_seed_builds_checked_instances_whose_oracle_solves_and_noop_does_not(tmp_path):
     records = build(tmp_path, seeds=1)  # build_repo runs every instance's tests: F2P fail at base, pass with gold
     assert sorted(r["instance_id"] for r in records) == sorted(ids(1))

@@ -92,6 +92,15 @@ def test_split_flag_builds_only_that_split_and_the_documented_size_holds_100_hel
         registry_load_tasks("terminal", str(tmp_path), "train")
 
 
+def test_first_seed_builds_fresh_seeds_for_grpo_beyond_the_sfts(tmp_path):
+    from jointrl.envs.terminal.generate import main
+
+    main(["--out", str(tmp_path), "--seeds", "3", "--first-seed", "40", "--split", "train"])
+    fresh = {t.id for t in registry_load_tasks("terminal", str(tmp_path), "train")}
+    assert fresh == set(ids(3, "train", first_seed=40)) and fresh
+    assert {int(i.rsplit("-s", 1)[1]) for i in fresh} <= {40, 41, 42} and not fresh & set(ids(40))
+
+
 @needs_bwrap
 def test_two_seeds_of_every_family_oracle_noop_wrong_through_the_agent_loop(tmp_path):
     build(tmp_path, seeds=2)
