@@ -300,8 +300,8 @@ class RecipeConfig:
     sft_heldout_limit: int = 32
     # domain -> the task folder the GRPO stage trains on (its train split) instead of
     # envs.domains.<d>.task_dir, which the SFT demonstrations and every held-out eval keep using:
-    # fresh tasks (other seeds of the same generators) whose answers the SFT policy has not
-    # memorized, so a success has to come from the instruction (docs/recipe.md, eighth session)
+    # e.g. fresh tasks, other seeds of the same generators that no demonstration showed (measured:
+    # docs/recipe.md, eighth session)
     grpo_task_dirs: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
