@@ -6,6 +6,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -20,7 +21,7 @@ from jointrl.envs.base import EnvError
 from jointrl.envs.sandbox import SandboxConfig, make_sandbox
 from jointrl.envs.sandbox.bwrap import TIMEOUT_EXIT_CODE, BwrapSandbox
 from jointrl.envs.sandbox.disk import unmount
-from jointrl.envs.sandbox.uids import kill_uid, leftover_pids, pids_of_uid
+from jointrl.envs.sandbox.uids import acquire_uid, kill_uid, leftover_pids, pids_of_uid, switching_to
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("bwrap") is None, reason="needs root and bubblewrap"
@@ -254,6 +255,17 @@ def test_bad_arguments_are_value_errors(tmp_path):
             sb.exec("true", timeout=0)
 
 
+def running(uid: int, name: str) -> bool:
+    """Whether a process of ``uid`` runs the program ``name``."""
+    for pid in pids_of_uid(uid):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                return True
+        except FileNotFoundError:
+            pass
+    return False
+
+
 def test_a_crashed_holders_leftovers_are_cleaned_by_the_next_lease():
     uid = lone_uid()
     cfg = SandboxConfig(uid_range=(uid, uid))
@@ -267,8 +279,9 @@ def test_a_crashed_holders_leftovers_are_cleaned_by_the_next_lease():
     crashed = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     private = Path(crashed.stdout.readline().strip())
     deadline = time.monotonic() + 60
-    while len(pids_of_uid(uid)) < 4 and time.monotonic() < deadline:  # the shell (3) and the sleep
+    while not running(uid, "sleep") and time.monotonic() < deadline:  # every spawn done, the command runs
         time.sleep(0.02)
+    assert running(uid, "sleep")
     crashed.kill()  # SIGKILL: neither close() nor any finalizer runs
     crashed.wait()
     assert private.exists()
@@ -280,3 +293,36 @@ def test_a_crashed_holders_leftovers_are_cleaned_by_the_next_lease():
             time.sleep(0.02)
     with sb:
         assert sb.uid == uid and not private.exists() and leftover_pids(uid, sb.shell_pids) == set()
+
+
+def test_a_crashed_holders_spawn_in_flight_is_killed_by_the_next_lease(tmp_path):
+    """A holder killed while its ``setpriv`` had not yet switched to the uid: that process is
+    still root when the next holder sweeps by uid, and would become a leftover of the uid a
+    moment later (CI once caught the crash test above in this window). The sweep kills it."""
+    uid = lone_uid()
+    crashed = acquire_uid((uid, uid), tmp_path)
+    crashed.release(clean=False)  # what a crash leaves: the lock file says dirty
+    # A root process whose argv reads like an in-flight spawn for this uid (bash's exec -a names it).
+    in_flight = subprocess.Popen(["bash", "-c", f'exec -a setpriv {sys.executable} -c "import time; time.sleep(300)" '
+                                  f"--reuid={uid} --regid={uid} --clear-groups --"])
+    other = subprocess.Popen(["bash", "-c", f'exec -a setpriv {sys.executable} -c "import time; time.sleep(300)" '
+                              f"--reuid={uid + 1}"])
+    try:
+        deadline = time.monotonic() + 30
+        while switching_to(uid) != [in_flight.pid] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert switching_to(uid) == [in_flight.pid]
+        lease = acquire_uid((uid, uid), tmp_path)
+        try:
+            assert not lease.inherited_clean
+            assert in_flight.wait(timeout=10) == -signal.SIGKILL
+            assert other.poll() is None  # a spawn for another uid is left alone
+        finally:
+            lease.release(clean=True)
+        lease = acquire_uid((uid, uid), tmp_path)  # released clean: no sweep this time
+        assert lease.inherited_clean
+        lease.release(clean=True)
+    finally:
+        for proc in (in_flight, other):
+            proc.kill()
+            proc.wait()
