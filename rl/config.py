@@ -303,6 +303,10 @@ class RecipeConfig:
     # e.g. fresh tasks, other seeds of the same generators that no demonstration showed (measured:
     # docs/recipe.md, eighth session)
     grpo_task_dirs: dict[str, str] = field(default_factory=dict)
+    # the GRPO stage's sampling temperature (its rollouts, and the learner's log-probs of them);
+    # null: rollout.temperature, which every held-out eval keeps: explore more in training than
+    # the policy is measured at, as verl's rollout vs val_kwargs temperatures
+    grpo_temperature: float | None = None
 
     def __post_init__(self) -> None:
         for k in ("sft_steps", "sft_prompts_per_step", "sft_lr", "eval_k"):
@@ -316,6 +320,8 @@ class RecipeConfig:
         for name, w in self.sft_demos.items():
             _check_choice("recipe.sft_demos", name, ("oracle", "wrong"))
             _check_positive(f"recipe.sft_demos.{name}", w)
+        if self.grpo_temperature is not None:
+            _check_positive("recipe.grpo_temperature", self.grpo_temperature)
         from jointrl.envs.registry import DOMAINS
         for domain in self.grpo_task_dirs:
             _check_choice("recipe.grpo_task_dirs", domain, tuple(DOMAINS))

@@ -147,6 +147,12 @@ def grpo_envs(cfg: Config):
     return dataclasses.replace(cfg.envs, domains=domains)
 
 
+def grpo_rollout(cfg: Config):
+    """``cfg.rollout`` at ``recipe.grpo_temperature`` (when set): the GRPO stage's sampling; the evals keep ``cfg.rollout``."""
+    t = cfg.recipe.grpo_temperature
+    return cfg.rollout if t is None else dataclasses.replace(cfg.rollout, temperature=t)
+
+
 def _eval(cfg: Config, spec: EvalSpec, checkpoint: str | None, out: Path, label: str) -> dict:
     if (out / "eval.json").is_file():
         return json.loads((out / "eval.json").read_text())
@@ -186,7 +192,8 @@ def recipe(cfg: Config) -> dict:
     evals = {0: stage("eval_sft", _eval, cfg, spec, str(sft_dir / "checkpoints"), out / "eval" / "step_0", "eval-sft")}
     grpo_dir, total = out / "grpo", cfg.algo.total_steps
     steps = eval_steps(total, rc.eval_every)
-    grpo_cfg = dataclasses.replace(cfg, envs=grpo_envs(cfg), output_dir=str(grpo_dir), run_name=f"{cfg.run_name}-grpo",
+    grpo_cfg = dataclasses.replace(cfg, envs=grpo_envs(cfg), rollout=grpo_rollout(cfg),
+                                   output_dir=str(grpo_dir), run_name=f"{cfg.run_name}-grpo",
                                    checkpoint=str(sft_dir / "checkpoints"), checkpoint_every=rc.eval_every or total,
                                    resume=(grpo_dir / "checkpoints" / "latest").is_file())
     if not _finished(grpo_dir / "checkpoints", total):

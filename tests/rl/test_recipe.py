@@ -9,9 +9,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 
 from jointrl.envs.registry import load_tasks
 from jointrl.rl.config import load_config
+from jointrl.rl.export import load_deepspeed
+from jointrl.rl.learner.batch import logprobs_from_logits
 from jointrl.rl.recipe import eval_steps, heldout_curves, summary
 
 TASKS = Path(__file__).resolve().parents[2] / "envs" / "terminal" / "tasks"
@@ -51,6 +55,16 @@ def test_grpo_task_dirs_must_name_configured_domains():
         load_config(["+recipe.grpo_task_dirs={nosuch: /fresh}"])
 
 
+def test_grpo_temperature_changes_only_the_grpo_stage():
+    from jointrl.rl.recipe import grpo_rollout
+
+    cfg = load_config(["+experiment=cpu_joint", "+recipe.grpo_temperature=0.8"])
+    assert grpo_rollout(cfg).temperature == 0.8 and cfg.rollout.temperature == 0.5
+    assert grpo_rollout(load_config(["+experiment=cpu_joint"])).temperature == 0.5
+    with pytest.raises(ValueError, match="recipe.grpo_temperature"):
+        load_config(["+recipe.grpo_temperature=0"])
+
+
 def test_recipe_in_miniature_end_to_end(tmp_path):
     import ray
     import wandb
@@ -70,7 +84,8 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
                        "envs.num_workers=1", "algo.total_steps=1", "algo.prompts_per_step=2", "algo.group_size=2",
                        "algo.max_refill_attempts=0", "rollout.max_tokens_per_turn=256", "rollout.max_context=4096",
                        "recipe.sft_steps=2", "recipe.sft_prompts_per_step=2", "recipe.eval_k=2", "recipe.eval_every=1",
-                       f"+recipe.grpo_task_dirs={{terminal: {fresh_dir}}}", "logger.wandb_mode=offline",
+                       f"+recipe.grpo_task_dirs={{terminal: {fresh_dir}}}", "+recipe.grpo_temperature=0.7",
+                       "logger.wandb_mode=offline",
                        "logger.table_rows=0"])
     try:
         result = recipe(cfg)
@@ -91,6 +106,18 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
     trajs = [json.loads(line) for line in (out / "grpo" / "trajectories" / "step_000001.jsonl").read_text().splitlines()]
     assert len(trajs) == 4 and {t["task_id"] for t in trajs} == set(FRESH)  # GRPO trains on its own tasks
     assert train["step"] == [1] and train["reward"] == [pytest.approx(sum(t["reward"] for t in trajs) / 4)]
+    # GRPO sampled at recipe.grpo_temperature: the engine's log-probs are the SFT policy's at T = 0.7, not
+    # at rollout.temperature (1.0, which the evals keep)
+    assert OmegaConf.load(out / "grpo" / "config.yaml").rollout.temperature == 0.7 and cfg.rollout.temperature == 1.0
+    policy, _ = load_deepspeed(cfg, out / "sft" / "checkpoints")
+    t = trajs[0]
+    with torch.no_grad():
+        logits = policy(torch.tensor([t["token_ids"]])).logits.double()
+    mask = torch.tensor(t["loss_mask"][1:], dtype=torch.bool)
+    engine_lp = torch.tensor(t["logprobs"][1:], dtype=torch.float64)[mask]
+    gap = {temp: (logprobs_from_logits(logits, torch.tensor([t["token_ids"]]), temp)[0, 1:][mask] - engine_lp).abs().mean()
+           for temp in (0.7, 1.0)}
+    assert gap[0.7] < 0.02 and gap[1.0] > 10 * gap[0.7], gap  # 0.001 (MXFP4 experts) vs 0.08 measured
     assert set(result["stages"]) == {"sft", "eval_sft", "grpo", "eval_step_1"}
     assert all(s["cpu_s"] > 0 for s in result["stages"].values())
     (row,) = result["summary"]
