@@ -293,6 +293,10 @@ class RecipeConfig:
     # wrong_shell instead of oracle / wrong (the same edits from one bash call: envs/code_repo/policies.py),
     # {code_repo: sed} its oracle_sed / wrong_sed (the family's edit as one short sed -i; generated tasks)
     sft_demo_style: dict[str, str] = field(default_factory=dict)
+    # domain -> its weight in the SFT draw (rl/sft.demo_draws): each row's domain drawn by weight, then
+    # that domain's next demonstration; {} (the default): every demonstration once per epoch, so each
+    # domain gets its share of the demonstrations. Must weigh every domain that has demonstrations.
+    sft_domain_weights: dict[str, float] = field(default_factory=dict)
     # every N SFT steps (0: never) score held-out oracle transcripts (the first sft_heldout_limit
     # tasks per domain) under the current weights: NLL, tokens greedy gets right, and the
     # probability of sampling the whole oracle (rl/sft.heldout_fit) -- no episodes played
@@ -325,6 +329,11 @@ class RecipeConfig:
         from jointrl.envs.registry import DOMAINS
         for domain in self.grpo_task_dirs:
             _check_choice("recipe.grpo_task_dirs", domain, tuple(DOMAINS))
+        for domain, w in self.sft_domain_weights.items():
+            _check_choice("recipe.sft_domain_weights", domain, tuple(DOMAINS))
+            _check_positive(f"recipe.sft_domain_weights.{domain}", w, allow_zero=True)
+        if self.sft_domain_weights and not any(self.sft_domain_weights.values()):
+            raise ValueError(f"recipe.sft_domain_weights must give some domain a weight > 0, got {dict(self.sft_domain_weights)}")
         for domain, style in self.sft_demo_style.items():
             _check_choice("recipe.sft_demo_style", domain, tuple(DOMAINS))
             _check_choice(f"recipe.sft_demo_style.{domain}", style, ("shell", "sed"))

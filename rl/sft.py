@@ -3,7 +3,8 @@
     each train-split task's scripted oracle (envs.registry.scripted_policy), played once through
     the chat template, the agent loop and the real env (rl/eval.play) -> the transcripts it solved
     -> algo.total_steps learner steps, algo.prompts_per_step transcripts each (a seeded shuffle,
-       cycled), loss on the assistant tokens only (the agent loop's loss_mask; SFTLoss)
+       cycled; or, with recipe.sft_domain_weights, each row's domain drawn by weight: demo_draws),
+       loss on the assistant tokens only (the agent loop's loss_mask; SFTLoss)
     -> checkpoints in the driver's format (<output_dir>/checkpoints: jointrl train resume=true,
        jointrl eval checkpoint=..., jointrl export read them)
 
@@ -29,6 +30,7 @@ import dataclasses
 import math
 import random
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import hydra
@@ -50,6 +52,37 @@ def demo_policy(cfg: Config, task_id: str) -> str:
     names, weights = zip(*sorted(cfg.recipe.sft_demos.items()))
     u = zlib.crc32(f"{cfg.seed}/{task_id}".encode()) / 2 ** 32
     return random.Random(u).choices(names, weights)[0] if len(names) > 1 else names[0]
+
+
+def demo_draws(demos: list[Trajectory], weights: dict[str, float], seed: int) -> Iterator[Trajectory]:
+    """The SFT stream of demonstrations. Without ``weights`` (``recipe.sft_domain_weights``), every
+    demonstration once per epoch, in a seeded shuffle: each domain gets its share of the
+    demonstrations. With them, each row's domain is drawn by weight, then that domain's next
+    demonstration (its own seeded epochs); a domain of weight 0 gets none."""
+    if not weights:
+        return _epochs(demos, random.Random(seed))
+    have = sorted({t.domain for t in demos})
+    unnamed, empty = sorted(set(have) - set(weights)), sorted(d for d, w in weights.items() if w > 0 and d not in have)
+    if unnamed or empty:
+        raise ValueError(f"recipe.sft_domain_weights must weigh every domain with demonstrations ({have}) and "
+                         f"only those; missing {unnamed}, without demonstrations {empty}")
+    names = [d for d in have if weights[d] > 0]
+    streams = {d: _epochs([t for t in demos if t.domain == d], random.Random(f"{seed}/{d}")) for d in names}
+    return _by_weight(streams, [weights[d] for d in names], random.Random(seed))
+
+
+def _by_weight(streams: dict[str, Iterator], weights: list[float], rng: random.Random) -> Iterator:
+    names = list(streams)
+    while True:
+        yield next(streams[rng.choices(names, weights)[0]])
+
+
+def _epochs(items: list, rng: random.Random) -> Iterator:
+    """``items`` forever, each once per epoch, every epoch in a new shuffle of ``rng``."""
+    while True:
+        order = rng.sample(range(len(items)), len(items))
+        while order:
+            yield items[order.pop()]
 
 
 def policy_name(cfg: Config, domain: str, role: str) -> str:
@@ -117,18 +150,14 @@ def sft(cfg: Config) -> dict[str, float]:
     print(f"sft: {len(demos)} demonstrations {dict(cfg.recipe.sft_demos)} ({unsolved} left out), "
           f"{sum(sum(t.loss_mask) for t in demos)} assistant tokens", flush=True)
     rc = cfg.recipe
+    draws = demo_draws(demos, rc.sft_domain_weights, cfg.seed)
     held = oracle_transcripts(cfg, rc.sft_heldout_limit, "heldout", mixed=False)[0] if rc.sft_heldout_every else []
     _start_ray(cfg)
     learner = LearnerGroup(cfg)
     tracker = RunTracker(cfg, out_dir)
-    order, rng = [], random.Random(cfg.seed)
     metrics: dict[str, float] = {}
     for step in range(1, cfg.algo.total_steps + 1):
-        batch = []
-        while len(batch) < min(cfg.algo.prompts_per_step, len(demos)):
-            if not order:
-                order = rng.sample(range(len(demos)), len(demos))
-            batch.append(demos[order.pop()])
+        batch = [next(draws) for _ in range(min(cfg.algo.prompts_per_step, len(demos)))]
         # By domain, then shortest first: the learner cuts consecutive micro-batches, each padded
         # to its longest row and forwarding the system prompt its rows share once (batch.
         # collate_shared), so one domain's transcripts of like lengths share one (terminal ~1 K

@@ -9,7 +9,7 @@ import torch
 from jointrl.rl.config import load_config
 from jointrl.rl.learner.group import _free_port
 from jointrl.rl.losses import LossInputs, SFTLoss
-from jointrl.rl.sft import oracle_transcripts, sft_batch
+from jointrl.rl.sft import demo_draws, oracle_transcripts, sft_batch
 
 LONG_TURNS = ["rollout.max_tokens_per_turn=1024", "rollout.max_context=4096"]  # oracle turns are a few hundred bytes
 
@@ -22,6 +22,35 @@ def test_sft_loss_is_the_mean_nll_of_the_loss_tokens():
     assert loss.item() == pytest.approx((2 + 3 + 6) / 3) and metrics["nll"] == pytest.approx(11 / 3)
     loss.backward()
     assert torch.equal(logp.grad, -mask / 3)  # advantages and behaviour log-probs play no part
+
+
+def test_sft_draws_every_demonstration_per_epoch_or_each_domain_by_its_weight():
+    """No ``recipe.sft_domain_weights``: a seeded shuffle of all demonstrations, each once per epoch
+    (a domain gets its share of them). With weights: rows by domain in those proportions, each
+    domain cycling through its own demonstrations; a domain of weight 0 gets none."""
+    from collections import Counter
+    from itertools import islice
+    from types import SimpleNamespace
+
+    demos = [SimpleNamespace(domain="terminal", n=i) for i in range(6)] + \
+            [SimpleNamespace(domain="code_repo", n=i) for i in range(2)]
+    stream = demo_draws(demos, {}, seed=3)
+    for _ in range(3):
+        assert sorted(map(id, islice(stream, len(demos)))) == sorted(map(id, demos))
+    rows = list(islice(demo_draws(demos, {"terminal": 1.0, "code_repo": 3.0}, seed=3), 4000))
+    share = Counter(t.domain for t in rows)
+    assert share["code_repo"] / len(rows) == pytest.approx(0.75, abs=0.03)  # 2 of 8 demonstrations, 3/4 of the rows
+    per_demo = Counter(id(t) for t in rows if t.domain == "code_repo")
+    assert max(per_demo.values()) - min(per_demo.values()) <= 1  # a domain's own epochs: evenly cycled
+    assert {t.domain for t in islice(demo_draws(demos, {"terminal": 1.0, "code_repo": 0.0}, seed=3), 100)} == {"terminal"}
+    with pytest.raises(ValueError, match=r"sft_domain_weights.*missing \['code_repo'\]"):
+        demo_draws(demos, {"terminal": 1.0}, seed=3)
+    with pytest.raises(ValueError, match=r"without demonstrations \['office'\]"):
+        demo_draws(demos, {"terminal": 1.0, "code_repo": 1.0, "office": 1.0}, seed=3)
+    with pytest.raises(ValueError, match="recipe.sft_domain_weights"):
+        load_config(["+recipe.sft_domain_weights={terminal: -1.0}"])
+    with pytest.raises(ValueError, match="recipe.sft_domain_weights"):
+        load_config(["+recipe.sft_domain_weights={terminal: 0.0}"])
 
 
 def test_mixed_demonstrations_keep_the_oracles_that_solve_and_the_slips_that_end(tmp_path):
