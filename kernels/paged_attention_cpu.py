@@ -310,7 +310,7 @@ def paged_decode_torch(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B: 
 
 
 def paged_decode(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B: Tensor, scale: float) -> Tensor:
-    """q [B, Hq, D], kv [P, 2, Hkv, D] (q's dtype, or bfloat16 under a float32 q), slots [B, S] int64
+    """q [B, Hq, D], kv [P, 2, Hkv, D] (q's dtype, or bfloat16 under a float32 q; a bfloat16 q runs as float32), slots [B, S] int64
     (entries past ctx_B[b] unread), ctx [B] int64 → out [B, Hq, D]. The C++ kernel when it builds
     here, else the torch reference."""
     if q_BHD.dim() != 3 or kv_PCHD.dim() != 4 or kv_PCHD.shape[1] != 2 or slots_BS.shape[0] != q_BHD.shape[0]:
@@ -319,4 +319,8 @@ def paged_decode(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B: Tensor
     kernel = load_kernel()
     if kernel is None:
         return paged_decode_torch(q_BHD, kv_PCHD, slots_BS, ctx_B, scale)
+    if q_BHD.dtype == torch.bfloat16 and kv_PCHD.dtype == torch.bfloat16:  # a bfloat16 model: the kernel's
+        # bfloat16-cache path under a float32 q (the query widened exactly), the output rounded back
+        return kernel.paged_decode(q_BHD.float().contiguous(), kv_PCHD, slots_BS.contiguous(), ctx_B.contiguous(),
+                                   scale).to(torch.bfloat16)
     return kernel.paged_decode(q_BHD.contiguous(), kv_PCHD, slots_BS.contiguous(), ctx_B.contiguous(), scale)

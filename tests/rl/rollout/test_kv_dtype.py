@@ -61,3 +61,21 @@ def test_bfloat16_cache_halves_the_bytes_and_is_refused_where_it_cannot_hold():
         LLMEngine(model.double(), config=EngineConfig(num_blocks=16, kv_dtype="bfloat16"))
     with pytest.raises(ValueError, match="kv_dtype"):
         EngineConfig(kv_dtype="float16")
+
+
+BF16_MODEL_TOL = 5e-2  # measured here: 1.3e-2 to 2.3e-2 (three seeds)
+
+
+def test_a_bfloat16_models_engine_decodes_within_the_stated_bound():
+    """``model.dtype: bfloat16`` with the engine (its cache bfloat16 too; the decode kernel widens the query
+    and runs the bfloat16-cache path): greedy across chunked prefill and batched decode, every log-prob
+    within ``BF16_MODEL_TOL`` of the same weights' float64 forward, no clear argmax flipped."""
+    model = MoETransformer.from_config(MoEConfig(initializer_range=0.1), dtype=torch.bfloat16, seed=1)
+    ref64 = copy.deepcopy(model).double()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 23, 40)]
+    eng, outs = run(model, "auto", prompts, max_tokens=24)
+    assert eng.runner.kv_LPCHD.dtype == torch.bfloat16
+    for prompt, out in zip(prompts, outs):
+        dev, flipped = deviations(ref64, prompt, out)
+        assert dev <= BF16_MODEL_TOL and flipped == 0, (dev, flipped)
