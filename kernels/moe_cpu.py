@@ -43,7 +43,8 @@ from torch import Tensor
 from jointrl.kernels import linear_cpu
 from jointrl.kernels.cpu_extension import load_cpu_extension
 
-__all__ = ["moe_experts", "moe_experts_packed", "pack_experts", "load_kernel", "use_kernel"]
+__all__ = ["moe_experts", "moe_experts_packed", "pack_experts", "pack_experts_bf16", "panel_shapes", "load_kernel",
+           "use_kernel"]
 
 # Assignments (token, slot) per expert on average up to which ``Experts`` uses this loop. Measured on
 # bench_moe shapes, one thread (thread CPU time): 4.7x faster than per-expert BLAS at 2 rows per
@@ -213,8 +214,8 @@ constexpr int64_t PANEL_PREFETCH_BYTES = 4096;
 // no per-pass lane sums) with SwiGLU between them; each output one fused sum in k order, so a token's
 // result does not depend on the tokens beside it. Past the last active expert's end the prefetch reads
 // ahead into the next expert's panels (wasted if that expert is idle this step).
-template <typename T>
-static void experts_packed(const T* x, const int64_t* ids, const T* wts, const T* gu, const T* down, T* y,
+template <typename T, typename W = T>
+static void experts_packed(const T* x, const int64_t* ids, const T* wts, const W* gu, const W* down, T* y,
                            int64_t N, int64_t k, int64_t E, int64_t H, int64_t I) {
   const int64_t A = N * k, gu_size = (2 * I + 15) / 16 * H * 16, down_size = (H + 15) / 16 * I * 16;
   std::vector<int64_t> start(E + 1, 0), order(A), pos(A);
@@ -238,14 +239,14 @@ static void experts_packed(const T* x, const int64_t* ids, const T* wts, const T
         const T* xn = x + order[start[e] + n] / k * H;
         std::copy(xn, xn + H, xs.data() + n * H);
       }
-      linear_rows<T>(xs.data(), M, H, gu + e * gu_size, 2 * I, g.data(), PANEL_PREFETCH_BYTES);
+      linear_rows<T, W>(xs.data(), M, H, gu + e * gu_size, 2 * I, g.data(), PANEL_PREFETCH_BYTES);
       for (int64_t n = 0; n < M; ++n) {
         const T* __restrict gn = g.data() + n * 2 * I;
         T* __restrict hn = h.data() + n * I;
 #pragma omp simd
         for (int64_t i = 0; i < I; ++i) hn[i] = gn[i] / (T(1) + exp_(-gn[i])) * gn[I + i];
       }
-      linear_rows<T>(h.data(), M, I, down + e * down_size, H, y_A.data() + start[e] * H, PANEL_PREFETCH_BYTES);
+      linear_rows<T, W>(h.data(), M, I, down + e * down_size, H, y_A.data() + start[e] * H, PANEL_PREFETCH_BYTES);
     }
   });
   for (int64_t n = 0; n < N; ++n) {
@@ -270,15 +271,56 @@ torch::Tensor moe_experts_packed(torch::Tensor x, torch::Tensor ids, torch::Tens
   TORCH_CHECK(gu.dim() == 4 && gu.size(1) == (2 * I + 15) / 16 && gu.size(2) == H && gu.size(3) == 16 &&
               down.dim() == 4 && down.size(0) == E && down.size(1) == (H + 15) / 16 && down.size(2) == I &&
               down.size(3) == 16, "moe_experts_packed: gate_up [E, ceil(2I/16), H, 16], down [E, ceil(H/16), I, 16]");
-  TORCH_CHECK(x.scalar_type() == gu.scalar_type() && x.scalar_type() == down.scalar_type() &&
-              x.scalar_type() == wts.scalar_type(), "moe_experts_packed: x, weights and routing weights differ in dtype");
+  TORCH_CHECK(gu.scalar_type() == down.scalar_type() && x.scalar_type() == wts.scalar_type() &&
+              (x.scalar_type() == gu.scalar_type() ||
+               (x.scalar_type() == torch::kFloat && gu.scalar_type() == torch::kBFloat16)),
+              "moe_experts_packed: panels of x's dtype (or bfloat16 panels under a float32 x), routing weights in x's");
   auto y = torch::empty_like(x);
+  if (gu.scalar_type() == torch::kBFloat16 && x.scalar_type() == torch::kFloat) {  // widened exactly on load
+    experts_packed<float, uint16_t>(x.data_ptr<float>(), ids.data_ptr<int64_t>(), wts.data_ptr<float>(),
+                                    reinterpret_cast<const uint16_t*>(gu.data_ptr<at::BFloat16>()),
+                                    reinterpret_cast<const uint16_t*>(down.data_ptr<at::BFloat16>()),
+                                    y.data_ptr<float>(), x.size(0), ids.size(1), E, H, I);
+    return y;
+  }
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "moe_experts_packed", [&] {
     experts_packed<scalar_t>(x.data_ptr<scalar_t>(), ids.data_ptr<int64_t>(), wts.data_ptr<scalar_t>(),
                              gu.data_ptr<scalar_t>(), down.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), x.size(0),
                              ids.size(1), E, H, I);
   });
   return y;
+}
+
+// pack_experts into bfloat16 panels out [E, ceil(O/16), K, 16] of a float32 w [E, O, K], where every weight
+// is exactly a bfloat16 (its low 16 bits zero: MXFP4-dequantized weights are, e2m1 times a power of two).
+// False at the first weight that is not (out is then partly written and must not be used).
+bool pack_bf16_exact(torch::Tensor w, torch::Tensor out) {
+  TORCH_CHECK(w.dim() == 3 && w.is_contiguous() && w.scalar_type() == torch::kFloat && out.is_contiguous() &&
+              out.scalar_type() == torch::kBFloat16 && out.dim() == 4 && out.size(0) == w.size(0) &&
+              out.size(1) == (w.size(1) + 15) / 16 && out.size(2) == w.size(2) && out.size(3) == 16,
+              "pack_bf16_exact: float32 w [E, O, K] and bfloat16 out [E, ceil(O/16), K, 16], contiguous");
+  const int64_t E = w.size(0), O = w.size(1), K = w.size(2), Q = out.size(1);
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(w.data_ptr<float>());
+  uint16_t* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  uint32_t low = 0;  // OR of every weight's low 16 bits
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t q = 0; q < Q; ++q) {
+      uint16_t* P = dst + (e * Q + q) * K * 16;
+      for (int64_t c = 0; c < 16; ++c) {
+        const int64_t o = q * 16 + c;
+        if (o >= O) {
+          for (int64_t kk = 0; kk < K; ++kk) P[kk * 16 + c] = 0;
+          continue;
+        }
+        const uint32_t* row = src + (e * O + o) * K;
+        for (int64_t kk = 0; kk < K; ++kk) {
+          low |= row[kk];
+          P[kk * 16 + c] = uint16_t(row[kk] >> 16);
+        }
+      }
+      if (low & 0xFFFFu) return false;
+    }
+  return true;
 }
 
 torch::Tensor moe_experts(torch::Tensor x, torch::Tensor ids, torch::Tensor wts, torch::Tensor gu,
@@ -302,7 +344,7 @@ torch::Tensor moe_experts(torch::Tensor x, torch::Tensor ids, torch::Tensor wts,
 def load_kernel():
     """The compiled extension, or None when it cannot be built here (no compiler)."""
     return load_cpu_extension("jointrl_moe_cpu", linear_cpu.PANEL_SOURCE + _SOURCE,
-                              ["moe_experts", "moe_experts_packed"])
+                              ["moe_experts", "moe_experts_packed", "pack_bf16_exact"])
 
 
 def use_kernel(x_NH: Tensor, ids_Nk: Tensor, num_experts: int, needs_grad: bool) -> bool:
@@ -330,6 +372,24 @@ def pack_experts(gate_up_EOH: Tensor, down_EHI: Tensor, out: tuple[Tensor, Tenso
     return _pack3(gate_up_EOH), _pack3(down_EHI)
 
 
+def panel_shapes(gate_up_EOH: Tensor, down_EHI: Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of ``pack_experts``'s (gate_up, down) panels."""
+    P = linear_cpu.PANEL
+    return tuple((w.shape[0], -(-w.shape[1] // P), w.shape[2], P) for w in (gate_up_EOH, down_EHI))
+
+
+def pack_experts_bf16(gate_up_EOH: Tensor, down_EHI: Tensor, out: tuple[Tensor, Tensor]) -> bool:
+    """``pack_experts`` of float32 experts into bfloat16 panels ``out`` (shapes ``panel_shapes``), when every
+    weight is exactly a bfloat16 -- MXFP4-dequantized experts are (an e2m1 value, two mantissa bits, times a
+    power of two), so the panels then hold the same numbers in half the bytes and ``moe_experts_packed``,
+    which widens them exactly on load, gives the same result bit for bit. False (``out`` partly written,
+    not to be used) when a weight is not, or the kernel is unavailable."""
+    kernel = load_kernel()
+    if kernel is None or gate_up_EOH.dtype != torch.float32 or down_EHI.dtype != torch.float32:
+        return False
+    return all(kernel.pack_bf16_exact(w.detach().contiguous(), o) for w, o in zip((gate_up_EOH, down_EHI), out))
+
+
 def _pack3(w_EOK: Tensor) -> Tensor:
     E, O, K = w_EOK.shape
     P = linear_cpu.PANEL
@@ -338,6 +398,7 @@ def _pack3(w_EOK: Tensor) -> Tensor:
 
 def moe_experts_packed(x_NH: Tensor, ids_Nk: Tensor, weights_Nk: Tensor, gate_up_packed: Tensor,
                        down_packed: Tensor, intermediate: int) -> Tensor:
-    """``moe_experts`` over ``pack_experts``'s panels (``intermediate`` = I) → y [N, H]. Forward only."""
+    """``moe_experts`` over ``pack_experts``'s panels, or ``pack_experts_bf16``'s under a float32 x
+    (``intermediate`` = I) → y [N, H]. Forward only."""
     return load_kernel().moe_experts_packed(x_NH.contiguous(), ids_Nk.contiguous(), weights_Nk.contiguous(),
                                             gate_up_packed, down_packed, intermediate)

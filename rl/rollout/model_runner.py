@@ -26,7 +26,10 @@ attention reads them in place (``kernels/paged_attention_cpu.paged_decode``: a g
 torch would copy the whole cache every step); a prefill chunk gathers its sequence's keys. The pool and
 the packed expert panels sit in transparent huge pages where the OS allows
 (``cpu_extension.zeros_huge_pages``: a step reads them in scattered 16 KB pieces, each 4 KB page a TLB
-miss otherwise; bench_moe batch 32, steps alternated between two engines: 14.0 -> 13.3 CPU-ms).
+miss otherwise; bench_moe batch 32, steps alternated between two engines: 14.0 -> 13.3 CPU-ms). A float32
+model's expert panels are bfloat16 whenever every expert weight is exactly a bfloat16, as after an MXFP4
+weight update (``moe_cpu.pack_experts_bf16``; ``bf16_expert_panels``): the kernel widens them exactly on
+load, so the results are the float32 panels' bit for bit, from half the bytes.
 
 bfloat16 cache (``kv_dtype=torch.bfloat16``, ``rollout.kv_dtype: bfloat16``; float32 full-attention
 models only, opt-in): keys and values are rounded to bfloat16 when stored and widened exactly when
@@ -149,12 +152,29 @@ class ModelRunner:
         cached = self._fused.get(slot)
         if cached is None or cached[0] != key or any(r() is not w for r, w in zip(cached[2], ws)):
             if _same_params(cached, ws):  # new values (update_weights): repacked into the old panels in place
-                cached = self._fused[slot] = (key, (*moe_cpu.pack_experts(*ws, out=cached[1][:2]), cached[1][2]), *cached[2:])
+                cached = self._fused[slot] = (key, (*self._pack_experts(ws, cached[1][:2]), cached[1][2]), *cached[2:])
             else:
                 refs = (weakref.ref(ws[0], _dropper(weakref.ref(self), slot)), weakref.ref(ws[1]))
-                panels = [zeros_huge_pages(p.shape, p.dtype).copy_(p) for p in moe_cpu.pack_experts(*ws)]
-                cached = self._fused[slot] = (key, (*panels, ws[1].shape[2]), refs, _layout(ws))
+                cached = self._fused[slot] = (key, (*self._pack_experts(ws, None), ws[1].shape[2]), refs, _layout(ws))
         return cached[1]
+
+    # Expert panels in bfloat16 when every weight of a float32 model's experts is exactly a bfloat16, as
+    # after an MXFP4 weight update (``moe_cpu.pack_experts_bf16``): half the bytes a decode step streams,
+    # the same result bit for bit. A test turns it off to compare.
+    bf16_expert_panels = True
+
+    def _pack_experts(self, ws: tuple[torch.Tensor, torch.Tensor], old: tuple[torch.Tensor, torch.Tensor] | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ws``' panels in transparent huge pages: in bfloat16 where exact, else in the weights' dtype;
+        into ``old`` (the previous version's panels) when its dtype is the one they get."""
+        if self.bf16_expert_panels and self.dtype == torch.float32:
+            out = old if old is not None and old[0].dtype == torch.bfloat16 else tuple(
+                zeros_huge_pages(shape, torch.bfloat16) for shape in moe_cpu.panel_shapes(*ws))
+            if moe_cpu.pack_experts_bf16(*ws, out):
+                return out
+        if old is not None and old[0].dtype == ws[0].dtype:
+            return moe_cpu.pack_experts(*ws, out=old)
+        return tuple(zeros_huge_pages(p.shape, p.dtype).copy_(p) for p in moe_cpu.pack_experts(*ws))
 
     def _rope(self, pos_N: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos_ND, sin_ND) of ``rotary_emb`` at ``pos_N``, looked up in a table of positions 0..P-1 built by

@@ -133,3 +133,33 @@ def test_bad_expert_id_is_an_error(kind):
     ex = experts(4, 16, 8, torch.float32)
     with pytest.raises(RuntimeError, match="out of range"):
         run(kind, ex, torch.zeros(1, 16), torch.tensor([[0, 4]]), torch.ones(1, 2))
+
+
+@pytest.mark.parametrize("grid,N,k,E,H,I", [("mxfp4", 1, 2, 16, 64, 32), ("mxfp4", 32, 2, 16, 256, 128),
+                                             ("bfloat16", 7, 1, 5, 60, 30), ("bfloat16", 33, 3, 8, 20, 9)])
+def test_bfloat16_panels_of_mxfp4_experts_give_the_float32_panels_result_bit_for_bit(grid, N, k, E, H, I):
+    """MXFP4-dequantized weights are exactly bfloat16s (as are weights rounded to bfloat16, for widths MXFP4's
+    32-blocks do not divide): ``pack_experts_bf16`` stores the same numbers as ``pack_experts`` in half the
+    bytes, and ``moe_experts_packed`` over them returns the float32 panels' output bit for bit (odd widths and
+    idle experts included). A weight that is not a bfloat16 is refused."""
+    from jointrl.kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+
+    ex = experts(E, H, I, torch.float32)
+    with torch.no_grad():
+        for w in (ex.gate_up_proj, ex.down_proj):
+            w.copy_(dequantize_mxfp4(*quantize_mxfp4(w), dtype=torch.float32) if grid == "mxfp4" else w.bfloat16())
+    g = torch.Generator().manual_seed(2)
+    x_NH = torch.randn(N, H, generator=g)
+    ids_Nk = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
+    w_Nk = torch.rand(N, k, generator=g)
+    panels32 = moe_cpu.pack_experts(ex.gate_up_proj, ex.down_proj)
+    panels16 = tuple(torch.empty(s, dtype=torch.bfloat16) for s in moe_cpu.panel_shapes(ex.gate_up_proj, ex.down_proj))
+    assert moe_cpu.pack_experts_bf16(ex.gate_up_proj, ex.down_proj, panels16)
+    assert all(torch.equal(a.float(), b) for a, b in zip(panels16, panels32))
+    assert torch.equal(moe_cpu.moe_experts_packed(x_NH, ids_Nk, w_Nk, *panels16, I),
+                       moe_cpu.moe_experts_packed(x_NH, ids_Nk, w_Nk, *panels32, I))
+    with torch.no_grad():
+        ex.down_proj[-1, -1, -1] = 1.0 + 2.0 ** -10  # one weight off the bfloat16 grid (7 mantissa bits)
+    assert not moe_cpu.pack_experts_bf16(ex.gate_up_proj, ex.down_proj, panels16)
+    with pytest.raises(RuntimeError, match="bfloat16 panels under a float32 x"):
+        moe_cpu.moe_experts_packed(x_NH.double(), ids_Nk, w_Nk.double(), *panels16, I)

@@ -376,3 +376,38 @@ def test_hybrid_decodes_run_as_one_batched_forward_equal_to_full_recompute(hybri
     with torch.no_grad():
         ref = hybrid(torch.tensor([ps[2] + outs[2].token_ids])).topk_ids[0].tolist()
     assert (outs[2].routed_from, outs[2].routed_experts) == (0, ref[:len(ps[2]) + len(outs[2].token_ids) - 1])
+
+
+def test_mxfp4_experts_decode_from_bfloat16_panels_bit_for_bit():
+    """After an MXFP4 push every routed-expert weight is exactly a bfloat16, so a float32 model's runner packs
+    its experts into bfloat16 panels (half the bytes a decode step streams) and samples bit for bit what
+    float32 panels give: the same tokens and log-probs, sampled and batched, across two pushes. Weights that
+    are not exact (the initial ones, a dense push) keep float32 panels."""
+    from jointrl.kernels import moe_cpu
+
+    if moe_cpu.load_kernel() is None:
+        pytest.skip("no C++ toolchain here")
+    model = MoETransformer.from_config(MoEConfig(initializer_range=0.1), dtype=torch.float32, seed=1)
+    engines = [engine(model.__class__.from_config(model.config, dtype=torch.float32, seed=1), session_ttl_s=0)
+               for _ in range(2)]
+    engines[1].runner.bf16_expert_panels = False
+    sampled = [SamplingParams(max_tokens=16, temperature=1.0, seed=s) for s in range(4)]
+
+    def panel_dtypes(eng):
+        return {v[1][0].dtype for k, v in eng.runner._fused.items() if isinstance(k, tuple) and k[1] == "experts"}
+
+    def generate(eng, version):
+        return [(o.token_ids, o.logprobs) for o in eng.generate_batch(prompts(9, 30, 30, 17, seed=version), sampled)]
+
+    assert generate(engines[0], 0) == generate(engines[1], 0)
+    assert panel_dtypes(engines[0]) == {torch.float32}  # random weights: not bfloat16-exact
+    for version, seed in ((1, 7), (2, 8)):
+        new = MoETransformer.from_config(model.config, dtype=torch.float32, seed=seed)
+        bundle = build_bundle(new.state_dict(), version)  # routed experts in MXFP4 (the default push)
+        for eng in engines:
+            eng.update_weights(version, bundle)
+        assert generate(engines[0], version) == generate(engines[1], version)  # panels repacked at the first decode
+        assert panel_dtypes(engines[0]) == {torch.bfloat16} and panel_dtypes(engines[1]) == {torch.float32}
+    engines[0].update_weights(3, build_bundle(model.state_dict(), 3, is_quantized=lambda n, t: False))
+    generate(engines[0], 3)
+    assert panel_dtypes(engines[0]) == {torch.float32}  # a dense push: back to float32 panels
