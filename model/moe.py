@@ -59,7 +59,10 @@ class Experts(nn.Module):
         ids_A = ids_Nk.reshape(-1)  # A = N·k assignments
         order_A = torch.argsort(ids_A, stable=True)
         counts = torch.bincount(ids_A, minlength=E).tolist()
-        return RoutedSwiGLU.apply(x_NH, weights_Nk, self.gate_up_proj, self.down_proj, order_A, order_A // k, counts)
+        amp = x_NH.device.type  # autocast casts float32 only (float64 stays float64), and so does this path
+        dtype = torch.get_autocast_dtype(amp) if torch.is_autocast_enabled(amp) and x_NH.dtype == torch.float32 else None
+        return RoutedSwiGLU.apply(x_NH, weights_Nk, self.gate_up_proj, self.down_proj, order_A, order_A // k, counts,
+                                  dtype)
 
 
 class RoutedSwiGLU(torch.autograd.Function):
@@ -77,12 +80,20 @@ class RoutedSwiGLU(torch.autograd.Function):
     [A, H] (dw_a = <dout_a @ down_e, act_a>, dact_a = w_a · dout_a @ down_e) and SwiGLU's backward
     is ``silu_backward``. tests/model/test_grouped_swiglu.py checks values and gradients against
     plain autograd in float64.
+
+    ``dtype``: the matmuls' dtype (None: x's). Under ``torch.autocast`` ``Experts`` passes the autocast
+    dtype (``learner.autocast``): the gathered tokens and the expert weights are cast once per layer,
+    every matmul and SwiGLU runs in it, the output is summed back in x's dtype and the gradients come
+    back in each input's own dtype (the fp32 weights keep fp32 gradients for the optimizer).
     """
 
     @staticmethod
-    def forward(ctx, x_NH, weights_Nk, gate_up_EOH, down_EHI, order_A, token_A, counts):
+    def forward(ctx, x_NH, weights_Nk, gate_up_EOH, down_EHI, order_A, token_A, counts, dtype=None):
         A, I = order_A.shape[0], down_EHI.shape[2]
-        x_AH = x_NH.index_select(0, token_A)
+        ctx.dtypes = (x_NH.dtype, gate_up_EOH.dtype, down_EHI.dtype)
+        if dtype is not None:
+            gate_up_EOH, down_EHI = gate_up_EOH.to(dtype), down_EHI.to(dtype)
+        x_AH = x_NH.index_select(0, token_A).to(gate_up_EOH.dtype)
         h_AO = x_AH.new_empty(A, 2 * I)
         for e, rows in _expert_rows(counts):
             torch.mm(x_AH[rows], gate_up_EOH[e].t(), out=h_AO[rows])
@@ -91,8 +102,8 @@ class RoutedSwiGLU(torch.autograd.Function):
         y_AH = x_AH.new_empty(A, down_EHI.shape[1])
         for e, rows in _expert_rows(counts):
             torch.mm(act_AI[rows], down_EHI[e].t(), out=y_AH[rows])
-        w_A1 = weights_Nk.reshape(-1)[order_A, None]
-        out_NH = torch.zeros_like(x_NH).index_add_(0, token_A, y_AH.mul_(w_A1))
+        w_A1 = weights_Nk.reshape(-1)[order_A, None].to(y_AH.dtype)
+        out_NH = torch.zeros_like(x_NH).index_add_(0, token_A, y_AH.mul_(w_A1).to(x_NH.dtype))
         ctx.save_for_backward(x_AH, gate_up_EOH, down_EHI, h_AO, silu_AI, act_AI, w_A1, order_A, token_A)
         ctx.counts = counts
         return out_NH
@@ -101,7 +112,7 @@ class RoutedSwiGLU(torch.autograd.Function):
     def backward(ctx, dout_NH):
         x_AH, gate_up_EOH, down_EHI, h_AO, silu_AI, act_AI, w_A1, order_A, token_A = ctx.saved_tensors
         counts, I = ctx.counts, down_EHI.shape[2]
-        dyw_AH = dout_NH.index_select(0, token_A)  # dL/d(w_a y_a)
+        dyw_AH = dout_NH.index_select(0, token_A).to(down_EHI.dtype)  # dL/d(w_a y_a)
         d_gate_up, d_down = torch.empty_like(gate_up_EOH), torch.empty_like(down_EHI)
         for e in (e for e, c in enumerate(counts) if c == 0):
             d_gate_up[e].zero_()
@@ -109,7 +120,7 @@ class RoutedSwiGLU(torch.autograd.Function):
         g_AI = act_AI.new_empty(act_AI.shape)  # dyw_a @ down_e = dL/dact_a / w_a
         for e, rows in _expert_rows(counts):
             torch.mm(dyw_AH[rows], down_EHI[e], out=g_AI[rows])
-        dw_A = (g_AI * act_AI).sum(-1)
+        dw_A = (g_AI * act_AI).sum(-1, dtype=ctx.dtypes[0])  # routing-weight gradients summed in x's dtype
         actw_AI = act_AI * w_A1
         for e, rows in _expert_rows(counts):
             torch.mm(dyw_AH[rows].t(), actw_AI[rows], out=d_down[e])
@@ -121,10 +132,11 @@ class RoutedSwiGLU(torch.autograd.Function):
         for e, rows in _expert_rows(counts):
             torch.mm(dh_AO[rows], gate_up_EOH[e], out=dx_AH[rows])
             torch.mm(dh_AO[rows].t(), x_AH[rows], out=d_gate_up[e])
-        dx_NH = torch.zeros_like(dout_NH).index_add_(0, token_A, dx_AH)
+        x_dtype, gate_up_dtype, down_dtype = ctx.dtypes
+        dx_NH = dout_NH.new_zeros(dout_NH.shape, dtype=x_dtype).index_add_(0, token_A, dx_AH.to(x_dtype))
         N, k = dout_NH.shape[0], order_A.shape[0] // dout_NH.shape[0]
-        dw_Nk = dw_A.new_empty(N * k).index_copy_(0, order_A, dw_A).view(N, k)
-        return dx_NH, dw_Nk, d_gate_up, d_down, None, None, None
+        dw_Nk = dw_A.new_empty(N * k, dtype=x_dtype).index_copy_(0, order_A, dw_A.to(x_dtype)).view(N, k)
+        return dx_NH, dw_Nk, d_gate_up.to(gate_up_dtype), d_down.to(down_dtype), None, None, None, None
 
 
 def _expert_rows(counts: list[int]):

@@ -209,9 +209,13 @@ class LearnerConfig:
     routing_replay: bool = False  # R3: replay the rollout's routed experts in the learner's forward
     fake_quant_experts: bool = False  # the learner's routed experts run through an MXFP4 round trip (STE)
     router_bias_rate: float = 1e-3  # aux-loss-free balancing (DeepSeek-V3) for models with a router bias
+    # the forward's matmuls (projections, routed experts) in this dtype under torch.autocast, weights, gradients
+    # and the optimizer in the model's float32; router, norms, attention and logits stay float32 (null: off)
+    autocast: str | None = None
 
     def __post_init__(self) -> None:
         _check_choice("learner.zero_stage", self.zero_stage, (0, 1, 2))
+        _check_choice("learner.autocast", self.autocast, (None, "bfloat16"))
         _check_positive("learner.num_ranks", self.num_ranks)
         _check_positive("learner.micro_batch_size", self.micro_batch_size, allow_zero=True)
         _check_positive("learner.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, allow_zero=True)
@@ -364,6 +368,9 @@ class Config:
             from jointrl.envs.registry import DOMAINS
 
             raise ValueError("config key 'envs.domains' needs at least one domain; allowed: " + str(sorted(DOMAINS)))
+        if self.learner.autocast is not None and self.model.dtype != "float32":
+            raise ValueError(f"config key 'learner.autocast' = {self.learner.autocast!r} needs model.dtype float32 "
+                             f"(the weights autocast casts from), got model.dtype = {self.model.dtype!r}")
 
 
 def register_schemas() -> None:

@@ -130,16 +130,15 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
         (q_p, q_s), (k_p, k_s), (v_p, v_s) = (_split_parts(t, G, P, B, S) for t in (q_NhD, k_NhD, v_NhD))
         sdpa = dict(scale=attn.head_dim ** -0.5, enable_gqa=attn.num_heads != attn.num_kv_heads)
         if trim:  # the prompts' last queries only, over their prompt's keys
-            out_PF = F.scaled_dot_product_attention(q_NhD.index_select(0, at_G)[:, :, None], k_p, v_p,
-                                                    attn_mask=prefix.real[:, None, None, :], **sdpa).reshape(G, -1)
+            out_PF = _sdpa(q_NhD.index_select(0, at_G)[:, :, None], k_p, v_p,
+                           attn_mask=prefix.real[:, None, None, :], **sdpa).reshape(G, -1)
             keep_N = torch.cat((at_G, torch.arange(GP, GP + B * S)))
             x_NH, h_NH = x_NH.index_select(0, keep_N), h_NH.index_select(0, keep_N)
         else:
-            out_PF = F.scaled_dot_product_attention(q_p, k_p, v_p, attn_mask=mask_p, **sdpa).transpose(1, 2).reshape(GP, -1)
+            out_PF = _sdpa(q_p, k_p, v_p, attn_mask=mask_p, **sdpa).transpose(1, 2).reshape(GP, -1)
         # index_select: its backward is index_add_, not indexing's sorting index_put_(accumulate=True)
-        out_BHSD = F.scaled_dot_product_attention(q_s, torch.cat((k_p.index_select(0, prefix.row_group), k_s), dim=2),
-                                                  torch.cat((v_p.index_select(0, prefix.row_group), v_s), dim=2),
-                                                  attn_mask=mask_s, **sdpa)
+        out_BHSD = _sdpa(q_s, torch.cat((k_p.index_select(0, prefix.row_group), k_s), dim=2),
+                         torch.cat((v_p.index_select(0, prefix.row_group), v_s), dim=2), attn_mask=mask_s, **sdpa)
         out_NF = torch.cat((out_PF, out_BHSD.transpose(1, 2).reshape(B * S, out_PF.shape[1])))  # S = 0: one-token completions
         if attn.gate_proj is not None:  # Attention.output's gate
             out_NF = out_NF * torch.sigmoid(attn.gate_proj(h_NH))
@@ -157,7 +156,7 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     x_GH, x_BSH = x_NH.split((G, B * S))
     hidden_BSH = norm(backbone.norm, torch.cat((x_GH.index_select(0, prefix.row_group)[:, None], x_BSH.view(B, S, H)), dim=1))
     # the last column back as zeros (a pad: its gradient is a slice of the logits' gradient)
-    logits_BTV = F.pad(model.lm_head(hidden_BSH), (0, 0, 0, 1))
+    logits_BTV = F.pad(_head(model, hidden_BSH), (0, 0, 0, 1))
     # pooled over (layer, token) as load_balancing_loss pools L layers of one token set
     aux = load_balancing_loss([torch.cat(probs)], [torch.cat(ids)], cfg.num_experts, torch.cat(masks))
     with torch.no_grad():
@@ -171,14 +170,36 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
 def _qkv_fused(attn, h_NH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``Attention.qkv`` of one flat stream (no cache) with its q/k-norm + RoPE as one C++ pass each
-    → q [N, Hq, D], k, v [N, Hkv, D] (contiguous)."""
+    → q [N, Hq, D], k, v [N, Hkv, D] (contiguous). Under autocast the projections run in its dtype and
+    come back widened to h's, so the norms, RoPE and attention stay in h's precision."""
     N, D = h_NH.shape[0], attn.head_dim
     cos_ND, sin_ND = rope[0][0], rope[1][0]
-    q_NhD = norm_rope_cpu.qk_norm_rope(attn.q_proj(h_NH).view(N, attn.num_heads, D), attn.q_norm.weight,
+    q_NhD = norm_rope_cpu.qk_norm_rope(attn.q_proj(h_NH).to(h_NH.dtype).view(N, attn.num_heads, D), attn.q_norm.weight,
                                        attn.q_norm.eps, cos_ND, sin_ND)
-    k_NhD = norm_rope_cpu.qk_norm_rope(attn.k_proj(h_NH).view(N, attn.num_kv_heads, D), attn.k_norm.weight,
-                                       attn.k_norm.eps, cos_ND, sin_ND)
-    return q_NhD, k_NhD, attn.v_proj(h_NH).view(N, attn.num_kv_heads, D)
+    k_NhD = norm_rope_cpu.qk_norm_rope(attn.k_proj(h_NH).to(h_NH.dtype).view(N, attn.num_kv_heads, D),
+                                       attn.k_norm.weight, attn.k_norm.eps, cos_ND, sin_ND)
+    return q_NhD, k_NhD, attn.v_proj(h_NH).to(h_NH.dtype).view(N, attn.num_kv_heads, D)
+
+
+def _head(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """``model.lm_head(hidden)``, outside autocast (``learner.autocast``): the logits the log-probs and the
+    policy ratio come from stay in the hidden state's precision."""
+    device = hidden.device.type
+    if not torch.is_autocast_enabled(device):
+        return model.lm_head(hidden)
+    with torch.autocast(device, enabled=False):
+        return model.lm_head(hidden)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tensor:
+    """``F.scaled_dot_product_attention``; on CPU under autocast (``learner.autocast``) with autocast off, in
+    at least float32: torch's bfloat16 CPU attention ran bench_moe's learner step slower than float32 here
+    (its backward 64 against 28 ms per step, one thread)."""
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        with torch.autocast("cpu", enabled=False):
+            return F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), **kw)
+    return F.scaled_dot_product_attention(q, k, v, **kw)
 
 
 def _split_parts(t_NhD: torch.Tensor, G: int, P: int, B: int, S: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -223,7 +244,7 @@ def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     x_BTH, probs, ids = _layers(backbone, x_BTH, batch, replay_BTLk, grad_checkpoint)
     indexer_losses = list(batch.indexer_losses or ())  # before a checkpointed backward appends its recomputed ones
     hidden_BTH = backbone.norm(x_BTH)
-    logits_BTV = model.lm_head(hidden_BTH)
+    logits_BTV = _head(model, hidden_BTH)
     real_N = real_BT.reshape(-1)
     aux = load_balancing_loss(probs, ids, cfg.num_experts, real_N)
     with torch.no_grad():

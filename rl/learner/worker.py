@@ -25,6 +25,7 @@ DeepSpeed's gradient norm with ``ep_size > 1`` counts each rank's own experts on
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import time
@@ -232,8 +233,9 @@ class LearnerWorker:
         # gated_dsa's indexer learns from its own KL (DeepSeek-V3.2's L_I): it never gets the policy's gradient
         train_indexer = lc.indexer_loss_coef > 0 and "gated_dsa" in self.engine.module.config.kinds
         for mb in mbs:
-            fwd = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg, mb.replay, lc.gradient_checkpointing,
-                                  mb.images, mb.prefix, indexer_loss=train_indexer)
+            with self._autocast():
+                fwd = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg, mb.replay,
+                                      lc.gradient_checkpointing, mb.images, mb.prefix, indexer_loss=train_indexer)
             logp = logprobs_from_logits(fwd.logits_BTV, mb.input_ids, self.temperature)
             inp = self._loss_inputs(mb, fwd, logp, norm)
             loss, m = self.loss_fn(inp)
@@ -261,6 +263,14 @@ class LearnerWorker:
         metrics["time_s"] = time.perf_counter() - t0
         return metrics
 
+    def _autocast(self):
+        """``learner.autocast``: the forward under ``torch.autocast`` in that dtype (the backward follows the
+        forward's dtypes; the loss, the log-probs and the optimizer stay float32), else a no-op."""
+        dtype = self.cfg.learner.autocast
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(next(self.engine.module.parameters()).device.type, dtype=DTYPES[dtype])
+
     def _loss_inputs(self, mb: MicroBatch, fwd, logp: torch.Tensor, norm: float) -> LossInputs:
         algo = self.cfg.algo
         seq = mb.seg.clamp(min=0)
@@ -276,7 +286,7 @@ class LearnerWorker:
                 entropy = token_entropy(fwd.logits_BTV.detach(), self.temperature)
         ref = None
         if self.ref_model is not None:
-            with torch.no_grad():
+            with torch.no_grad(), self._autocast():
                 ref_fwd = learner_forward(self.ref_model, mb.input_ids, mb.pos, mb.seg, mb.replay, image_patches=mb.images,
                                          prefix=mb.prefix)
                 ref = logprobs_from_logits(ref_fwd.logits_BTV, mb.input_ids, self.temperature)
@@ -327,9 +337,10 @@ class LearnerWorker:
                            [0.0] * len(token_ids))
         out = []
         for mb in self._micro_batches(batch, None):
-            lp = logprobs_from_logits(learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg,
-                                                      image_patches=mb.images).logits_BTV,
-                                      mb.input_ids, self.temperature)
+            with self._autocast():
+                logits_BTV = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg,
+                                             image_patches=mb.images).logits_BTV
+            lp = logprobs_from_logits(logits_BTV, mb.input_ids, self.temperature)
             for b in range(lp.shape[0]):
                 for i in sorted(set(mb.seg[b][mb.seg[b] >= 0].tolist())):
                     out.append(lp[b][mb.seg[b] == i].tolist())

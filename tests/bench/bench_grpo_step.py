@@ -37,8 +37,10 @@ our side, each a set of overrides a user passes as is (``VARIANTS``): the learne
 of 4 sequences (the default until 2026-11-30 15:00), and
 ``learner.micro_batch_size=16 rollout.quantize_experts=false``: one micro-batch per step, as the
 defaults now cut it, and a dense fp32 push, so the rollout samples from the learner's exact weights
-as TRL does. (Until 2026-11-30 it also said ``learner.zero_stage=0``, which one rank now runs by
-default.)
+as TRL does; and ``learner.autocast=bfloat16``, the learner's forward matmuls in bfloat16 under
+``torch.autocast`` (float32 weights, gradients and AdamW), beside TRL with ``bf16=True`` (its mixed
+precision: autocast over the same float32 model). The ratios are all against TRL's default float32 row.
+(Until 2026-11-30 it also said ``learner.zero_stage=0``, which one rank now runs by default.)
 Reports; never asserts.
 """
 
@@ -66,7 +68,12 @@ VARIANTS = {
     # + a dense fp32 push (no MXFP4 round trip: the rollout then runs the learner's exact expert
     # weights, as TRL's does)
     "jointrl, mb 16 + fp32 push": ["learner.micro_batch_size=16", "rollout.quantize_experts=false"],
+    # the learner's forward matmuls in bfloat16 under torch.autocast (float32 weights, gradients and AdamW;
+    # router, norms, attention and logits float32); its peer row is TRL with bf16=True
+    "jointrl, learner.autocast=bfloat16": ["learner.autocast=bfloat16"],
 }
+# name -> GRPOConfig(bf16=...) for TRL's side (first: the default, float32)
+TRL_VARIANTS = {"TRL GRPOTrainer": False, "TRL GRPOTrainer, bf16=True": True}
 
 
 def reward(completion_ids: list[int]) -> float:
@@ -155,7 +162,7 @@ def _ours(args, overrides: list[str], q) -> None:
     q.put(rows[args.warmup:])
 
 
-def _trl(args, q) -> None:
+def _trl(args, bf16: bool, q) -> None:
     torch.set_num_threads(args.threads)
     from datasets import Dataset
     from transformers import AutoTokenizer, Qwen3MoeForCausalLM, TrainerCallback
@@ -193,7 +200,7 @@ def _trl(args, q) -> None:
         steps = args.warmup + args.steps
         data = Dataset.from_dict({"prompt": prompts(PROMPTS_PER_STEP * steps)})
         config = GRPOConfig(
-            output_dir=f"{d}/out", use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+            output_dir=f"{d}/out", use_cpu=True, bf16=bf16, report_to="none", save_strategy="no",
             logging_steps=10**6, disable_tqdm=True, seed=0, max_steps=steps, shuffle_dataset=False,
             per_device_train_batch_size=PROMPTS_PER_STEP * GROUP, num_generations=GROUP,
             gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
@@ -232,7 +239,8 @@ def main() -> None:
         args.steps, args.warmup, args.variants = 5, 1, False
     sys.path.insert(0, str(Path(__file__).resolve().parents[2].parent))  # spawned children import jointrl alike
 
-    results = {"TRL GRPOTrainer": _run(_trl, args)}
+    results = {name: _run(_trl, args, bf16)
+               for name, bf16 in list(TRL_VARIANTS.items())[: len(TRL_VARIANTS) if args.variants else 1]}
     for name, overrides in list(VARIANTS.items())[: len(VARIANTS) if args.variants else 1]:
         results[name] = _run(_ours, args, overrides)
     med = {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for name, rows in results.items()}

@@ -39,3 +39,37 @@ def test_values_and_gradients_equal_autograd(ids):
         torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12, msg=name)
     assert torch.autograd.gradcheck(lambda *t: RoutedSwiGLU.apply(*t, *routing),
                                     [t.clone().requires_grad_() for t in tensors])
+
+
+def test_under_autocast_the_matmuls_run_in_bfloat16_and_gradients_keep_float32():
+    """``learner.autocast``: ``Experts`` under CPU autocast passes bfloat16 to ``RoutedSwiGLU``, whose values and
+    gradients then stay within bfloat16's rounding of float32 autograd's (rel. 3e-2 of each tensor's largest
+    entry) and come back in float32, the parameters' dtype. A float64 model is left alone: autocast does not
+    cast float64, and neither does the expert path (bit for bit the same)."""
+    from jointrl.model import MoEConfig
+    from jointrl.model.moe import Experts
+
+    E, H, I, N, k = 4, 64, 32, 24, 2
+    cfg = MoEConfig(hidden_size=H, moe_intermediate_size=I, num_experts=E)
+    g = torch.Generator().manual_seed(0)
+    x_NH, w_Nk = torch.randn(N, H, generator=g), torch.rand(N, k, generator=g)
+    ids_Nk = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
+    dout = torch.randn(N, H, generator=g)
+    results = {}
+    for dtype, amp in ((torch.float32, False), (torch.float32, True), (torch.float64, False), (torch.float64, True)):
+        ex = Experts(cfg).to(dtype)
+        with torch.no_grad():
+            ex.gate_up_proj.copy_(torch.randn(ex.gate_up_proj.shape, generator=torch.Generator().manual_seed(1)) * 0.2)
+            ex.down_proj.copy_(torch.randn(ex.down_proj.shape, generator=torch.Generator().manual_seed(2)) * 0.2)
+        x, w = x_NH.to(dtype).clone().requires_grad_(), w_Nk.to(dtype).clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            y = ex(x, ids_Nk, w)
+        y.backward(dout.to(dtype))
+        results[dtype, amp] = [y.detach(), x.grad, w.grad, ex.gate_up_proj.grad, ex.down_proj.grad]
+    for ref, got, name in zip(results[torch.float32, False], results[torch.float32, True],
+                              ("y", "d_x", "d_weights", "d_gate_up", "d_down")):
+        assert got.dtype == torch.float32, name
+        assert (got - ref).abs().max() <= 3e-2 * ref.abs().max(), name
+        assert not torch.equal(got, ref), name  # it did run in bfloat16
+    for ref, got in zip(results[torch.float64, False], results[torch.float64, True]):
+        assert torch.equal(got, ref)

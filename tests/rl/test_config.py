@@ -30,6 +30,12 @@ def test_bad_value_names_key_and_allowed_values():
     with pytest.raises(ValueError) as e:  # a domain typo in an envs/*.yaml file
         EnvsConfig(domains={"kitchen": DomainConfig()})
     assert "kitchen" in str(e.value) and "terminal" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        load_config(["learner.autocast=float16"])
+    assert "learner.autocast" in str(e.value) and "bfloat16" in str(e.value)
+    with pytest.raises(ValueError) as e:  # autocast casts float32 weights; a bfloat16 model has none
+        load_config(["learner.autocast=bfloat16", "model.dtype=bfloat16"])
+    assert "learner.autocast" in str(e.value) and "model.dtype" in str(e.value)
 
 
 def test_wrong_type_names_the_key():
