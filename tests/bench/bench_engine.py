@@ -31,6 +31,9 @@ time each side spent does much less (agentic: wall time is the target, it overla
 5. decode profile (``--only profile``): a batch-32 decode step's CPU time split by the runner's C++
    calls (attention, routed experts, projections, the small per-row ops, the rest), float32 and
    bfloat16 cache steps alternated in one process.
+
+``--mxfp4-experts``: both sides run routed experts rounded through MXFP4 (the same weights on both sides),
+what the engine holds after a training push; its expert panels are then bfloat16, exactly.
 """
 
 from __future__ import annotations
@@ -412,6 +415,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
     parser.add_argument("--only", default="fixed,grpo,agentic",
                         help="comma list of fixed, grpo, agentic, long, profile")
+    parser.add_argument("--mxfp4-experts", action="store_true",
+                        help="both sides on routed experts rounded through MXFP4, the weights the engine holds after "
+                             "a training push (its expert panels are then bfloat16: exact, half the bytes)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import Qwen3MoeForCausalLM
@@ -422,11 +428,20 @@ def main() -> None:
 
     cfg = bench_config()
     model = MoETransformer.from_config(cfg, dtype=torch.float32, seed=0).eval()
+    if args.mxfp4_experts:
+        from jointrl.kernels.mxfp4 import mxfp4_roundtrip
+        from jointrl.rl.weight_sync import is_routed_expert
+
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if is_routed_expert(name, p):
+                    p.copy_(mxfp4_roundtrip(p))
     with tempfile.TemporaryDirectory() as d:
         save_hf(model, d)
         hf = Qwen3MoeForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     q = args.quick
-    print(f"bench_moe: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, float32, "
+    print(f"bench_moe: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, float32"
+          f"{' (routed experts MXFP4-rounded: --mxfp4-experts)' if args.mxfp4_experts else ''}, "
           f"{args.threads} thread(s); load average at start {os.getloadavg()[0]:.1f}\n")
     print("| workload | engine tok/s | HF tok/s | ratio | ratio in CPU s | notes |\n|---|---|---|---|---|---|")
     floors = []
