@@ -212,10 +212,14 @@ class LearnerConfig:
     # the forward's matmuls (projections, routed experts) in this dtype under torch.autocast, weights, gradients
     # and the optimizer in the model's float32; router, norms, attention and logits stay float32 (null: off)
     autocast: str | None = None
+    # the learning rate over a run's algo.total_steps updates: constant, or cosine from lr to 0 (HF's
+    # get_cosine_schedule_with_warmup without warm-up); a resumed run continues the schedule
+    lr_schedule: str = "constant"
 
     def __post_init__(self) -> None:
         _check_choice("learner.zero_stage", self.zero_stage, (0, 1, 2))
         _check_choice("learner.autocast", self.autocast, (None, "bfloat16"))
+        _check_choice("learner.lr_schedule", self.lr_schedule, ("constant", "cosine"))
         _check_positive("learner.num_ranks", self.num_ranks)
         _check_positive("learner.micro_batch_size", self.micro_batch_size, allow_zero=True)
         _check_positive("learner.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, allow_zero=True)
@@ -285,6 +289,7 @@ class RecipeConfig:
     sft_steps: int = 20
     sft_prompts_per_step: int = 8  # oracle transcripts per SFT step
     sft_lr: float = 3e-3
+    sft_lr_schedule: str = "constant"  # the SFT stage's learner.lr_schedule (constant | cosine: sft_lr -> 0)
     eval_k: int = 4  # samples per held-out task and tier
     eval_limit: int = 0  # held-out tasks per domain, the first by id (0: all)
     eval_tiers: list[str] = field(default_factory=lambda: ["low"])
@@ -321,6 +326,7 @@ class RecipeConfig:
             _check_positive(f"recipe.{k}", getattr(self, k))
         for k in ("eval_limit", "eval_every", "sft_heldout_every", "sft_heldout_limit"):
             _check_positive(f"recipe.{k}", getattr(self, k), allow_zero=True)
+        _check_choice("recipe.sft_lr_schedule", self.sft_lr_schedule, ("constant", "cosine"))
         for tier in self.eval_tiers:
             _check_choice("recipe.eval_tiers", tier, ("low", "high", "max"))
         if not self.sft_demos or "oracle" not in self.sft_demos:

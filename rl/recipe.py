@@ -186,7 +186,7 @@ def recipe(cfg: Config) -> dict:
     sft_cfg = dataclasses.replace(
         cfg, output_dir=str(sft_dir), run_name=f"{cfg.run_name}-sft", checkpoint=None, checkpoint_every=0, resume=False,
         algo=dataclasses.replace(cfg.algo, total_steps=rc.sft_steps, prompts_per_step=rc.sft_prompts_per_step),
-        learner=dataclasses.replace(cfg.learner, lr=rc.sft_lr))
+        learner=dataclasses.replace(cfg.learner, lr=rc.sft_lr, lr_schedule=rc.sft_lr_schedule))
     if not _finished(sft_dir / "checkpoints", rc.sft_steps):
         stage("sft", sft, sft_cfg)
     evals = {0: stage("eval_sft", _eval, cfg, spec, str(sft_dir / "checkpoints"), out / "eval" / "step_0", "eval-sft")}

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import time
 from pathlib import Path
@@ -195,6 +196,7 @@ class LearnerWorker:
                              and not lc.gradient_checkpointing and lc.ep_size == 1
                              and not (counts_once and (lc.aux_loss_coef or (self.has_router_bias and lc.router_bias_rate > 0))))
         self.master_addr = master_addr
+        self.steps_done = 0  # optimizer updates so far (restored by load_checkpoint): the lr schedule's clock
         return rank
 
     def ready(self) -> int:
@@ -251,17 +253,32 @@ class LearnerWorker:
             aux_sum += fwd.aux_loss.item() / len(mbs)
             load_LE = fwd.expert_load_LE if load_LE is None else load_LE + fwd.expert_load_LE
         grad_norm = None
+        lr = self._scheduled_lr()
         if self.own_clip:
             grad_norm = clip_grad_norm([p for p in self.engine.module.parameters() if p.grad is not None], lc.grad_clip)
         self.engine.step()
+        self.steps_done += 1
         if grad_norm is None:
             grad_norm = self.engine.get_global_grad_norm()
         metrics = merge_metrics(parts)
+        metrics["lr"] = lr
         # each rank's loss is scaled by world_size (gradients are averaged): its share of the global loss is / world_size
         metrics.update(loss=loss_sum / self.world_size, aux_loss=aux_sum, grad_norm=float(grad_norm or 0.0))
         metrics.update(self._expert_load(load_LE))
         metrics["time_s"] = time.perf_counter() - t0
         return metrics
+
+    def _scheduled_lr(self) -> float:
+        """Set this update's learning rate (``learner.lr_schedule`` at ``steps_done`` of ``algo.total_steps``)
+        on every parameter group → it."""
+        lc = self.cfg.learner
+        lr = lc.lr
+        if lc.lr_schedule == "cosine":
+            total = max(self.cfg.algo.total_steps, 1)
+            lr = lc.lr * 0.5 * (1.0 + math.cos(math.pi * min(self.steps_done, total) / total))
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
 
     def _autocast(self):
         """``learner.autocast``: the forward under ``torch.autocast`` in that dtype (the backward follows the
@@ -400,6 +417,12 @@ class LearnerWorker:
         self.engine.save_checkpoint(directory, tag=f"step_{step}", client_state={"step": step})
 
     def load_checkpoint(self, directory: str) -> int | None:
+        """``_load_checkpoint``, and the lr schedule resumes at the step it returns."""
+        step = self._load_checkpoint(directory)
+        self.steps_done = step or 0
+        return step
+
+    def _load_checkpoint(self, directory: str) -> int | None:
         """Load the latest checkpoint in ``directory``; the step it was saved at, or None. Saved by
         another ``num_ranks`` / ``ep_size``, or with ZeRO partitioning where this rank runs without
         (or the other way round: one rank in fp32 runs ZeRO-0 since 2026-11-30, ZeRO-1 before): from

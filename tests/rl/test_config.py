@@ -36,6 +36,10 @@ def test_bad_value_names_key_and_allowed_values():
     with pytest.raises(ValueError) as e:  # autocast casts float32 weights; a bfloat16 model has none
         load_config(["learner.autocast=bfloat16", "model.dtype=bfloat16"])
     assert "learner.autocast" in str(e.value) and "model.dtype" in str(e.value)
+    for key in ("learner.lr_schedule", "recipe.sft_lr_schedule"):
+        with pytest.raises(ValueError) as e:
+            load_config([f"{key}=linear"])
+        assert key in str(e.value) and "cosine" in str(e.value)
 
 
 def test_wrong_type_names_the_key():

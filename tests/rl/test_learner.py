@@ -142,3 +142,23 @@ def test_autocast_learner_follows_the_float32_learner_within_bfloat16_rounding()
     assert 0 < dev < 0.02
     assert m16["loss"] == pytest.approx(m32["loss"], rel=1e-2)
     assert torch.nn.functional.cosine_similarity(d16, d32, dim=0) > 0.99
+
+
+def test_cosine_lr_schedule_decays_over_total_steps_and_resumes(tmp_path):
+    """``learner.lr_schedule=cosine``: update k of ``algo.total_steps`` runs at lr · (1 + cos(πk/T)) / 2 (what
+    the optimizer's groups hold), the default keeps lr, and a learner resumed from a checkpoint continues
+    the schedule where the saved one stopped."""
+    batch = _fixed_batch()
+    cfg, lw = learner("learner.lr_schedule=cosine", "algo.total_steps=4", "learner.lr=0.01")
+    want = [0.01 * (1 + math.cos(math.pi * k / 4)) / 2 for k in range(4)]
+    got = []
+    for k in range(2):
+        got.append(lw.train_step(batch, batch.num_loss_tokens)["lr"])
+        assert all(g["lr"] == pytest.approx(want[k]) for g in lw.engine.optimizer.param_groups)
+    lw.save_checkpoint(str(tmp_path), 2)
+    _, resumed = learner("learner.lr_schedule=cosine", "algo.total_steps=4", "learner.lr=0.01")
+    assert resumed.load_checkpoint(str(tmp_path)) == 2
+    got += [resumed.train_step(batch, batch.num_loss_tokens)["lr"] for _ in range(2)]
+    assert got == pytest.approx(want)
+    _, constant = learner("algo.total_steps=4", "learner.lr=0.01")
+    assert [constant.train_step(batch, batch.num_loss_tokens)["lr"] for _ in range(2)] == [0.01, 0.01]
