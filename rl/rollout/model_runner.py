@@ -167,7 +167,10 @@ class ModelRunner:
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """``ws``' panels in transparent huge pages: in bfloat16 where exact, else in the weights' dtype;
         into ``old`` (the previous version's panels) when its dtype is the one they get."""
-        if self.bf16_expert_panels and self.dtype == torch.float32:
+        # one row as a cheap first test (a float32 weight off the bfloat16 grid has low bits set), so a dense
+        # push does not allocate bfloat16 panels at every update only to have them refused
+        if (self.bf16_expert_panels and self.dtype == torch.float32
+                and not (ws[0][0, 0].detach().view(torch.int32) & 0xFFFF).any()):
             out = old if old is not None and old[0].dtype == torch.bfloat16 else tuple(
                 zeros_huge_pages(shape, torch.bfloat16) for shape in moe_cpu.panel_shapes(*ws))
             if moe_cpu.pack_experts_bf16(*ws, out):
