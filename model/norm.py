@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -9,6 +11,13 @@ from torch import nn
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Precision for reductions and softmaxes: float32, or float64 for a float64 model."""
     return torch.promote_types(dtype, torch.float32)
+
+
+def outside_autocast(x: torch.Tensor):
+    """A context with ``torch.autocast`` off on x's device where it is on (``learner.autocast``: the parts kept
+    in x's precision -- the router's logits, the learner's attention on CPU and its head), else a no-op."""
+    device = x.device.type
+    return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else contextlib.nullcontext()
 
 
 class RMSNorm(nn.Module):

@@ -18,7 +18,6 @@ Shapes: N tokens, H hidden, E experts, k experts per token, G groups, L MoE laye
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
 import torch
@@ -26,14 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jointrl.model.config import MoEConfig
-from jointrl.model.norm import compute_dtype
-
-
-def _outside_autocast(x: torch.Tensor):
-    """A context with ``torch.autocast`` off on x's device where it is on (``learner.autocast``: the router's
-    logits stay in x's dtype, so a bfloat16 matmul does not flip near-tied expert choices), else a no-op."""
-    device = x.device.type
-    return torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else contextlib.nullcontext()
+from jointrl.model.norm import compute_dtype, outside_autocast
 
 
 class TopKRouter(nn.Module):
@@ -75,7 +67,7 @@ class TopKRouter(nn.Module):
         the router's scores at those ids, so the router keeps its gradient (routing replay, R3).
         """
         cd = compute_dtype(x_NH.dtype)
-        with _outside_autocast(x_NH):  # routing decisions in x's precision, as the rollout engine's
+        with outside_autocast(x_NH):  # routing decisions in x's precision, as the rollout engine's
             if self.sigmoid:
                 logits_NE = F.linear(x_NH.to(cd), self.weight.to(cd))
                 scores_NE = torch.sigmoid(logits_NE)

@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from jointrl.kernels import norm_rope_cpu
 from jointrl.model.attention import AttentionBatch
 from jointrl.model.dsa import indexer_loss as dsa_indexer_loss
-from jointrl.model.norm import RMSNorm
+from jointrl.model.norm import RMSNorm, compute_dtype, outside_autocast
 from jointrl.model.routing import expert_load, load_balancing_loss
 from jointrl.rl.learner.batch import SharedPrefix
 from jointrl.rl.learner.prefix_cache import forward_with_prefix_cache
@@ -184,10 +184,7 @@ def _qkv_fused(attn, h_NH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
 def _head(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """``model.lm_head(hidden)``, outside autocast (``learner.autocast``): the logits the log-probs and the
     policy ratio come from stay in the hidden state's precision."""
-    device = hidden.device.type
-    if not torch.is_autocast_enabled(device):
-        return model.lm_head(hidden)
-    with torch.autocast(device, enabled=False):
+    with outside_autocast(hidden):
         return model.lm_head(hidden)
 
 
@@ -196,8 +193,8 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tens
     at least float32: torch's bfloat16 CPU attention ran bench_moe's learner step slower than float32 here
     (its backward 64 against 28 ms per step, one thread)."""
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-        dtype = torch.promote_types(q.dtype, torch.float32)
-        with torch.autocast("cpu", enabled=False):
+        dtype = compute_dtype(q.dtype)
+        with outside_autocast(q):
             return F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), **kw)
     return F.scaled_dot_product_attention(q, k, v, **kw)
 
