@@ -22,8 +22,12 @@ together, while they sit in L1 -- the cache is streamed (every cached byte once 
 heads of one kv head per pass (NK · NJ = 8 floats / 4 doubles; all the GQA group's heads share each
 loaded key vector), one vector accumulator per dot product, their lanes summed together at the end
 instead of a horizontal sum per key; the weighted values with each head's accumulator in registers
-across the tile; the next tile's rows prefetched during the scores, so that memory and arithmetic
-overlap. At bench_moe batch 32 (64 MB of cache per step, one thread): ~1.5x less CPU than the
+across the tile; the next tile's rows prefetched while this one is worked on, each kv head's keys
+during that head's scores and its values before its weighted sum, so that memory and arithmetic
+overlap. (Prefetching the whole next tile during the first head's scores, as before, sent ~256 line
+requests in a burst and the loads stalled behind them: 6 layers of bench_moe batch 32, 66 MB of
+float32 cache per step, one thread, 4.6-4.8 -> 3.4-3.6 ms; the bfloat16 cache 2.8-3.4 -> 1.6-2.0 ms,
+in one process with the recipe's two runs beside it.) At bench_moe batch 32 (64 MB of cache per step, one thread): ~1.5x less CPU than the
 compiler-vectorized loop it replaced (kept for other machines and head_dims: a horizontal sum per
 dot product, four keys per pass). exp vectorized (glibc's libmvec on x86-64, <= 4 ulp). Parallel
 over sequences with torch's intra-op threads.
@@ -60,11 +64,12 @@ static inline T widen(K x) {
 // accumulator per (key, head) over head_dim, so each loaded key vector serves the NJ heads, and the
 // lanes of all NK · NJ accumulators are summed together at the end (no horizontal sum per dot
 // product). A pass past nt repeats the last key; its scores land in the row's padding, never read.
-// While a pass runs, the next tile's cache rows pf[t] (t < pf_n) are prefetched: the cache is
-// streamed from memory, and without it the loads stall the arithmetic instead of overlapping it.
+// While the passes run, bytes [pf_off, pf_off + pf_bytes) of the next tile's cache rows pf[t] (t < pf_n)
+// are prefetched, NK rows per pass: the caller names the part this call reads (this kv head's keys), so
+// the next tile arrives spread over the tile's work instead of in one burst (see decode).
 template <typename T, typename K, int NK, int64_t DC>
 static void scores_simd(const T* q, const K* const* kr, int64_t nt, int64_t g, int64_t D_, T scale, T* s,
-                        const char* const* pf, int64_t pf_n, int64_t pf_bytes) {
+                        const char* const* pf, int64_t pf_n, int64_t pf_off, int64_t pf_bytes) {
   using W = Vec<T>;
   using V = typename W::V;
   constexpr int NJ = W::L / NK;
@@ -73,7 +78,7 @@ static void scores_simd(const T* q, const K* const* kr, int64_t nt, int64_t g, i
     const K* k[NK];
     for (int kk = 0; kk < NK; ++kk) k[kk] = kr[std::min<int64_t>(t + kk, nt - 1)];
     for (int64_t u = t; u < std::min<int64_t>(t + NK, pf_n); ++u)
-      for (int64_t off = 0; off < pf_bytes; off += 64) __builtin_prefetch(pf[u] + off, 0, 2);
+      for (int64_t off = pf_off; off < pf_off + pf_bytes; off += 64) __builtin_prefetch(pf[u] + off, 0, 2);
     for (int64_t j0 = 0; j0 < g; j0 += NJ) {
       V acc[NJ * NK];
       for (auto& a : acc) a = W::zero();
@@ -215,11 +220,11 @@ static void decode(const T* q, const K* kv, T* out, const int64_t* slots, const 
 #ifdef JOINTRL_SIMD
           if constexpr (simd_types) {
             if (simd) {
-              const int64_t np = h == 0 ? pf_n : 0, nb = slot_stride * sizeof(K);
-              if (nj == VL) scores_simd<T, K, 1, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, nb);
-              else if (nj * 2 == VL) scores_simd<T, K, 2, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, nb);
-              else if (nj * 4 == VL) scores_simd<T, K, 4, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, nb);
-              else if constexpr (VL == 8) scores_simd<T, K, 8, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, nb);
+              const int64_t po = h * D * sizeof(K), nb = D * sizeof(K), np = pf_n;
+              if (nj == VL) scores_simd<T, K, 1, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, po, nb);
+              else if (nj * 2 == VL) scores_simd<T, K, 2, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, po, nb);
+              else if (nj * 4 == VL) scores_simd<T, K, 4, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, po, nb);
+              else if constexpr (VL == 8) scores_simd<T, K, 8, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, po, nb);
               continue;
             }
           }
@@ -242,6 +247,12 @@ static void decode(const T* q, const K* kv, T* out, const int64_t* slots, const 
         }
         for (int64_t h = 0; h < Hkv; ++h) {
           for (int64_t t = 0; t < nt; ++t) vr[t] = kv + sl[t0 + t] * slot_stride + v_off + h * D;
+#ifdef JOINTRL_SIMD
+          if (simd)  // and the next tile's values of this kv head, before its weighted sum here
+            for (int64_t t = 0; t < pf_n; ++t)
+              for (int64_t off = (v_off + h * D) * sizeof(K); off < (v_off + h * D + D) * sizeof(K); off += 64)
+                __builtin_prefetch(pf[t] + off, 0, 2);
+#endif
           for (int64_t i = h * g; i < (h + 1) * g; ++i) {
 #ifdef JOINTRL_SIMD
             if constexpr (simd_types) {
