@@ -26,9 +26,9 @@ across the tile; the next tile's rows prefetched while this one is worked on, ea
 during that head's scores and its values before its weighted sum, so that memory and arithmetic
 overlap. (Prefetching the whole next tile during the first head's scores, as before, sent ~256 line
 requests in a burst and the loads stalled behind them: 6 layers of bench_moe batch 32, 66 MB of
-float32 cache per step, one thread, 4.6-4.8 -> 3.4-3.6 ms; the bfloat16 cache 2.8-3.4 -> 1.6-2.0 ms,
-in one process with the recipe's two runs beside it.) At bench_moe batch 32 (64 MB of cache per step, one thread): ~1.5x less CPU than the
-compiler-vectorized loop it replaced (kept for other machines and head_dims: a horizontal sum per
+float32 cache per step, one thread, 4.6-4.9 -> 3.4-3.6 ms; the bfloat16 cache 2.8-3.4 -> 1.6-2.0 ms,
+in one process with the recipe's two runs beside it.) At bench_moe batch 32 (64 MB of cache per step,
+one thread) the SIMD path takes ~1.5x less CPU than the compiler-vectorized loop it replaced (kept for other machines and head_dims: a horizontal sum per
 dot product, four keys per pass). exp vectorized (glibc's libmvec on x86-64, <= 4 ulp). Parallel
 over sequences with torch's intra-op threads.
 
