@@ -73,3 +73,46 @@ def test_under_autocast_the_matmuls_run_in_bfloat16_and_gradients_keep_float32()
         assert not torch.equal(got, ref), name  # it did run in bfloat16
     for ref, got in zip(results[torch.float64, False], results[torch.float64, True]):
         assert torch.equal(got, ref)
+
+
+def test_padded_rows_bounds_the_sizes_and_the_extra_rows():
+    """Expert row counts rounded for oneDNN's per-shape kernel cache: never fewer rows, at most 7 more up to 64
+    and 1/8 more past it, and few sizes (56 for every count up to 4096)."""
+    from jointrl.model.moe import padded_rows
+
+    assert padded_rows(0) == 0
+    for c in range(1, 4097):
+        p = padded_rows(c)
+        assert c <= p <= max(c + 7, c * 9 // 8 + 1), (c, p)
+        assert padded_rows(p) == p  # a padded size is its own size
+    assert len({padded_rows(c) for c in range(1, 4097)}) == 56
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_padded_experts_give_the_unpadded_values_and_gradients(dtype, monkeypatch):
+    """In bfloat16 / float16 each expert's rows are padded with zero tokens of routing weight 0 (padded_layout);
+    values and every gradient equal the unpadded computation (bit for bit here; asserted to 1e-3 of each
+    tensor's largest entry, far below what a misplaced row would change)."""
+    from jointrl.model import moe
+
+    E, H, I, N, k = 8, 64, 32, 300, 2
+    g = torch.Generator().manual_seed(0)
+    ids_Nk = torch.randint(0, E - 2, (N, k), generator=g)  # experts 6 and 7 idle
+    x, w = torch.randn(N, H, generator=g), torch.rand(N, k, generator=g)
+    gate_up, down = torch.randn(E, 2 * I, H, generator=g) * 0.2, torch.randn(E, H, I, generator=g) * 0.2
+    order_A = torch.argsort(ids_Nk.reshape(-1), stable=True)
+    counts = torch.bincount(ids_Nk.reshape(-1), minlength=E).tolist()
+    assert moe.padded_layout(counts, order_A, N, k) is not None  # the counts do get padded
+    dout = torch.randn(N, H, generator=g)
+    results = {}
+    for pad in (True, False):
+        if not pad:
+            monkeypatch.setattr(moe, "_pads", lambda w: False)
+        leaves = [t.clone().requires_grad_() for t in (x, w, gate_up, down)]
+        y = moe.RoutedSwiGLU.apply(*leaves, order_A, order_A // k, counts, dtype)
+        y.backward(dout)
+        results[pad] = [y.detach()] + [t.grad for t in leaves]
+    for got, ref, name in zip(results[True], results[False], ("y", "d_x", "d_weights", "d_gate_up", "d_down")):
+        assert got.dtype == ref.dtype == torch.float32 and got.shape == ref.shape, name
+        assert (got - ref).abs().max() <= 1e-3 * ref.abs().max(), name
+    assert results[True][3][E - 2:].abs().sum() == 0 and results[True][4][E - 2:].abs().sum() == 0  # idle experts
