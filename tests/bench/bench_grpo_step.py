@@ -10,7 +10,11 @@ x 8 completions of exactly 64 tokens (EOS ignored: our engine's ``ignore_eos``, 
 (``reward``: the share of lowercase ASCII letters in the completion, so every group has
 variance), GRPO with beta = 0, token-mean loss, clip 0.2 / 0.28, one optimizer update per
 batch, AdamW lr 1e-3, grad clip 1, the same torch thread count. Each side runs in its own
-spawned process, one after the other; medians over ``--steps`` steady steps after ``--warmup``.
+spawned process, and the sides take turns a step at a time (every side's step 1, then every side's
+step 2, ...: ``Turns``), so a change in the machine's speed during the run (a noisy neighbour, the
+host's clock) reaches every side alike instead of the side that happened to run then; medians over
+``--steps`` steady steps after ``--warmup``. (Until 2026-12-01 the sides ran one after the other,
+and the ratio moved with the machine between them: 2.45-3.58x in four runs of one day.)
 
 jointrl, in-process (one process holds the three real pieces, as a one-node user's
 ``rollout``/``learner`` actors would, minus Ray's object store between them):
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import socket
 import statistics
 import sys
@@ -113,7 +118,21 @@ def _phases(t0, t1, t2, t3) -> dict[str, float]:
     return out
 
 
-def _ours(args, overrides: list[str], q) -> None:
+class Turns:
+    """One side's end of the round robin: ``wait`` blocks until the driver gives this side its next step,
+    ``done`` hands the step's timings back (and the turn to the next side)."""
+
+    def __init__(self, ctx) -> None:
+        self.go, self.back = ctx.Queue(), ctx.Queue()
+
+    def wait(self) -> None:
+        self.go.get(timeout=3600)
+
+    def done(self, row: dict) -> None:
+        self.back.put(row)
+
+
+def _ours(args, overrides: list[str], turns: Turns) -> None:
     torch.set_num_threads(args.threads)
     from jointrl.model.tokenizer import ByteTokenizer
     from jointrl.rl.advantages import grpo_advantages
@@ -136,8 +155,8 @@ def _ours(args, overrides: list[str], q) -> None:
     engine.update_weights(0, learner.weight_bundle(0))
     tok = ByteTokenizer()
     texts = prompts(PROMPTS_PER_STEP * (args.warmup + args.steps))
-    rows = []
     for step in range(1, args.warmup + args.steps + 1):
+        turns.wait()
         t0 = _clock()
         ids = [tok.encode(p) for p in texts[(step - 1) * PROMPTS_PER_STEP: step * PROMPTS_PER_STEP]]
         reqs = [p for p in ids for _ in range(GROUP)]
@@ -158,11 +177,10 @@ def _ours(args, overrides: list[str], q) -> None:
         t2 = _clock()
         engine.update_weights(step, learner.weight_bundle(step))
         t3 = _clock()
-        rows.append(_phases(t0, t1, t2, t3))
-    q.put(rows[args.warmup:])
+        turns.done(_phases(t0, t1, t2, t3))
 
 
-def _trl(args, bf16: bool, q) -> None:
+def _trl(args, bf16: bool, turns: Turns) -> None:
     torch.set_num_threads(args.threads)
     from datasets import Dataset
     from transformers import AutoTokenizer, Qwen3MoeForCausalLM, TrainerCallback
@@ -172,8 +190,6 @@ def _trl(args, bf16: bool, q) -> None:
     from jointrl.model.hf_tokenizer import save_tokenizer
     from jointrl.rl.build import build_model
     from jointrl.rl.config import load_config
-
-    rows: list[dict] = []
 
     class Timed(GRPOTrainer):
         def _generate_and_score_completions(self, inputs):
@@ -185,12 +201,13 @@ def _trl(args, bf16: bool, q) -> None:
 
     class StepClock(TrainerCallback):
         def on_step_begin(self, args_, state, control, **kw):
+            turns.wait()
             self.t0 = _clock()
 
         def on_step_end(self, args_, state, control, **kw):
             t = _clock()
             assert torch.get_num_threads() == args.threads, torch.get_num_threads()
-            rows.append(_phases(self.t0, trainer._rollout_end, t, t))  # no push: TRL samples from the trained model
+            turns.done(_phases(self.t0, trainer._rollout_end, t, t))  # no push: TRL samples from the trained model
 
     with tempfile.TemporaryDirectory() as d:
         save_hf(build_model(load_config(["model=bench_moe"])), d)
@@ -211,19 +228,34 @@ def _trl(args, bf16: bool, q) -> None:
         trainer = Timed(model=model, reward_funcs=trl_reward, args=config, train_dataset=data, processing_class=tok,
                         callbacks=[StepClock()])
         trainer.train()
-    assert len(rows) == steps, len(rows)
-    q.put(rows[args.warmup:])
 
 
-def _run(target, *a) -> list[dict]:
+def _run_in_turns(sides: dict[str, tuple], steps: int) -> dict[str, list[dict]]:
+    """Start every side (name -> (target, *args)) in its own spawned process, then give them ``steps`` steps in
+    turns, one side at a time → each side's rows (warm-up included)."""
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=target, args=(*a, q))
-    p.start()
-    rows = q.get(timeout=3600)
-    p.join()
-    if p.exitcode:
-        raise RuntimeError(f"{target.__name__} exited with {p.exitcode}")
+    turns = {name: Turns(ctx) for name in sides}
+    procs = {name: ctx.Process(target=target, args=(*a, turns[name]))
+             for name, (target, *a) in sides.items()}
+    for p in procs.values():
+        p.start()
+    rows: dict[str, list[dict]] = {name: [] for name in sides}
+    try:
+        for _ in range(steps):
+            for name, t in turns.items():
+                t.go.put(None)
+                while True:  # a side that died answers never: check while waiting
+                    try:
+                        rows[name].append(t.back.get(timeout=5))
+                        break
+                    except queue.Empty:
+                        if not procs[name].is_alive():
+                            raise RuntimeError(f"{name} exited with {procs[name].exitcode}") from None
+    finally:
+        for p in procs.values():
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
     return rows
 
 
@@ -239,14 +271,13 @@ def main() -> None:
         args.steps, args.warmup, args.variants = 5, 1, False
     sys.path.insert(0, str(Path(__file__).resolve().parents[2].parent))  # spawned children import jointrl alike
 
-    results = {name: _run(_trl, args, bf16)
-               for name, bf16 in list(TRL_VARIANTS.items())[: len(TRL_VARIANTS) if args.variants else 1]}
-    for name, overrides in list(VARIANTS.items())[: len(VARIANTS) if args.variants else 1]:
-        results[name] = _run(_ours, args, overrides)
+    sides = {name: (_trl, args, bf16) for name, bf16 in list(TRL_VARIANTS.items())[: len(TRL_VARIANTS) if args.variants else 1]}
+    sides |= {name: (_ours, args, overrides) for name, overrides in list(VARIANTS.items())[: len(VARIANTS) if args.variants else 1]}
+    results = {name: rows[args.warmup:] for name, rows in _run_in_turns(sides, args.warmup + args.steps).items()}
     med = {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]} for name, rows in results.items()}
     trl = med["TRL GRPOTrainer"]
     print(f"one GRPO step, bench_moe fp32, {PROMPTS_PER_STEP} prompts x {GROUP} completions x {NEW_TOKENS} tokens, "
-          f"{args.threads} torch thread(s), median of {args.steps} steps after {args.warmup} warm-up; "
+          f"{args.threads} torch thread(s), median of {args.steps} steps after {args.warmup} warm-up, sides in turns; "
           f"seconds per phase, wall | CPU (process time); load average {os.getloadavg()[0]:.1f}")
     phases = ("rollout", "learner", "push", "total")
     print(f"{'side':<34}" + "".join(f"{p:>9}" for p in phases) + " |" + "".join(f"{p:>9}" for p in phases)
