@@ -129,8 +129,10 @@ torch::Tensor linear_packed(torch::Tensor x, torch::Tensor packed, int64_t O) {
               "linear_packed: x [N, K] and packed [ceil(O/16), K, 16] contiguous, one dtype");
   auto y = torch::empty({x.size(0), O}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "linear_packed", [&] {
+    // prefetched 4 KB ahead of the first pass over each panel, as moe_cpu's experts are: 13 projections of
+    // bench_moe's decode step at 16 rows, weights streamed from memory, 0.81 -> 0.70 ms (warm: 0.44 either way)
     linear_rows<scalar_t>(x.data_ptr<scalar_t>(), x.size(0), x.size(1), packed.data_ptr<scalar_t>(), O,
-                          y.data_ptr<scalar_t>());
+                          y.data_ptr<scalar_t>(), 4096);
   });
   return y;
 }

@@ -215,6 +215,10 @@ class LearnerConfig:
     # the learning rate over a run's algo.total_steps updates: constant, or cosine from lr to 0 (HF's
     # get_cosine_schedule_with_warmup without warm-up); a resumed run continues the schedule
     lr_schedule: str = "constant"
+    # the learner's process keeps the memory it frees for its next step (glibc mallopt: no unmap of large
+    # blocks, no trim) instead of returning it to the OS and page-faulting it back in: a bench_moe step under
+    # learner.autocast took 6-9 K page faults, ~400 with it (rl/learner/worker.keep_freed_memory)
+    keep_freed_memory: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("learner.zero_stage", self.zero_stage, (0, 1, 2))

@@ -76,6 +76,8 @@ VARIANTS = {
     # the learner's forward matmuls in bfloat16 under torch.autocast (float32 weights, gradients and AdamW;
     # router, norms, attention and logits float32); its peer row is TRL with bf16=True
     "jointrl, learner.autocast=bfloat16": ["learner.autocast=bfloat16"],
+    # the same with glibc returning freed memory to the OS (the default before 2026-12-01)
+    "jointrl, autocast, keep_freed_memory=false": ["learner.autocast=bfloat16", "learner.keep_freed_memory=false"],
 }
 # name -> GRPOConfig(bf16=...) for TRL's side (first: the default, float32)
 TRL_VARIANTS = {"TRL GRPOTrainer": False, "TRL GRPOTrainer, bf16=True": True}
