@@ -43,7 +43,9 @@ of 4 sequences (the default until 2026-11-30 15:00), and
 defaults now cut it, and a dense fp32 push, so the rollout samples from the learner's exact weights
 as TRL does; and ``learner.autocast=bfloat16``, the learner's forward matmuls in bfloat16 under
 ``torch.autocast`` (float32 weights, gradients and AdamW), beside TRL with ``bf16=True`` (its mixed
-precision: autocast over the same float32 model). The ratios are all against TRL's default float32 row.
+precision: autocast over the same float32 model); with autocast, ``learner.keep_freed_memory=false`` (glibc
+returns freed memory to the OS, as before 2026-12-01) and ``rollout.kv_dtype=bfloat16`` (the engine's KV cache
+in bfloat16). The ratios are all against TRL's default float32 row.
 (Until 2026-11-30 it also said ``learner.zero_stage=0``, which one rank now runs by default.)
 Reports; never asserts.
 """
@@ -78,6 +80,8 @@ VARIANTS = {
     "jointrl, learner.autocast=bfloat16": ["learner.autocast=bfloat16"],
     # the same with glibc returning freed memory to the OS (the default before 2026-12-01)
     "jointrl, autocast, keep_freed_memory=false": ["learner.autocast=bfloat16", "learner.keep_freed_memory=false"],
+    # autocast and the rollout's KV cache in bfloat16 (opt-in: the sampled log-probs move by bfloat16's rounding)
+    "jointrl, autocast + rollout.kv_dtype=bfloat16": ["learner.autocast=bfloat16", "rollout.kv_dtype=bfloat16"],
 }
 # name -> GRPOConfig(bf16=...) for TRL's side (first: the default, float32)
 TRL_VARIANTS = {"TRL GRPOTrainer": False, "TRL GRPOTrainer, bf16=True": True}
@@ -153,7 +157,8 @@ def _ours(args, overrides: list[str], turns: Turns) -> None:
     r = cfg.rollout
     engine = LLMEngine(build_model(cfg), ByteTokenizer(), EngineConfig(
         num_blocks=r.num_blocks, block_size=r.block_size, max_num_seqs=r.max_batch,
-        max_num_batched_tokens=r.max_num_batched_tokens, session_ttl_s=0.0, ignore_eos=True))
+        max_num_batched_tokens=r.max_num_batched_tokens, session_ttl_s=0.0, ignore_eos=True, kv_dtype=r.kv_dtype,
+        batch_invariant=r.batch_invariant))
     engine.update_weights(0, learner.weight_bundle(0))
     tok = ByteTokenizer()
     texts = prompts(PROMPTS_PER_STEP * (args.warmup + args.steps))
