@@ -177,7 +177,7 @@ def padded_layout(counts: list[int], order_A: torch.Tensor, N: int, k: int
     padded = [padded_rows(c) for c in counts]
     if padded == counts:
         return None
-    shift, real, pad = [], [], []  # per expert: where its rows move, its count, its pad rows
+    shift = []  # per expert: how far its rows move
     start = pstart = 0
     for c, p in zip(counts, padded):
         shift.append(pstart - start)
