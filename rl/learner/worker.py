@@ -86,14 +86,13 @@ def keep_freed_memory() -> bool:
     to the OS, each comes back as fresh pages, one fault per 4 KiB (bench_moe under ``learner.autocast``: 6-9 K
     faults a step, ~400 with this). The memory a step needs stays mapped between steps, as a caching allocator
     would keep it. → whether it took effect (False off glibc)."""
-    import ctypes
+    from jointrl.kernels.cpu_extension import _libc
 
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
-    except (OSError, AttributeError):
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallopt"):
         return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
 
 
 def deepspeed_config(cfg: Config, world_size: int) -> dict:
