@@ -52,7 +52,9 @@ class DriverProcess:
     def __init__(self, config: SandboxConfig, seed: int, mode: str) -> None:
         check_venv(mode)
         venv = venv_path()
-        config = _with_mounts(config, {venv: venv, str(WEB_DIR): WEB_MOUNT})
+        # The venv is bound as is (large, world-readable under /opt); web/ (~100 KB) is copied in
+        # as a read-only bind, so a checkout under a private directory (mktemp -d) works too.
+        config = _with_mounts(config, tool_mounts={venv: venv}, ro_binds={str(WEB_DIR): WEB_MOUNT})
         env = {"HOME": "/tmp", "PYTHONPATH": str(Path(WEB_MOUNT).parent), "PYTHONDONTWRITEBYTECODE": "1"}
         self.sandbox = BwrapSandbox(config, env=env, shell=False)
         argv = [f"{venv}/bin/python", "-m", "web.driver", "--seed", str(seed), "--mode", mode,
@@ -136,7 +138,8 @@ class DriverProcess:
         self.sandbox.close()
 
 
-def _with_mounts(config: SandboxConfig, mounts: dict[str, str]) -> SandboxConfig:
+def _with_mounts(config: SandboxConfig, *, tool_mounts: dict[str, str], ro_binds: dict[str, str]) -> SandboxConfig:
     from dataclasses import replace
 
-    return replace(config, tool_mounts={**config.tool_mounts, **mounts})
+    return replace(config, tool_mounts={**config.tool_mounts, **tool_mounts},
+                   ro_binds={**config.ro_binds, **ro_binds})

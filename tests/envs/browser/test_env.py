@@ -210,6 +210,28 @@ def test_a_missing_tool_venv_says_how_to_install_it(monkeypatch, tmp_path):
         asyncio.run(opened())
 
 
+def test_a_checkout_under_a_private_directory_still_serves_pages(monkeypatch, tmp_path):
+    """``mktemp -d`` makes a 0700 parent, which the episode's uid cannot traverse: ``web/`` is
+    copied into the sandbox, so a clone there works (it failed before on a world-readable check)."""
+    import shutil
+
+    from jointrl.envs.browser import driver_process
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    shutil.copytree(driver_process.WEB_DIR, private / "web", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(driver_process, "WEB_DIR", private / "web")
+
+    async def go():
+        env = await opened()
+        try:
+            return await env.step(ToolCall("goto", {"url": base_url("wiki") + "/"}))
+        finally:
+            await env.close()
+    home = asyncio.run(go())
+    assert not home.is_error and "# Wiki" in home.text
+
+
 def test_compact_prompt_keeps_the_tools_and_shrinks_the_system_turn():
     """``envs.prompt=compact`` (through the registry, as the env workers build envs): the same tool
     names and schemas, a shorter system turn, and calls still run."""
