@@ -4,12 +4,14 @@ It reuses the model's own modules and weights (projections, q/k-norm, RoPE, the 
 norms, head); only attention's cache handling differs from ``MoETransformer.forward``.
 All new tokens of a step -- one per decoding sequence, a chunk per prefilling one -- are
 flattened to N rows: every projection and the MoE (tokens grouped by expert, one matmul
-per active expert) run once over all N; at up to ``linear_cpu.MAX_ROWS`` rows (decode steps) the
-dense projections -- q|k|v, o, router, head -- through ``kernels/linear_cpu`` against weights packed
-once per weights version (MKL's sgemm is slow at so few rows), and the routed experts through their
-own packed copy (``kernels/moe_cpu.moe_experts_packed``: ~20% less time than the unpacked loop, their
-weights streamed from memory each step; the copy costs the expert weights' bytes once more; after a weight
-update the panels are refilled in place, one strided copy each: bench_moe's experts ~18 -> ~8 ms). A step
+per active expert) run once over all N; at up to ``linear_cpu.MAX_ROWS`` rows (decode steps, a GRPO
+batch's 128 rows too) the dense projections -- q|k|v, o, router, head -- through ``kernels/linear_cpu``
+against weights packed once per weights version (MKL's sgemm is slower at so few rows), and at any row
+count the routed experts through their own packed copy (``kernels/moe_cpu.moe_experts_packed``: ~20% less
+time than the unpacked loop at decode, their weights streamed from memory each step; at a 2048-token
+prefill chunk 11 ms per layer against 29 for ``model.moe.Experts``' per-expert matmuls; the copy costs the
+expert weights' bytes once more; after a weight update the panels are refilled in place, one strided
+copy each: bench_moe's experts ~18 -> ~8 ms). A step
 whose prefill chunks are all short (``SHORT_PREFILL``: a GRPO group's other members after the shared
 prompt's full blocks) runs every row's attention as a decode query through the paged-decode kernel, as
 batch-invariant mode does, instead of a key gather, mask and SDPA call per chunk (bench_moe, 14 chunks of
@@ -480,7 +482,7 @@ class ModelRunner:
             ids_Nk, w_Nk = decode_cpu.route_softmax_topk(logits_NE, gate.top_k,
                                                          gate.norm_topk_prob, gate.routed_scaling_factor)
             ex = mlp.experts
-            if packed and moe_cpu.use_kernel(h_NH, ids_Nk, ex.gate_up_proj.shape[0], False):
+            if self.packed_linear and moe_cpu.load_kernel() is not None:  # any row count (prefill chunks too)
                 return moe_cpu.moe_experts_packed(h_NH, ids_Nk, w_Nk, *self._packed_experts(ex)), ids_Nk
             if moe_cpu.use_kernel(h_NH, ids_Nk, ex.gate_up_proj.shape[0], False):
                 return moe_cpu.moe_experts(h_NH, ids_Nk, w_Nk, ex.gate_up_proj, ex.down_proj), ids_Nk

@@ -60,3 +60,56 @@ def test_paged_decode_reads_a_bfloat16_cache_as_its_float32_values():
     assert (out - paged_decode_torch(q_BHD, kv_bf16, slots_BS, ctx_B, D ** -0.5)).abs().max() < 1e-5
     with pytest.raises(RuntimeError, match="bfloat16 for a float32 q"):
         paged_decode(q_BHD.double(), kv_bf16, slots_BS, ctx_B, D ** -0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_rows_sharing_prefix_blocks_get_the_bits_of_private_copies(dtype):
+    """The samples of a GRPO group read their prompt's keys from the same cache blocks (forked, copy on
+    write), and the kernel streams each shared tile once for the whole group: a row's result must not
+    change by that -- the same bits as when every row reads a private copy of the same keys -- also for
+    groups larger than the kernel's group size, contexts ending inside the shared span or right after it,
+    and rows of different groups interleaved in the batch."""
+    g = torch.Generator().manual_seed(3)
+    Hq, Hkv, D, bs = 4, 2, 64, 16
+    prefix_blocks = [3, 3, 1]  # three prompts, shared by 20, 5 and 2 samples
+    sizes = [20, 5, 2]
+    kv_PCHD = torch.zeros(4096 * bs // 4, 2, Hkv, D, dtype=dtype)
+    free = iter(torch.randperm(kv_PCHD.shape[0] // bs, generator=g).tolist())
+    shared_tables, private_tables, ctx = [], [], []
+    def fill(block, src=None):
+        rows = slice(block * bs, (block + 1) * bs)
+        kv_PCHD[rows] = torch.randn(bs, 2, Hkv, D, generator=g, dtype=dtype) if src is None else kv_PCHD[
+            src * bs:(src + 1) * bs]
+
+    for n_pre, size in zip(prefix_blocks, sizes):
+        pre = [next(free) for _ in range(n_pre)]
+        for b in pre:
+            fill(b)
+        for _ in range(size):
+            n = n_pre * bs + int(torch.randint(-bs, 3 * bs, (1,), generator=g))  # some end inside the prefix
+            own = [next(free) for _ in range(-(-n // bs) - n_pre)]
+            copy = [next(free) for _ in pre]  # the same keys in blocks of its own
+            for b_copy, b_pre in zip(copy, pre):
+                fill(b_copy, b_pre)
+            for b in own:
+                fill(b)
+            shared_tables.append(pre + own)
+            private_tables.append(copy + own)
+            ctx.append(n)
+    order = torch.randperm(len(ctx), generator=g)  # groups interleaved
+
+    def slots(tables):
+        S = max(ctx)
+        out = torch.full((len(ctx), S), -1, dtype=torch.long)
+        for b, (table, n) in enumerate(zip(tables, ctx)):
+            t = torch.arange(n)
+            out[b, :n] = torch.tensor(table)[t // bs] * bs + t % bs
+        return out[order].contiguous()
+
+    q_BHD = torch.randn(len(ctx), Hq, D, generator=g, dtype=dtype)
+    ctx_B = torch.tensor(ctx)[order].contiguous()
+    shared = paged_decode(q_BHD, kv_PCHD, slots(shared_tables), ctx_B, D ** -0.5)
+    private = paged_decode(q_BHD, kv_PCHD, slots(private_tables), ctx_B, D ** -0.5)
+    assert torch.equal(shared, private)
+    ref = paged_decode_torch(q_BHD, kv_PCHD, slots(shared_tables).clamp_min(0), ctx_B, D ** -0.5)
+    assert (shared - ref).abs().max() < (1e-12 if dtype == torch.float64 else 1e-5)
