@@ -22,7 +22,9 @@ together, while they sit in L1 -- the cache is streamed (every cached byte once 
 heads of one kv head per pass (NK · NJ = 8 floats / 4 doubles; all the GQA group's heads share each
 loaded key vector), one vector accumulator per dot product, their lanes summed together at the end
 instead of a horizontal sum per key; the weighted values with each head's accumulator in registers
-across the tile; the next tile's rows prefetched while this one is worked on, each kv head's keys
+across the tile, with AVX-512VL's 32 registers two heads of a GQA group per pass sharing each loaded
+value vector (and the tile's max a vector reduction: both bit for bit the old results; rows whose keys
+sit in cache, 32 x 320 keys in groups of 16, 37 -> 45 M row-keys/s per thread); the next tile's rows prefetched while this one is worked on, each kv head's keys
 during that head's scores and its values before its weighted sum, so that memory and arithmetic
 overlap. (Prefetching the whole next tile during the first head's scores, as before, sent ~256 line
 requests in a burst and the loads stalled behind them: 6 layers of bench_moe batch 32, 66 MB of
@@ -109,36 +111,46 @@ static void scores_simd(const T* q, const K* const* kr, int64_t nt, int64_t g, i
   }
 }
 
-// acc[0, NV·L) = alpha · acc + Σ_t p[t] · v_t[off, off + NV·L) over the tile's nt value rows vr[t],
-// the accumulator held in registers across the tile.
-template <typename T, typename K, int NV>
-static inline void values_simd(const T* p, const K* const* vr, int64_t off, int64_t nt, T alpha, T* acc) {
+// For NH query heads h of one kv head: acc_h[0, NV·L) = alpha_h · acc_h + Σ_t p_h[t] · v_t[off, off + NV·L)
+// over the tile's nt value rows vr[t], the accumulators held in registers across the tile; each value
+// vector is loaded once for the NH heads. Per element the same operations in the same order whatever NH.
+template <typename T, typename K, int NV, int NH>
+static inline void values_simd(const T* const* p, const K* const* vr, int64_t off, int64_t nt, const T* alpha,
+                               T* const* acc) {
   using W = Vec<T>;
   using V = typename W::V;
-  V a[NV];
-  const V al = W::set1(alpha);
-  for (int i = 0; i < NV; ++i) a[i] = W::mul(W::load(acc + i * W::L), al);
-  for (int64_t t = 0; t < nt; ++t) {
-    const V pt = W::set1(p[t]);
-    const K* v = vr[t] + off;
-    for (int i = 0; i < NV; ++i) a[i] = W::fma(pt, W::load(v + i * W::L), a[i]);
+  V a[NH][NV];
+  for (int h = 0; h < NH; ++h) {
+    const V al = W::set1(alpha[h]);
+    for (int i = 0; i < NV; ++i) a[h][i] = W::mul(W::load(acc[h] + off + i * W::L), al);
   }
-  for (int i = 0; i < NV; ++i) W::store(acc + i * W::L, a[i]);
+  for (int64_t t = 0; t < nt; ++t) {
+    V pt[NH];
+    for (int h = 0; h < NH; ++h) pt[h] = W::set1(p[h][t]);
+    const K* v = vr[t] + off;
+    for (int i = 0; i < NV; ++i) {
+      const V x = W::load(v + i * W::L);
+      for (int h = 0; h < NH; ++h) a[h][i] = W::fma(pt[h], x, a[h][i]);
+    }
+  }
+  for (int h = 0; h < NH; ++h)
+    for (int i = 0; i < NV; ++i) W::store(acc[h] + off + i * W::L, a[h][i]);
 }
 
-template <typename T, typename K>
-static void values_row(const T* p, const K* const* vr, int64_t nt, int64_t D, T alpha, T* acc) {
+// values_simd over a whole head_dim D for NH heads (a multiple of the vector width).
+template <typename T, typename K, int NH>
+static void values_row(const T* const* p, const K* const* vr, int64_t nt, int64_t D, const T* alpha, T* const* acc) {
   constexpr int64_t L = Vec<T>::L;
-  int64_t d = 0;
-  for (; d + 8 * L <= D; d += 8 * L) values_simd<T, K, 8>(p, vr, d, nt, alpha, acc + d);
+  int64_t d = 0;  // 8 vectors per head per pass (NH = 2: 16 accumulators)
+  for (; d + 8 * L <= D; d += 8 * L) values_simd<T, K, 8, NH>(p, vr, d, nt, alpha, acc);
   switch ((D - d) / L) {
-    case 7: values_simd<T, K, 7>(p, vr, d, nt, alpha, acc + d); break;
-    case 6: values_simd<T, K, 6>(p, vr, d, nt, alpha, acc + d); break;
-    case 5: values_simd<T, K, 5>(p, vr, d, nt, alpha, acc + d); break;
-    case 4: values_simd<T, K, 4>(p, vr, d, nt, alpha, acc + d); break;
-    case 3: values_simd<T, K, 3>(p, vr, d, nt, alpha, acc + d); break;
-    case 2: values_simd<T, K, 2>(p, vr, d, nt, alpha, acc + d); break;
-    case 1: values_simd<T, K, 1>(p, vr, d, nt, alpha, acc + d); break;
+    case 7: values_simd<T, K, 7, NH>(p, vr, d, nt, alpha, acc); break;
+    case 6: values_simd<T, K, 6, NH>(p, vr, d, nt, alpha, acc); break;
+    case 5: values_simd<T, K, 5, NH>(p, vr, d, nt, alpha, acc); break;
+    case 4: values_simd<T, K, 4, NH>(p, vr, d, nt, alpha, acc); break;
+    case 3: values_simd<T, K, 3, NH>(p, vr, d, nt, alpha, acc); break;
+    case 2: values_simd<T, K, 2, NH>(p, vr, d, nt, alpha, acc); break;
+    case 1: values_simd<T, K, 1, NH>(p, vr, d, nt, alpha, acc); break;
     default: break;
   }
 }
@@ -282,6 +294,7 @@ static void decode(const T* q, const K* kv, T* out, const int64_t* slots, const 
       for (int64_t i = 0; i < Hq; ++i) {
         T* __restrict si = s.data() + i * LD;
         T mx = mr[i];
+#pragma omp simd reduction(max : mx)
         for (int64_t t = 0; t < nt; ++t) mx = std::max(mx, si[t]);
         alpha[i] = exp_(mr[i] - mx);  // exp(-inf) = 0 on the first tile
         T sum = 0;
@@ -301,15 +314,27 @@ static void decode(const T* q, const K* kv, T* out, const int64_t* slots, const 
             for (int64_t off = (v_off + h * D) * sizeof(K); off < (v_off + h * D + D) * sizeof(K); off += 64)
               __builtin_prefetch(pf[t] + off, 0, 2);
 #endif
-        for (int64_t i = h * g; i < (h + 1) * g; ++i) {
+        int64_t i = h * g;
 #ifdef JOINTRL_SIMD
-          if constexpr (simd_types) {
-            if (simd) {
-              values_row<T, K>(s.data() + i * LD, vr.data(), nt, D, alpha[i], ac + i * D);
-              continue;
+        if constexpr (simd_types) {
+          if (simd) {
+#ifdef __AVX512VL__  // 32 vector registers: two heads per pass share each loaded value vector
+            for (; i + 2 <= (h + 1) * g; i += 2) {
+              const T* p2[2] = {s.data() + i * LD, s.data() + (i + 1) * LD};
+              T* a2[2] = {ac + i * D, ac + (i + 1) * D};
+              values_row<T, K, 2>(p2, vr.data(), nt, D, alpha.data() + i, a2);
             }
-          }
 #endif
+            for (; i < (h + 1) * g; ++i) {
+              const T* p1[1] = {s.data() + i * LD};
+              T* a1[1] = {ac + i * D};
+              values_row<T, K, 1>(p1, vr.data(), nt, D, alpha.data() + i, a1);
+            }
+            continue;
+          }
+        }
+#endif
+        for (; i < (h + 1) * g; ++i) {
           values<T, K>(s.data() + i * LD, vr.data(), nt, D, alpha[i], ac + i * D);
         }
       }
