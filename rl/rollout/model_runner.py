@@ -475,7 +475,8 @@ class ModelRunner:
 
     def _moe(self, mlp, h_NH: torch.Tensor, packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The MoE block over the rows of ``h_NH`` → (y_NH, expert ids_Nk); batch-invariant: per tile.
-        ``packed``: the router's projection through ``_packed``, the experts through their packed copy."""
+        ``packed``: the router's projection through ``_packed``. The experts go through their packed copy
+        whenever the C++ kernels build here, at any row count."""
         if self.fast and mlp.shared_experts is None and not mlp.gate.sigmoid:  # the router in one C++ call
             gate = mlp.gate
             logits_NE = self._packed(h_NH, gate.weight) if packed else F.linear(h_NH, gate.weight)
