@@ -24,12 +24,14 @@ loaded key vector), one vector accumulator per dot product, their lanes summed t
 instead of a horizontal sum per key; the weighted values with each head's accumulator in registers
 across the tile, with AVX-512VL's 32 registers two heads of a GQA group per pass sharing each loaded
 value vector (and the tile's max a vector reduction: both bit for bit the old results; rows whose keys
-sit in cache, 32 x 320 keys in groups of 16, 37 -> 45 M row-keys/s per thread); the next tile's rows prefetched while this one is worked on, each kv head's keys
-during that head's scores and its values before its weighted sum, so that memory and arithmetic
-overlap. (Prefetching the whole next tile during the first head's scores, as before, sent ~256 line
-requests in a burst and the loads stalled behind them: 6 layers of bench_moe batch 32, 66 MB of
-float32 cache per step, one thread, 4.6-4.9 -> 3.4-3.6 ms; the bfloat16 cache 2.8-3.4 -> 1.6-2.0 ms,
-in one process with the recipe's two runs beside it.) At bench_moe batch 32 (64 MB of cache per step,
+sit in cache, 32 x 320 keys in groups of 16, 37 -> 45 M row-keys/s per thread). While a tile is
+worked on, the next tile this thread reads is prefetched into L2 line by line in address order, a few
+lines between the steps of the scores' dot products, so that the requests go out at about the rate
+memory answers them: issued in bursts (each kv head's part of the next tile as that head's work began,
+as before) they filled the core's miss buffers, and the tile's own loads waited behind them. In one
+engine, decode steps alternating between the two kernels (one thread, 2 MiB pages): bench_moe batch 32,
+5.6 -> 4.4 ms of attention per step; batch 8 1.31 -> 1.06; batch 1 unchanged (0.2); the bench's agentic
+workload -24 % attention time. At bench_moe batch 32 (64 MB of cache per step,
 one thread) the SIMD path takes ~1.5x less CPU than the compiler-vectorized loop it replaced (kept for other machines and head_dims: a horizontal sum per
 dot product, four keys per pass). exp vectorized (glibc's libmvec on x86-64, <= 4 ulp).
 
@@ -71,31 +73,51 @@ static inline T widen(K x) {
   else return x;
 }
 
+// The next tile's cache rows, prefetched (into L2) line by line in address order -- each row whole, row
+// after row -- a few lines between the dot products' steps, so that the requests go out at about the rate
+// memory answers them. (Issued in bursts -- the whole tile at its start, a few rows per pass of keys -- they
+// fill the core's miss buffers and this tile's own loads wait behind them: one thread, 6 layers of
+// 50 rows x 600 keys in 2 MiB pages, 1.8 / 1.35 us per tile against 1.06; 32 x 320 keys 1.19 -> 0.86; rows
+// whose keys sit in cache unchanged.) The cursor: byte ``off`` of row ``row``.
+struct Prefetch {
+  const char* const* rows;
+  int64_t n_rows, row_bytes, row = 0, off = 0;
+  void rest() {
+    for (; row < n_rows; ++row, off = 0)
+      for (; off < row_bytes; off += 64) __builtin_prefetch(rows[row] + off, 0, 2);
+  }
+};
+
 #ifdef JOINTRL_SIMD
 // s[j * LD + t] = scale · q_j · k_t for the tile's nt keys (rows kr[t]) and the g query heads q_j of one
 // kv head. NK keys x NJ heads per pass (NK · NJ = the vector width, NJ divides g): one vector
 // accumulator per (key, head) over head_dim, so each loaded key vector serves the NJ heads, and the
 // lanes of all NK · NJ accumulators are summed together at the end (no horizontal sum per dot
 // product). A pass past nt repeats the last key; its scores land in the row's padding, never read.
-// While the passes run, bytes [pf_off, pf_off + pf_bytes) of the next tile's cache rows pf[t] (t < pf_n)
-// are prefetched, NK rows per pass: the caller names the part this call reads (this kv head's keys), so
-// the next tile arrives spread over the tile's work instead of in one burst (see decode).
+// While the passes run, the next pf_lines lines of pf go out, spread evenly over the steps of the dot
+// products (the cursor held in registers).
 template <typename T, typename K, int NK, int64_t DC>
 static void scores_simd(const T* q, const K* const* kr, int64_t nt, int64_t g, int64_t D_, T scale, T* s,
-                        const char* const* pf, int64_t pf_n, int64_t pf_off, int64_t pf_bytes) {
+                        Prefetch& pf, int64_t pf_lines) {
   using W = Vec<T>;
   using V = typename W::V;
   constexpr int NJ = W::L / NK;
   const int64_t D = DC > 0 ? DC : D_;
+  const int64_t steps = (nt + NK - 1) / NK * ((g + NJ - 1) / NJ) * (D / W::L);
+  const int64_t per_step = (pf_lines + steps - 1) / steps, row_bytes = pf.row_bytes;
+  const char* const* rows = pf.rows;
+  int64_t row = pf.row, off = pf.off, left = pf_lines;
   for (int64_t t = 0; t < nt; t += NK) {
     const K* k[NK];
     for (int kk = 0; kk < NK; ++kk) k[kk] = kr[std::min<int64_t>(t + kk, nt - 1)];
-    for (int64_t u = t; u < std::min<int64_t>(t + NK, pf_n); ++u)
-      for (int64_t off = pf_off; off < pf_off + pf_bytes; off += 64) __builtin_prefetch(pf[u] + off, 0, 2);
     for (int64_t j0 = 0; j0 < g; j0 += NJ) {
       V acc[NJ * NK];
       for (auto& a : acc) a = W::zero();
       for (int64_t d = 0; d < D; d += W::L) {
+        for (int64_t u = 0; u < per_step && left > 0 && row < pf.n_rows; ++u, --left) {
+          __builtin_prefetch(rows[row] + off, 0, 2);
+          if ((off += 64) >= row_bytes) off = 0, ++row;
+        }
         V kv[NK];
         for (int kk = 0; kk < NK; ++kk) kv[kk] = W::load(k[kk] + d);
         for (int jj = 0; jj < NJ; ++jj) {
@@ -109,6 +131,7 @@ static void scores_simd(const T* q, const K* const* kr, int64_t nt, int64_t g, i
         for (int kk = 0; kk < NK; ++kk) s[(j0 + jj) * LD + t + kk] = r[jj * NK + kk];
     }
   }
+  pf.row = row, pf.off = off;
 }
 
 // For NH query heads h of one kv head: acc_h[0, NV·L) = alpha_h · acc_h + Σ_t p_h[t] · v_t[off, off + NV·L)
@@ -267,12 +290,15 @@ static void decode(const T* q, const K* kv, T* out, const int64_t* slots, const 
   at::parallel_for(0, int64_t(groups.size()), 1, [&](int64_t gbegin, int64_t gend) {
     std::vector<T> s(Hq * LD), acc(GMAX * Hq * D), m(GMAX * Hq), l(GMAX * Hq), alpha(Hq);
     std::vector<const K*> kr(TILE), vr(TILE);
-    std::vector<const char*> pf(TILE);
+    std::vector<const char*> pf_rows(TILE);
     // One tile [t0, t0 + nt) of the row with query qb and slots sl into its state (acc, m, l); meanwhile
-    // the pf_n rows at slots nsl (the next tile this thread reads) are prefetched.
+    // the pf_n rows at slots nsl (the next tile this thread reads) are prefetched, during the scores (the rest,
+    // and all of them on the plain path, at the end).
     auto tile = [&](const T* qb, const int64_t* sl, int64_t t0, int64_t nt, T* ac, T* mr, T* lr,
                     const int64_t* nsl, int64_t pf_n) {
-      for (int64_t t = 0; t < pf_n; ++t) pf[t] = reinterpret_cast<const char*>(kv + nsl[t] * slot_stride);
+      for (int64_t t = 0; t < pf_n; ++t) pf_rows[t] = reinterpret_cast<const char*>(kv + nsl[t] * slot_stride);
+      Prefetch pf{pf_rows.data(), pf_n, slot_stride * int64_t(sizeof(K))};
+      const int64_t pf_share = (pf_n * pf.row_bytes / 64 + Hkv - 1) / Hkv;  // lines during each kv head's scores
       for (int64_t h = 0; h < Hkv; ++h) {
         for (int64_t t = 0; t < nt; ++t) kr[t] = kv + sl[t0 + t] * slot_stride + h * D;
         const T* qh = qb + h * g * D;
@@ -280,17 +306,17 @@ static void decode(const T* q, const K* kv, T* out, const int64_t* slots, const 
 #ifdef JOINTRL_SIMD
         if constexpr (simd_types) {
           if (simd) {
-            const int64_t po = h * D * sizeof(K), nb = D * sizeof(K), np = pf_n;
-            if (nj == VL) scores_simd<T, K, 1, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, po, nb);
-            else if (nj * 2 == VL) scores_simd<T, K, 2, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, po, nb);
-            else if (nj * 4 == VL) scores_simd<T, K, 4, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, po, nb);
-            else if constexpr (VL == 8) scores_simd<T, K, 8, DC>(qh, kr.data(), nt, g, D, scale, sh, pf.data(), np, po, nb);
+            if (nj == VL) scores_simd<T, K, 1, DC>(qh, kr.data(), nt, g, D, scale, sh, pf, pf_share);
+            else if (nj * 2 == VL) scores_simd<T, K, 2, DC>(qh, kr.data(), nt, g, D, scale, sh, pf, pf_share);
+            else if (nj * 4 == VL) scores_simd<T, K, 4, DC>(qh, kr.data(), nt, g, D, scale, sh, pf, pf_share);
+            else if constexpr (VL == 8) scores_simd<T, K, 8, DC>(qh, kr.data(), nt, g, D, scale, sh, pf, pf_share);
             continue;
           }
         }
 #endif
         scores<T, K, DC>(qh, kr.data(), nt, g, D, scale, sh);
       }
+      pf.rest();
       for (int64_t i = 0; i < Hq; ++i) {
         T* __restrict si = s.data() + i * LD;
         T mx = mr[i];
@@ -308,12 +334,6 @@ static void decode(const T* q, const K* kv, T* out, const int64_t* slots, const 
       }
       for (int64_t h = 0; h < Hkv; ++h) {
         for (int64_t t = 0; t < nt; ++t) vr[t] = kv + sl[t0 + t] * slot_stride + v_off + h * D;
-#ifdef JOINTRL_SIMD
-        if (simd)  // and the next tile's values of this kv head, before its weighted sum here
-          for (int64_t t = 0; t < pf_n; ++t)
-            for (int64_t off = (v_off + h * D) * sizeof(K); off < (v_off + h * D + D) * sizeof(K); off += 64)
-              __builtin_prefetch(pf[t] + off, 0, 2);
-#endif
         int64_t i = h * g;
 #ifdef JOINTRL_SIMD
         if constexpr (simd_types) {
