@@ -19,13 +19,14 @@ batch-invariant mode does, instead of a key gather, mask and SDPA call per chunk
 Qwen3-MoE-shaped model runs its layers from a per-layer plan of those C++ calls and their prepared
 weights (``_decode_plan``: no module lookups, cache checks or wrappers per layer; bit for bit the
 general path). Attention then reads each sequence's keys/values
-through its block table: the decoding sequences in one batched SDPA call (keys padded to
-the longest context and masked), each prefill chunk in its own call.
+through its block table, in place: the decoding rows in one paged-decode call, all the step's prefill
+chunks in one paged-prefill call.
 
 Cache layout: ``kv_LPCHD`` [layers, num_blocks·block_size slots, 2 (k, v), kv heads, D];
 block b holds slots [b·bs, (b+1)·bs). Keys are stored after q/k-norm and RoPE. Decode
 attention reads them in place (``kernels/paged_attention_cpu.paged_decode``: a gather in
-torch would copy the whole cache every step); a prefill chunk gathers its sequence's keys. The pool and
+torch would copy the whole cache every step), and so do prefill chunks (``paged_prefill``, float32; a
+float64 or bfloat16 model gathers each chunk's keys for one SDPA call per chunk). The pool and
 the packed expert panels sit in transparent huge pages where the OS allows
 (``cpu_extension.zeros_huge_pages``: a step reads them in scattered 16 KB pieces, each 4 KB page a TLB
 miss otherwise; bench_moe batch 32, steps alternated between two engines: 14.0 -> 13.3 CPU-ms). A float32
@@ -63,7 +64,7 @@ import torch.nn.functional as F
 
 from jointrl.kernels import decode_cpu, linear_cpu, moe_cpu, paged_attention_cpu
 from jointrl.kernels.cpu_extension import zeros_huge_pages
-from jointrl.kernels.paged_attention_cpu import paged_decode
+from jointrl.kernels.paged_attention_cpu import paged_decode, paged_prefill
 from jointrl.model import MoETransformer
 from jointrl.model.norm import RMSNorm, compute_dtype
 from jointrl.model.rope import rotate_half
@@ -448,21 +449,18 @@ class ModelRunner:
         return q_NHD
 
     def _attention(self, q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, prefill) -> torch.Tensor:
-        """The decoding rows in one paged-decode call, each prefill chunk in its own SDPA call."""
+        """The decoding rows in one paged-decode call, all prefill chunks in one paged-prefill call (each
+        chunk's keys read in place; SDPA per chunk where the kernel does not apply)."""
         if not prefill:  # a pure decode step: the kernel's output is the whole output
             return paged_decode(q_NHD, kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
         out_NHD = torch.empty_like(q_NHD)
         if n_dec:
             out_NHD[:n_dec] = paged_decode(q_NHD[:n_dec], kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
-        for r0, n, c, key_slots_S in prefill:
-            kv_SCHD = kv_PCHD.index_select(0, key_slots_S).to(self.dtype)
-            mask_TS = torch.arange(c + n)[None, :] <= torch.arange(c, c + n)[:, None]
-            out_1HTD = F.scaled_dot_product_attention(
-                q_NHD[r0:r0 + n].transpose(0, 1)[None], kv_SCHD[None, :, 0].transpose(1, 2),
-                kv_SCHD[None, :, 1].transpose(1, 2), attn_mask=mask_TS, scale=self.D ** -0.5,
-                enable_gqa=self.Hq != self.Hkv)
-            out_NHD[r0:r0 + n] = out_1HTD[0].transpose(0, 1)
-        return out_NHD
+        slots_CS = torch.zeros(len(prefill), max(c + n for _, n, c, _ in prefill), dtype=torch.long)
+        for j, (_, n, c, key_slots_S) in enumerate(prefill):
+            slots_CS[j, :c + n] = key_slots_S
+        start_C, row0_C, count_C = torch.tensor([(c, r0, n) for r0, n, c, _ in prefill], dtype=torch.long).T
+        return paged_prefill(q_NHD, kv_PCHD, slots_CS, start_C, row0_C, count_C, self.D ** -0.5, out_NHD)
 
     def _rows(self, fn, x_NH: torch.Tensor) -> torch.Tensor:
         """``fn`` (row-wise: [n, in] -> [n, out]) over the rows of ``x_NH``; batch-invariant: one call per

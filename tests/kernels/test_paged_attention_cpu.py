@@ -2,13 +2,14 @@
 contiguous keys: awkward shapes (a 1-token context, contexts not a multiple of the block size,
 shuffled blocks, GQA groups of 1 to 8), float64 and float32. The head shapes reach every pass shape
 of the AVX2 path (1, 2, 4 or 8 keys per pass by the group size; head_dim 64 and 128 compiled as
-constants, 24 and 32 not, 60 and 8 off the float vector width: the fallback loops)."""
+constants, 24 and 32 not, 60 and 8 off the float vector width: the fallback loops). The prefill-chunk
+kernel against causal attention over each chunk's gathered keys in float64."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from jointrl.kernels.paged_attention_cpu import paged_decode, paged_decode_torch
+from jointrl.kernels.paged_attention_cpu import paged_decode, paged_decode_torch, paged_prefill, paged_prefill_torch
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
@@ -113,3 +114,55 @@ def test_rows_sharing_prefix_blocks_get_the_bits_of_private_copies(dtype):
     assert torch.equal(shared, private)
     ref = paged_decode_torch(q_BHD, kv_PCHD, slots(shared_tables).clamp_min(0), ctx_B, D ** -0.5)
     assert (shared - ref).abs().max() < (1e-12 if dtype == torch.float64 else 1e-5)
+
+
+def _chunks(g, chunks, P, bs):
+    """Key slots for chunks [(start, count)]: each chunk's blocks drawn at random from a pool of P slots,
+    entries past start + count left at -7 (never read)."""
+    slots_CS = torch.full((len(chunks), max(c + n for c, n in chunks)), -7, dtype=torch.long)
+    for j, (c, n) in enumerate(chunks):
+        blocks = torch.randperm(P // bs, generator=g)[:-(-(c + n) // bs)]
+        t = torch.arange(c + n)
+        slots_CS[j, :c + n] = blocks[t // bs] * bs + t % bs
+    rows = torch.tensor([0] + [n for _, n in chunks]).cumsum(0)[:-1] + 3  # rows 0..2: decode rows, not written
+    return slots_CS, torch.tensor([c for c, _ in chunks]), rows, torch.tensor([n for _, n in chunks])
+
+
+@pytest.mark.parametrize("Hq,Hkv,D", [(4, 2, 64), (8, 1, 64), (4, 4, 32), (6, 2, 16), (2, 1, 128), (12, 2, 24)])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
+def test_paged_prefill_equals_causal_attention_over_each_chunks_keys(Hq, Hkv, D, kv_dtype):
+    """Chunks at every kind of start (a first chunk, one past a partial block, a long history), of one to 70
+    queries, in one call: each query attends to its sequence's keys up to its own position. The float32
+    kernel against the float64 reference within 1e-5; rows outside the chunks are left as they were."""
+    g = torch.Generator().manual_seed(2)
+    bs, P = 16, 4096
+    chunks = [(0, 1), (0, 37), (5, 3), (17, 70), (300, 65), (64, 16)]
+    kv = torch.randn(P, 2, Hkv, D, generator=g).to(kv_dtype)
+    slots_CS, start_C, row0_C, count_C = _chunks(g, chunks, P, bs)
+    N = 3 + int(count_C.sum())
+    q = torch.randn(N, Hq, D, generator=g)
+    out = torch.full_like(q, 5.0)
+    paged_prefill(q, kv, slots_CS, start_C, row0_C, count_C, D ** -0.5, out)
+    ref = paged_prefill_torch(q.double(), kv.double(), slots_CS, start_C, row0_C, count_C, D ** -0.5,
+                              torch.full_like(q, 5.0, dtype=torch.float64))
+    assert torch.equal(out[:3], torch.full_like(q[:3], 5.0))
+    assert (out.double() - ref).abs().max() < 1e-5
+    # one chunk by hand: plain softmax attention with a causal mask over its gathered keys
+    c, n, r0 = 17, 70, int(row0_C[3])
+    kv_SCHD = kv[slots_CS[3, :c + n]].double()
+    k_SHD, v_SHD = (x.repeat_interleave(Hq // Hkv, dim=1) for x in (kv_SCHD[:, 0], kv_SCHD[:, 1]))
+    scores_HTS = torch.einsum("thd,shd->hts", q[r0:r0 + n].double(), k_SHD) * D ** -0.5
+    visible_TS = torch.arange(c + n)[None, :] <= torch.arange(c, c + n)[:, None]
+    p_HTS = scores_HTS.masked_fill(~visible_TS, -torch.inf).softmax(-1)
+    assert (out[r0:r0 + n].double() - torch.einsum("hts,shd->thd", p_HTS, v_SHD)).abs().max() < 1e-5
+
+
+def test_paged_prefill_of_a_float64_model_is_the_reference():
+    """float64 (the exactness tests' dtype) runs the torch reference: the same bits as SDPA per chunk."""
+    g = torch.Generator().manual_seed(3)
+    kv = torch.randn(512, 2, 2, 16, generator=g, dtype=torch.float64)
+    slots_CS, start_C, row0_C, count_C = _chunks(g, [(9, 20), (0, 4)], 512, 16)
+    q = torch.randn(3 + 24, 4, 16, generator=g, dtype=torch.float64)
+    a = paged_prefill(q, kv, slots_CS, start_C, row0_C, count_C, 0.25, torch.zeros_like(q))
+    b = paged_prefill_torch(q, kv, slots_CS, start_C, row0_C, count_C, 0.25, torch.zeros_like(q))
+    assert torch.equal(a, b)
