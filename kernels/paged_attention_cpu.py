@@ -89,8 +89,9 @@ static inline T widen(K x) {
 // after row -- a few lines between the dot products' steps, so that the requests go out at about the rate
 // memory answers them. (Issued in bursts -- the whole tile at its start, a few rows per pass of keys -- they
 // fill the core's miss buffers and this tile's own loads wait behind them: one thread, 6 layers of
-// 50 rows x 600 keys in 2 MiB pages, 1.8 / 1.35 us per tile against 1.06; 32 x 320 keys 1.19 -> 0.86; rows
-// whose keys sit in cache unchanged.) The cursor: byte ``off`` of row ``row``.
+// 50 rows x 600 keys in 2 MiB pages, medians of 5 alternated runs, 1.36 us per tile (the old per-head
+// bursts) and 1.8 (the whole tile at its start) against 0.93; 32 x 320 keys 1.11 -> 0.70; rows whose keys
+// sit in cache ~0.1 us per tile slower.) The cursor: byte ``off`` of row ``row``.
 struct Prefetch {
   const char* const* rows;
   int64_t n_rows, row_bytes, row = 0, off = 0;

@@ -14,7 +14,8 @@ expert weights' bytes once more; after a weight update the panels are refilled i
 copy each: bench_moe's experts ~18 -> ~8 ms). A step
 whose prefill chunks are all short (``SHORT_PREFILL``: a GRPO group's other members after the shared
 prompt's full blocks) runs every row's attention as a decode query through the paged-decode kernel, as
-batch-invariant mode does, instead of a key gather, mask and SDPA call per chunk (bench_moe, 14 chunks of
+batch-invariant mode does, instead of a key gather, mask and SDPA call per chunk (measured before
+``paged_prefill`` took the chunks; bench_moe, 14 chunks of
 4 tokens: that step ~39 -> ~26 ms). A pure decode step of a plain
 Qwen3-MoE-shaped model runs its layers from a per-layer plan of those C++ calls and their prepared
 weights (``_decode_plan``: no module lookups, cache checks or wrappers per layer; bit for bit the
@@ -283,7 +284,8 @@ class ModelRunner:
             dec_slots_BS = (table_BM[:, :, None] * bs + torch.arange(bs)).view(n_dec, M * bs)[:, :S].contiguous()
         # every row a decode query, its keys 0..pos read through the decode kernel: batch-invariant mode, and
         # steps whose prefill chunks are all short (a GRPO group's members after the shared prompt's full
-        # blocks: one kernel call per layer instead of a key gather, mask and SDPA call per chunk)
+        # blocks: one kernel call per layer instead of a key gather, mask and SDPA call per chunk, as measured
+        # before paged_prefill; not re-measured against it)
         rows_as_decode = self.invariant or (prefill and self.fast and paged_attention_cpu.load_kernel() is not None
                                             and all(n <= SHORT_PREFILL for _, n, _, _ in prefill))
         if rows_as_decode:
@@ -293,6 +295,12 @@ class ModelRunner:
             for r0, n, c, key_slots_S in prefill:
                 all_slots_NS[r0:r0 + n, :c + n] = key_slots_S
             all_ctx_N = pos_N + 1
+        chunks = None  # the prefill chunks' key slots and rows, once for every layer's paged_prefill
+        if prefill and not rows_as_decode:
+            slots_CS = torch.zeros(len(prefill), max(c + n for _, n, c, _ in prefill), dtype=torch.long)
+            for j, (_, n, c, key_slots_S) in enumerate(prefill):
+                slots_CS[j, :c + n] = key_slots_S
+            chunks = (slots_CS, *torch.tensor([(c, r0, n) for r0, n, c, _ in prefill], dtype=torch.long).T)
 
         m = self.model
         x_NH = m.model.embed_tokens(ids_N)
@@ -324,7 +332,7 @@ class ModelRunner:
             if rows_as_decode:
                 out_NHD = paged_decode(q_NHD, kv_PCHD, all_slots_NS, all_ctx_N, self.D ** -0.5)
             else:
-                out_NHD = self._attention(q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, prefill)
+                out_NHD = self._attention(q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, chunks)
             out_NF = out_NHD.reshape(N, self.Hq * self.D)
             if getattr(attn, "gate_proj", None) is not None:  # sigmoid output gate
                 out_NF = out_NF * torch.sigmoid(self._rows(attn.gate_proj, h_NH))
@@ -448,19 +456,16 @@ class ModelRunner:
         kv_PCHD.index_copy_(0, slot_N, torch.stack((k_NHD, v_NHD), dim=1).to(self.kv_dtype))
         return q_NHD
 
-    def _attention(self, q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, prefill) -> torch.Tensor:
-        """The decoding rows in one paged-decode call, all prefill chunks in one paged-prefill call (each
-        chunk's keys read in place; SDPA per chunk where the kernel does not apply)."""
-        if not prefill:  # a pure decode step: the kernel's output is the whole output
+    def _attention(self, q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, chunks) -> torch.Tensor:
+        """The decoding rows in one paged-decode call, all prefill chunks -- ``chunks`` = (slots_CS, start_C,
+        row0_C, count_C), or None -- in one paged-prefill call (each chunk's keys read in place; SDPA per chunk
+        where the kernel does not apply)."""
+        if chunks is None:  # a pure decode step: the kernel's output is the whole output
             return paged_decode(q_NHD, kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
         out_NHD = torch.empty_like(q_NHD)
         if n_dec:
             out_NHD[:n_dec] = paged_decode(q_NHD[:n_dec], kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
-        slots_CS = torch.zeros(len(prefill), max(c + n for _, n, c, _ in prefill), dtype=torch.long)
-        for j, (_, n, c, key_slots_S) in enumerate(prefill):
-            slots_CS[j, :c + n] = key_slots_S
-        start_C, row0_C, count_C = torch.tensor([(c, r0, n) for r0, n, c, _ in prefill], dtype=torch.long).T
-        return paged_prefill(q_NHD, kv_PCHD, slots_CS, start_C, row0_C, count_C, self.D ** -0.5, out_NHD)
+        return paged_prefill(q_NHD, kv_PCHD, *chunks, self.D ** -0.5, out_NHD)
 
     def _rows(self, fn, x_NH: torch.Tensor) -> torch.Tensor:
         """``fn`` (row-wise: [n, in] -> [n, out]) over the rows of ``x_NH``; batch-invariant: one call per
