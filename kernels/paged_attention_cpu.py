@@ -49,12 +49,17 @@ Prefill chunks (``paged_prefill``): the step's chunks in one call, each query at
 sequence's keys up to its own position, read in place through the chunk's slots -- no gather of the
 keys, no mask tensor, no SDPA call per chunk. float32 queries only (a float32 or bfloat16 cache, head_dim a
 multiple of 8); float64 (the exactness tests) and bfloat16 models run the torch reference, SDPA per chunk
-on gathered keys. Per (chunk, kv head), each tile of keys is read once for all the query rows that see it
-(blocks of RB rows while it sits in L1), the rows' states streaming through L2. One thread, bench_moe's
-heads (4 q, 2 kv, D 64), against the gather + mask + SDPA it replaced: a 65-token chunk after 320 / 600 / 900
-cached keys about the same (0.61 / 1.08 / 1.54 ms against 0.60 / 1.01 / 1.67); a 256-token prompt 0.90
-against 1.34 ms; a 2048-token chunk 58 against 93 ms. In the engine, steps alternating between the two:
-the bench's agentic workload 1.80 -> 1.65 s of chunk attention, a 32 x 256-token prefill 0.52 -> 0.36 s.
+on gathered keys. Per (chunk, kv head) its rows -- (query, head of the GQA group) pairs -- go 8 to a vector
+register, rows in lanes: their queries transposed once, so that a key's scores for 8 rows are one broadcast
+and one FMA per dimension (no horizontal sums), and the online softmax's max, exp and sum run down the
+lanes, 8 rows per instruction (with one accumulator per dot product and a softmax per row, as decode does,
+the sums and the per-row softmax took about a third of the time). Each tile of keys is read once for all
+the rows that see it, in blocks of 24 rows while it sits in L1. One thread, bench_moe's heads (4 q, 2 kv,
+D 64), against the row-per-accumulator form it replaced: a 65-token chunk after 320 / 600 / 900 cached
+keys 0.33 / 0.59 / 0.81 ms against 0.50 / 1.01 / 1.32 (~72 GFLOP/s at 600, near this core's FMA peak);
+a 256-token prompt 0.58 against 0.93 ms; a 2048-token chunk 28 against 54 ms (the gather + mask + SDPA
+before it: 0.60 / 1.01 / 1.67, 1.34 and 93 ms). The bench's agentic workload, runs alternated: 12.2 ->
+10.5 s wall.
 
 Shapes: B sequences, Hq/Hkv heads, D head_dim, P cache slots, S the longest context; C prefill chunks.
 """
@@ -453,108 +458,150 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor kv, torch::Tensor slot
 // Prefill chunks over the paged cache, float32 queries (a float32 or bfloat16 cache): chunk c's count[c]
 // queries are q's rows row0[c] + i, at positions start[c] + i of their sequence, whose token t sits in slot
 // slots[c, t]; query i attends to keys 0 .. start[c] + i (causal). A task is one (chunk, kv head); its rows
-// are (query, head of the GQA group) pairs. Keys in tiles of TILE read in place, each tile once for all the
-// rows that see any of it, in blocks of RB rows while it sits in L1 (the rows' accumulators, running max and
-// sum stream through L2; the next tile is prefetched): the scores RB rows x PK keys per pass, one vector
-// accumulator per dot product (each loaded key vector serves RB rows, each query vector PK keys), their
-// lanes summed together at the end; the online softmax per row, like decode; the weighted values through
-// values_row, two rows per pass sharing each value vector (AVX-512VL). Keys past a row's own position get
-// probability 0.
+// are (query, head of the GQA group) pairs, r = i * g + j. Rows in lanes: 8 rows to a vector, their queries
+// transposed once ([D][8] per vector) and their state -- accumulators [D][8], running max and sum -- kept
+// the same way, so a key's score for 8 rows is one broadcast and one FMA per d (no horizontal sums) and the
+// online softmax runs down the lanes (the max, exp and sum of 8 rows per vector op; no per-row reductions).
+// Keys in tiles of TILE read in place, each tile once per pass for the rows that see any of it, in blocks
+// of NRV vectors while it sits in L1; a pass covers SB rows, whose state stays in L2. Keys past a row's own
+// position get probability 0.
 #ifdef JOINTRL_SIMD
-constexpr int PK = 4;  // keys per pass of the scores
 #ifdef __AVX512VL__
-constexpr int RB = 4;  // 16 accumulators + 4 key + 4 query vectors in 32 registers
+constexpr int NRV = 3;  // row vectors per block: 8 keys x 3 accumulators + 3 query vectors in 32 registers
 #else
-constexpr int RB = 2;
+constexpr int NRV = 1;  // 8 accumulators + a query vector in 16
 #endif
+constexpr int64_t SB = 24 * 8;  // rows per pass over the keys (their state: 2 x 48 KB at head_dim 64)
+
+// One tile (keys kr[0..nt), values vr[0..nt)) into a block of NV row vectors: qt [NV][D][8] their queries,
+// at [NV][D][8] their accumulators, m and l [NV * 8] their running max and sum. With ``mask``, row i of the
+// block sees the tile's keys 0 .. lim[i] (lim[i] < 0: none of them); without, all nt.
+template <typename K, int NV>
+static void prefill_block(const float* qt, float* at, float* m, float* l, const K* const* kr, const K* const* vr,
+                          int64_t nt, int64_t D, float scale, const float* lim, bool mask) {
+  using W = Vec<float>;
+  using V = W::V;
+  constexpr int L = W::L, NL = NV * W::L;
+  alignas(32) float s[TILE * NL], mx[NL], al[NL], sm[NL];  // s[t * NL + i]: key t, row i of the block
+  for (int64_t k0 = 0; k0 < nt; k0 += 8) {  // scores, 8 keys x NV row vectors per pass
+    const K* kp[8];
+    for (int kk = 0; kk < 8; ++kk) kp[kk] = kr[std::min<int64_t>(k0 + kk, nt - 1)];
+    V a[8][NV];
+    for (auto& x : a)
+      for (auto& y : x) y = W::zero();
+    for (int64_t d = 0; d < D; ++d) {
+      V qv[NV];
+      for (int v = 0; v < NV; ++v) qv[v] = W::load(qt + (v * D + d) * L);
+      for (int kk = 0; kk < 8; ++kk) {
+        const V kb = W::set1(widen<float>(kp[kk][d]));
+        for (int v = 0; v < NV; ++v) a[kk][v] = W::fma(qv[v], kb, a[kk][v]);
+      }
+    }
+    const V sc = W::set1(scale);
+    for (int kk = 0; kk < 8 && k0 + kk < TILE; ++kk)
+      for (int v = 0; v < NV; ++v) W::store(s + (k0 + kk) * NL + v * L, W::mul(a[kk][v], sc));
+  }
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  if (mask)
+    for (int64_t t = 0; t < nt; ++t) {
+#pragma omp simd
+      for (int i = 0; i < NL; ++i) s[t * NL + i] = float(t) <= lim[i] ? s[t * NL + i] : ninf;
+    }
+#pragma omp simd
+  for (int i = 0; i < NL; ++i) mx[i] = m[i], sm[i] = 0.f;
+  for (int64_t t = 0; t < nt; ++t) {
+#pragma omp simd
+    for (int i = 0; i < NL; ++i) mx[i] = std::max(mx[i], s[t * NL + i]);
+  }
+#pragma omp simd
+  for (int i = 0; i < NL; ++i) al[i] = exp_(m[i] - mx[i]);  // exp(-inf) = 0 on the first tile
+  for (int64_t t = 0; t < nt; ++t) {
+#pragma omp simd
+    for (int i = 0; i < NL; ++i) {
+      s[t * NL + i] = exp_(s[t * NL + i] - mx[i]);
+      sm[i] += s[t * NL + i];
+    }
+  }
+#pragma omp simd
+  for (int i = 0; i < NL; ++i) l[i] = l[i] * al[i] + sm[i], m[i] = mx[i];
+  for (int64_t d0 = 0; d0 < D; d0 += 8) {  // the weighted values, 8 dims x NV row vectors per pass
+    V a[8][NV], alv[NV];
+    for (int v = 0; v < NV; ++v) alv[v] = W::load(al + v * L);
+    for (int dd = 0; dd < 8; ++dd)
+      for (int v = 0; v < NV; ++v) a[dd][v] = W::mul(W::load(at + (v * D + d0 + dd) * L), alv[v]);
+    for (int64_t t = 0; t < nt; ++t) {
+      V p[NV];
+      for (int v = 0; v < NV; ++v) p[v] = W::load(s + t * NL + v * L);
+      const K* vt = vr[t] + d0;
+      for (int dd = 0; dd < 8; ++dd) {
+        const V vb = W::set1(widen<float>(vt[dd]));
+        for (int v = 0; v < NV; ++v) a[dd][v] = W::fma(p[v], vb, a[dd][v]);
+      }
+    }
+    for (int dd = 0; dd < 8; ++dd)
+      for (int v = 0; v < NV; ++v) W::store(at + (v * D + d0 + dd) * L, a[dd][v]);
+  }
+}
+
 template <typename K>
 static void prefill(const float* q, const K* kv, float* out, const int64_t* slots, const int64_t* start,
                     const int64_t* row0, const int64_t* count, int64_t C, int64_t Hq, int64_t Hkv, int64_t D,
                     int64_t S, float scale) {
-  using W = Vec<float>;
-  using V = W::V;
-  static_assert(RB * PK % W::L == 0 && TILE % PK == 0, "whole vectors of scores per pass");
+  constexpr int64_t L = Vec<float>::L;
   const int64_t g = Hq / Hkv, slot_stride = 2 * Hkv * D, v_off = Hkv * D;
   at::parallel_for(0, C * Hkv, 1, [&](int64_t task0, int64_t task1) {
-    std::vector<float> s(RB * LD), acc, m, l, alpha(RB);
+    std::vector<float> qt, at_, m, l;
+    alignas(32) float lim[NRV * L];
     std::vector<const K*> kr(TILE), vr(TILE);
     for (int64_t task = task0; task < task1; ++task) {
-      const int64_t c = task / Hkv, h = task % Hkv, n = count[c], c0 = start[c], nk = c0 + n, R = n * g;
+      const int64_t c = task / Hkv, h = task % Hkv, n = count[c], c0 = start[c], R = n * g;
       const int64_t* sl = slots + c * S;
-      // row r = i * g + j: query i of the chunk, head h * g + j; it sees keys [0, c0 + i + 1)
-      auto qrow = [&](int64_t r) { return q + ((row0[c] + r / g) * Hq + h * g + r % g) * D; };
-      acc.assign(R * D, 0.f);
-      m.assign(R, -std::numeric_limits<float>::infinity());
-      l.assign(R, 0.f);
-      for (int64_t t0 = 0; t0 < nk; t0 += TILE) {  // each tile once, for every row that sees part of it
-        const int64_t nt = std::min(TILE, nk - t0);
-        for (int64_t t = 0; t < nt; ++t) kr[t] = kv + sl[t0 + t] * slot_stride + h * D, vr[t] = kr[t] + v_off;
-        if (t0 + TILE < nk)  // this head's keys and values of the next tile
-          for (int64_t t = t0 + TILE; t < std::min(nk, t0 + 2 * TILE); ++t) {
-            const char* row = reinterpret_cast<const char*>(kv + sl[t] * slot_stride + h * D);
-            for (int64_t off = 0; off < D * int64_t(sizeof(K)); off += 64) {
-              __builtin_prefetch(row + off, 0, 2);
-              __builtin_prefetch(row + v_off * sizeof(K) + off, 0, 2);
-            }
-          }
-        // the first row that sees key t0 is query max(0, t0 - c0)
-        for (int64_t r0 = std::max<int64_t>(0, t0 - c0) * g; r0 < R; r0 += RB) {
-          const int64_t rb = std::min<int64_t>(RB, R - r0);
-          const float* qr[RB];
-          for (int rr = 0; rr < RB; ++rr) qr[rr] = qrow(r0 + std::min<int64_t>(rr, rb - 1));
-          for (int64_t p0 = 0; p0 < nt; p0 += PK) {
-            const K* kp[PK];
-            for (int kk = 0; kk < PK; ++kk) kp[kk] = kr[std::min<int64_t>(p0 + kk, nt - 1)];
-            V a[RB * PK];
-            for (auto& x : a) x = W::zero();
-            for (int64_t d = 0; d < D; d += W::L) {
-              V kv_[PK];
-              for (int kk = 0; kk < PK; ++kk) kv_[kk] = W::load(kp[kk] + d);
-              for (int rr = 0; rr < RB; ++rr) {
-                const V qv = W::load(qr[rr] + d);
-                for (int kk = 0; kk < PK; ++kk) a[rr * PK + kk] = W::fma(qv, kv_[kk], a[rr * PK + kk]);
+      for (int64_t R0 = 0; R0 < R; R0 += SB) {  // a pass over the keys for rows [R0, R1)
+        const int64_t R1 = std::min(R, R0 + SB), nv = (R1 - R0 + L - 1) / L;
+        qt.assign(nv * D * L, 0.f);
+        at_.assign(nv * D * L, 0.f);
+        m.assign(nv * L, -std::numeric_limits<float>::infinity());
+        l.assign(nv * L, 0.f);
+        for (int64_t r = R0; r < R1; ++r) {  // row r: query r / g of the chunk, head h * g + r % g
+          const float* src = q + ((row0[c] + r / g) * Hq + h * g + r % g) * D;
+          float* dst = qt.data() + (r - R0) / L * D * L + (r - R0) % L;
+          for (int64_t d = 0; d < D; ++d) dst[d * L] = src[d];
+        }
+        const int64_t nk = c0 + (R1 - 1) / g + 1;  // the keys the pass's last row sees
+        for (int64_t t0 = 0; t0 < nk; t0 += TILE) {
+          const int64_t nt = std::min(TILE, nk - t0);
+          for (int64_t t = 0; t < nt; ++t) kr[t] = kv + sl[t0 + t] * slot_stride + h * D, vr[t] = kr[t] + v_off;
+          if (t0 + TILE < nk)  // this head's keys and values of the next tile
+            for (int64_t t = t0 + TILE; t < std::min(nk, t0 + 2 * TILE); ++t) {
+              const char* row = reinterpret_cast<const char*>(kv + sl[t] * slot_stride + h * D);
+              for (int64_t off = 0; off < D * int64_t(sizeof(K)); off += 64) {
+                __builtin_prefetch(row + off, 0, 2);
+                __builtin_prefetch(row + v_off * sizeof(K) + off, 0, 2);
               }
             }
-            alignas(32) float r[RB * PK];
-            for (int v = 0; v < RB * PK / W::L; ++v) W::store(r + v * W::L, W::mul(W::sums(a + v * W::L), W::set1(scale)));
-            for (int rr = 0; rr < RB; ++rr)
-              for (int kk = 0; kk < PK; ++kk) s[rr * LD + p0 + kk] = r[rr * PK + kk];
-          }
-          for (int rr = 0; rr < rb; ++rr) {
-            const int64_t r = r0 + rr;
-            float* __restrict si = s.data() + rr * LD;
-            const int64_t vis = std::min(nt, c0 + r / g + 1 - t0);  // this row's keys in the tile (>= 1)
-            float mx = m[r];
-#pragma omp simd reduction(max : mx)
-            for (int64_t t = 0; t < TILE; ++t) mx = std::max(mx, t < vis ? si[t] : -std::numeric_limits<float>::infinity());
-            alpha[rr] = exp_(m[r] - mx);  // exp(-inf) = 0 on the first tile
-            float sum = 0;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t t = 0; t < TILE; ++t) {
-              si[t] = t < vis ? exp_(si[t] - mx) : 0.f;
-              sum += si[t];
+          // from the block holding the first row that sees key t0 (query t0 - c0)
+          const int64_t first = std::max(R0, std::max<int64_t>(0, t0 - c0) * g);
+          for (int64_t v0 = (first - R0) / L; v0 < nv; v0 += NRV) {
+            const int64_t nb = std::min<int64_t>(NRV, nv - v0), rlo = R0 + v0 * L;
+            const bool mask = c0 + rlo / g - t0 < nt - 1;  // the block's first row misses some of the tile
+            if (mask)
+              for (int64_t i = 0; i < nb * L; ++i)
+                lim[i] = rlo + i < R1 ? float(c0 + (rlo + i) / g - t0) : float(TILE);
+            float *a = at_.data() + v0 * D * L, *mv = m.data() + v0 * L, *lv = l.data() + v0 * L;
+            const float* qv = qt.data() + v0 * D * L;
+            if constexpr (NRV >= 3) {
+              if (nb == 3) { prefill_block<K, 3>(qv, a, mv, lv, kr.data(), vr.data(), nt, D, scale, lim, mask); continue; }
+              if (nb == 2) { prefill_block<K, 2>(qv, a, mv, lv, kr.data(), vr.data(), nt, D, scale, lim, mask); continue; }
             }
-            l[r] = l[r] * alpha[rr] + sum;
-            m[r] = mx;
-          }
-          int rr = 0;
-#ifdef __AVX512VL__
-          for (; rr + 2 <= rb; rr += 2) {
-            const float* p2[2] = {s.data() + rr * LD, s.data() + (rr + 1) * LD};
-            float* a2[2] = {acc.data() + (r0 + rr) * D, acc.data() + (r0 + rr + 1) * D};
-            values_row<float, K, 2>(p2, vr.data(), nt, D, alpha.data() + rr, a2);
-          }
-#endif
-          for (; rr < rb; ++rr) {
-            const float* p1[1] = {s.data() + rr * LD};
-            float* a1[1] = {acc.data() + (r0 + rr) * D};
-            values_row<float, K, 1>(p1, vr.data(), nt, D, alpha.data() + rr, a1);
+            prefill_block<K, 1>(qv, a, mv, lv, kr.data(), vr.data(), nt, D, scale, lim, mask);
           }
         }
-      }
-      for (int64_t r = 0; r < R; ++r) {
-        float* o = out + ((row0[c] + r / g) * Hq + h * g + r % g) * D;
-        for (int64_t d = 0; d < D; ++d) o[d] = acc[r * D + d] / l[r];
+        for (int64_t r = R0; r < R1; ++r) {
+          float* o = out + ((row0[c] + r / g) * Hq + h * g + r % g) * D;
+          const float* a = at_.data() + (r - R0) / L * D * L + (r - R0) % L;
+          const float lr = l[r - R0];
+          for (int64_t d = 0; d < D; ++d) o[d] = a[d * L] / lr;
+        }
       }
     }
   });
