@@ -13,7 +13,9 @@ time each side spent does much less (agentic: wall time is the target, it overla
    (CPU time): memory (the weights it touches plus every cached key/value, read once at the
    read bandwidth of a ``sum`` over 256 MiB) and arithmetic (its FLOPs at the GFLOP/s that
    ``torch.mm`` reaches over the step's own matmul shapes, operands in cache); for each, the
-   share of it the engine's step reaches and the largest ratio over HF's step it would allow.
+   share of it the engine's step reaches and the largest ratio over HF's step it would allow; and the
+   whole run's floor as the tok/s column counts it, prefill included (the prompts' FLOPs at the BLAS's
+   peak rate, then each decode step at the larger of its two floors), with the largest ratio it allows.
 2. GRPO rollout: 16 prompts x 8 samples, 256-token prompts, per-request max_tokens drawn
    (seeded) from [16, 512]; the engine takes all 128 at once, HF runs static batches of 32
    (4 prompts x 8), each to its longest request. Tok/s counts requested tokens only.
@@ -146,13 +148,24 @@ def clock() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
-def decode_flops(cfg: MoEConfig, batch: int, context: int) -> float:
+def token_flops(cfg: MoEConfig) -> tuple[int, int, int]:
+    """(matmul FLOPs of one token through the layers, of the head, attention FLOPs per key it sees)."""
     H, L, D = cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim
     attn_proj = H * D * (2 * cfg.num_attention_heads + 2 * cfg.num_key_value_heads)
     experts = cfg.num_experts_per_tok * 3 * H * cfg.moe_intermediate_size
-    per_token = 2 * (L * (attn_proj + experts + H * cfg.num_experts) + H * cfg.vocab_size)
-    attention = 2 * 2 * L * cfg.num_attention_heads * D * context
-    return batch * (per_token + attention)
+    return 2 * L * (attn_proj + experts + H * cfg.num_experts), 2 * H * cfg.vocab_size, 2 * 2 * L * cfg.num_attention_heads * D
+
+
+def decode_flops(cfg: MoEConfig, batch: int, context: int) -> float:
+    layers, head, per_key = token_flops(cfg)
+    return batch * (layers + head + per_key * context)
+
+
+def prefill_flops(cfg: MoEConfig, batch: int, prompt_len: int) -> float:
+    """FLOPs of prefilling ``batch`` prompts: every token through the layers, causal attention (token t sees
+    t + 1 keys), the head on each prompt's last token only (its first generated token)."""
+    layers, head, per_key = token_flops(cfg)
+    return batch * (prompt_len * layers + per_key * prompt_len * (prompt_len + 1) // 2 + head)
 
 
 def engine_decode(model, ps, prompt_len, new, kv_dtype) -> tuple[float, float, float, float]:
@@ -195,6 +208,9 @@ def fixed_batch(model, hf, cfg, batches, prompt_len, new) -> tuple[list[str], li
         w_bytes, kv_bytes = decode_bytes(model, B, context)
         flop_floor, mem_floor = flops / (gflops * 1e9), (w_bytes + kv_bytes) / (read_gbps * 1e9)
         peak_floor = flops / (peak * 1e9)
+        # the whole run as the tok/s column counts it: the prefill at the BLAS's peak rate, then new - 1 decode
+        # steps each at the larger of its memory floor and its FLOPs at peak (the least either could take)
+        run_floor = prefill_flops(cfg, B, prompt_len) / (peak * 1e9) + (new - 1) * max(mem_floor, peak_floor)
         rows.append(f"| fixed batch {B:>2} | {eng_tps:8.0f} | {hf_tps:8.0f} | {eng_tps / hf_tps:5.1f}x | "
                     f"{hf_cpu / eng_cpu:5.1f}x | decode step {eng_step * 1e3:.1f} ms ({eng_step_cpu * 1e3:.1f} CPU-ms) vs "
                     f"HF {hf_step * 1e3:.1f} ms ({hf_step_cpu * 1e3:.1f}); {mem_floor / eng_step_cpu:.0%} of the memory "
@@ -213,12 +229,14 @@ def fixed_batch(model, hf, cfg, batches, prompt_len, new) -> tuple[list[str], li
                       f"{eng_step_cpu * 1e3:.2f} ms ({mem_floor / eng_step_cpu:.0%} / {flop_floor / eng_step_cpu:.0%}) | "
                       f"{hf_step_cpu * 1e3:.2f} ms | {hf_step_cpu / mem_floor:.1f}x / {hf_step_cpu / flop_floor:.1f}x "
                       f"({hf_step_cpu / peak_floor:.1f}x at peak) | "
-                      f"{hf_step_cpu / eng_step_cpu:.1f}x |")
+                      f"{hf_step_cpu / eng_step_cpu:.1f}x | {run_floor:.2f} s: {hf_cpu / run_floor:.1f}x | "
+                      f"{eng_cpu:.2f} s: {hf_cpu / eng_cpu:.1f}x |")
     head = (f"\nDecode-step floors (CPU time; one thread; streams over 256 MiB: read {read_gbps:.1f} GB/s, copy "
             f"{copy_gbps:.1f}, triad {triad_gbps:.1f}; GEMM rate: torch.mm over the step's own shapes, in cache)\n\n"
             "| batch | bytes read per step (weights + KV) | memory floor | FLOPs per step | GEMM GFLOP/s (step shapes"
             " / peak, 256x256x256) | arithmetic floor (step shapes / peak) | engine step (share of memory / arithmetic floor reached) | HF step | "
-            "max ratio vs HF the floor allows (memory / arithmetic) | ratio now |\n|---|---|---|---|---|---|---|---|---|---|")
+            "max ratio vs HF the floor allows (memory / arithmetic) | ratio now | whole run's floor, prefill included: "
+            "CPU s and the most its tok/s ratio can be | whole run now |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     return rows, [head, *floors]
 
 
@@ -422,9 +440,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import Qwen3MoeForCausalLM
 
-    from jointrl.kernels.paged_attention_cpu import load_kernel
+    from jointrl.kernels import decode_cpu, linear_cpu, moe_cpu, paged_attention_cpu
 
-    load_kernel()  # compiled (first run) or loaded before anything is timed
+    for kernel in (decode_cpu, linear_cpu, moe_cpu, paged_attention_cpu):  # the engine's C++ kernels, compiled (a
+        kernel.load_kernel()  # machine's first run: tens of seconds) or loaded before anything is timed
 
     cfg = bench_config()
     model = MoETransformer.from_config(cfg, dtype=torch.float32, seed=0).eval()
