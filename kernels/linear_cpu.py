@@ -19,6 +19,12 @@ Compiled at first use (``kernels/cpu_extension``); ``load_kernel()`` is None wit
 and the caller (``rl/rollout/model_runner``) then keeps ``F.linear``. Single-threaded by design (decode rows are few; one
 torch thread is the rollout actor's setting).
 
+The runner calls it at every row count. Past a decode step's rows it still beats MKL's sgemm here: one
+thread, Zen 4, warm weights, bench_moe's q|k|v (256 -> 512) at 400 / 800 / 2048 rows 1.05 / 2.13 / 5.18 ms
+against 1.25 / 2.53 / 6.44 (~100 against ~84 GFLOP/s); in the engine, runs alternated, the bench's agentic
+workload 11.2 -> 10.6 CPU-s and a 2048-token prefill step 185 -> 173 ms. (An earlier measurement had MKL
+~10% ahead at 512 rows, and the runner kept ``F.linear`` past 256 rows.)
+
 Shapes: N rows, K input features, O outputs, Q = ceil(O / 16) panels.
 """
 
@@ -32,14 +38,9 @@ from torch import Tensor
 
 from jointrl.kernels.cpu_extension import load_cpu_extension
 
-__all__ = ["PANEL", "PANEL_SOURCE", "MAX_ROWS", "load_kernel", "pack", "linear"]
+__all__ = ["PANEL", "PANEL_SOURCE", "load_kernel", "pack", "linear"]
 
 PANEL = 16  # output columns per packed panel
-# Rows up to which the runner calls ``linear`` (and runs a pure decode step from its plan). bench_moe shapes,
-# one thread, Zen 4, warm weights: 10-20% less time than MKL's sgemm from 32 to 256 rows (512x256 at 128
-# rows: 0.32 vs 0.36 ms); past that the two trade places (at 512 rows MKL is ~10% faster), so prefill
-# chunks keep ``F.linear``. A GRPO batch decodes 128 rows at once.
-MAX_ROWS = 256
 
 # y = x Wᵀ over packed panels (``linear_rows``), shared with ``moe_cpu``'s packed experts.
 PANEL_SOURCE = r"""

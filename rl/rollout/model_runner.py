@@ -4,10 +4,10 @@ It reuses the model's own modules and weights (projections, q/k-norm, RoPE, the 
 norms, head); only attention's cache handling differs from ``MoETransformer.forward``.
 All new tokens of a step -- one per decoding sequence, a chunk per prefilling one -- are
 flattened to N rows: every projection and the MoE (tokens grouped by expert, one matmul
-per active expert) run once over all N; at up to ``linear_cpu.MAX_ROWS`` rows (decode steps, a GRPO
-batch's 128 rows too) the dense projections -- q|k|v, o, router, head -- through ``kernels/linear_cpu``
-against weights packed once per weights version (MKL's sgemm is slower at so few rows), and at any row
-count the routed experts through their own packed copy (``kernels/moe_cpu.moe_experts_packed``: ~20% less
+per active expert) run once over all N; at any row count the dense projections -- q|k|v, o, router,
+head -- through ``kernels/linear_cpu`` against weights packed once per weights version (faster than MKL's
+sgemm here at every row count measured, a decode step's 16 to a prefill chunk's 2048: its docstring), and
+the routed experts through their own packed copy (``kernels/moe_cpu.moe_experts_packed``: ~20% less
 time than the unpacked loop at decode, their weights streamed from memory each step; at a 2048-token
 prefill chunk 11 ms per layer against 29 for ``model.moe.Experts``' per-expert matmuls; the copy costs the
 expert weights' bytes once more; after a weight update the panels are refilled in place, one strided
@@ -306,7 +306,7 @@ class ModelRunner:
         if self.image is not None and bool((ids_N == self.image[0]).any()):
             x_NH = m.model.image_projector.merge(x_NH[None], ids_N[None], self._patches([batch[i] for i in order]))[0]
         cos_ND, sin_ND = self._rope(pos_N, x_NH.dtype)
-        packed = self.packed_linear and len(ids_N) <= linear_cpu.MAX_ROWS  # a few rows: kernels/linear_cpu
+        packed = self.packed_linear  # the dense projections through kernels/linear_cpu, at any row count
         if packed and not prefill and self.image is None:
             plan = self._decode_plan()
             if plan is not None:
