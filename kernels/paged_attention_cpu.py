@@ -55,16 +55,18 @@ sequence's keys up to its own position, read in place through the chunk's slots 
 keys, no mask tensor, no SDPA call per chunk. float32 queries only (a float32 or bfloat16 cache, head_dim a
 multiple of 8); float64 (the exactness tests) and bfloat16 models run the torch reference, SDPA per chunk
 on gathered keys. Per (chunk, kv head) its rows -- (query, head of the GQA group) pairs -- go 8 to a vector
-register, rows in lanes: their queries transposed once, so that a key's scores for 8 rows are one broadcast
-and one FMA per dimension (no horizontal sums), and the online softmax's max, exp and sum run down the
-lanes, 8 rows per instruction (with one accumulator per dot product and a softmax per row, as decode does,
-the sums and the per-row softmax took about a third of the time). Each tile of keys is read once for all
-the rows that see it, in blocks of 24 rows while it sits in L1. One thread, bench_moe's heads (4 q, 2 kv,
-D 64), against the row-per-accumulator form it replaced: a 65-token chunk after 320 / 600 / 900 cached
-keys 0.33 / 0.59 / 0.81 ms against 0.50 / 1.01 / 1.32 (~72 GFLOP/s at 600, near this core's FMA peak);
-a 256-token prompt 0.58 against 0.93 ms; a 2048-token chunk 28 against 54 ms (the gather + mask + SDPA
-before it: 0.60 / 1.01 / 1.67, 1.34 and 93 ms). The bench's agentic workload, runs alternated: 12.2 ->
-10.5 s wall.
+register (16 with AVX-512), rows in lanes: their queries transposed once, so that a key's scores for a
+vector of rows are one broadcast and one FMA per dimension (no horizontal sums), and the online softmax's
+max, exp and sum run down the lanes, a vector of rows per instruction (with one accumulator per dot
+product and a softmax per row, as decode does, the sums and the per-row softmax took about a third of the
+time). Each lane's arithmetic is the same whatever the vector width (the same bits from 8 or 16 lanes).
+Each tile of keys is read once for all the rows that see it, in blocks of 3 vectors of rows while it sits
+in L1. One thread, bench_moe's heads (4 q, 2 kv, D 64), against the row-per-accumulator form it replaced,
+8 lanes / 16 lanes: a 65-token chunk after 320 / 600 / 900 cached keys 0.33 / 0.59 / 0.81 ms and 0.25 /
+0.42 / 0.61 against 0.50 / 1.01 / 1.32 (~100 GFLOP/s at 600 with 16 lanes); a 256-token prompt 0.58 and
+0.41 against 0.93 ms; a 2048-token chunk 28 and 18 against 54 ms (the gather + mask + SDPA before it:
+0.60 / 1.01 / 1.67, 1.34 and 93 ms). The bench's agentic workload, runs alternated: 12.2 -> 10.5 s wall
+with 8 lanes, then 16 lanes ~4 % less CPU again (4 pairs, each in its favour).
 
 Shapes: B sequences, Hq/Hkv heads, D head_dim, P cache slots, S the longest context; C prefill chunks.
 """
@@ -543,13 +545,12 @@ constexpr int64_t SB = 24 * 8;  // rows per pass over the keys (their state: 2 x
 // One tile (keys kr[0..nt), values vr[0..nt)) into a block of NV row vectors: qt [NV][D][8] their queries,
 // at [NV][D][8] their accumulators, m and l [NV * 8] their running max and sum. With ``mask``, row i of the
 // block sees the tile's keys 0 .. lim[i] (lim[i] < 0: none of them); without, all nt.
-template <typename K, int NV>
+template <typename K, int NV, typename W>
 static void prefill_block(const float* qt, float* at, float* m, float* l, const K* const* kr, const K* const* vr,
                           int64_t nt, int64_t D, float scale, const float* lim, bool mask) {
-  using W = Vec<float>;
-  using V = W::V;
+  using V = typename W::V;
   constexpr int L = W::L, NL = NV * W::L;
-  alignas(32) float s[TILE * NL], mx[NL], al[NL], sm[NL];  // s[t * NL + i]: key t, row i of the block
+  alignas(64) float s[TILE * NL], mx[NL], al[NL], sm[NL];  // s[t * NL + i]: key t, row i of the block
   for (int64_t k0 = 0; k0 < nt; k0 += 8) {  // scores, 8 keys x NV row vectors per pass
     const K* kp[8];
     for (int kk = 0; kk < 8; ++kk) kp[kk] = kr[std::min<int64_t>(k0 + kk, nt - 1)];
@@ -610,15 +611,15 @@ static void prefill_block(const float* qt, float* at, float* m, float* l, const 
   }
 }
 
-template <typename K>
+template <typename K, typename W>
 static void prefill(const float* q, const K* kv, float* out, const int64_t* slots, const int64_t* start,
                     const int64_t* row0, const int64_t* count, int64_t C, int64_t Hq, int64_t Hkv, int64_t D,
                     int64_t S, float scale) {
-  constexpr int64_t L = Vec<float>::L;
+  constexpr int64_t L = W::L;
   const int64_t g = Hq / Hkv, slot_stride = 2 * Hkv * D, v_off = Hkv * D;
   at::parallel_for(0, C * Hkv, 1, [&](int64_t task0, int64_t task1) {
     std::vector<float> qt, at_, m, l;
-    alignas(32) float lim[NRV * L];
+    alignas(64) float lim[NRV * L];
     std::vector<const K*> kr(TILE), vr(TILE);
     for (int64_t task = task0; task < task1; ++task) {
       const int64_t c = task / Hkv, h = task % Hkv, n = count[c], c0 = start[c], R = n * g;
@@ -657,10 +658,10 @@ static void prefill(const float* q, const K* kv, float* out, const int64_t* slot
             float *a = at_.data() + v0 * D * L, *mv = m.data() + v0 * L, *lv = l.data() + v0 * L;
             const float* qv = qt.data() + v0 * D * L;
             if constexpr (NRV >= 3) {
-              if (nb == 3) { prefill_block<K, 3>(qv, a, mv, lv, kr.data(), vr.data(), nt, D, scale, lim, mask); continue; }
-              if (nb == 2) { prefill_block<K, 2>(qv, a, mv, lv, kr.data(), vr.data(), nt, D, scale, lim, mask); continue; }
+              if (nb == 3) { prefill_block<K, 3, W>(qv, a, mv, lv, kr.data(), vr.data(), nt, D, scale, lim, mask); continue; }
+              if (nb == 2) { prefill_block<K, 2, W>(qv, a, mv, lv, kr.data(), vr.data(), nt, D, scale, lim, mask); continue; }
             }
-            prefill_block<K, 1>(qv, a, mv, lv, kr.data(), vr.data(), nt, D, scale, lim, mask);
+            prefill_block<K, 1, W>(qv, a, mv, lv, kr.data(), vr.data(), nt, D, scale, lim, mask);
           }
         }
         for (int64_t r = R0; r < R1; ++r) {
@@ -694,9 +695,15 @@ void paged_prefill(torch::Tensor q, torch::Tensor kv, torch::Tensor slots, torch
 #ifdef JOINTRL_SIMD
   auto go = [&](auto* kv_ptr) {
     using K = std::remove_const_t<std::remove_pointer_t<decltype(kv_ptr)>>;
-    prefill<K>(q.data_ptr<float>(), kv_ptr, out.data_ptr<float>(), slots.data_ptr<int64_t>(),
+#ifdef __AVX512F__  // 16 rows to a vector: the same FMAs in half the instructions
+    prefill<K, Vec16>(q.data_ptr<float>(), kv_ptr, out.data_ptr<float>(), slots.data_ptr<int64_t>(),
                start.data_ptr<int64_t>(), row0.data_ptr<int64_t>(), count.data_ptr<int64_t>(), slots.size(0),
                q.size(1), kv.size(2), q.size(2), slots.size(1), static_cast<float>(scale));
+#else
+    prefill<K, Vec<float>>(q.data_ptr<float>(), kv_ptr, out.data_ptr<float>(), slots.data_ptr<int64_t>(),
+               start.data_ptr<int64_t>(), row0.data_ptr<int64_t>(), count.data_ptr<int64_t>(), slots.size(0),
+               q.size(1), kv.size(2), q.size(2), slots.size(1), static_cast<float>(scale));
+#endif
   };
   if (kv.scalar_type() == at::kBFloat16) go(reinterpret_cast<const uint16_t*>(kv.data_ptr()));
   else go(kv.data_ptr<float>());
