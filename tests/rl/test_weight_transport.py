@@ -150,25 +150,31 @@ def test_a_receiver_killed_mid_push_is_left_out_and_gets_the_next_one(cluster):
     learner = LearnerGroup(cfg)
     workers = [ray.remote(max_concurrency=1000, max_restarts=-1)(RolloutWorker).remote(cfg) for _ in range(2)]
     push = WeightPush("dist", learner.senders, workers, "gloo", timeout_s=3600)
-    push(1)
-    assert push.live == [0, 1] and push.retries == 0
     sender_pid, victim = ray.get(learner.workers[0].pid.remote()), ray.get(workers[0].pid.remote())
+    push(1)  # connects the groups; the next push is timed against this one's sender CPU seconds
+    assert push.live == [0, 1] and push.retries == 0
+    start = _cpu_seconds(sender_pid)
+    push(2)
+    assert push.retries == 0
+    cost = _cpu_seconds(sender_pid) - start
 
     start = _cpu_seconds(sender_pid)
-    pushing = threading.Thread(target=push, args=(2,))
+    pushing = threading.Thread(target=push, args=(3,))
     pushing.start()
-    while pushing.is_alive() and _cpu_seconds(sender_pid) - start < 0.15:  # the sender is mid-push
-        time.sleep(0.005)
+    # a fifth of the way into the sender's work (a fixed CPU mark could fall after the push on a fast machine)
+    while pushing.is_alive() and _cpu_seconds(sender_pid) - start < 0.2 * cost:
+        time.sleep(0.002)
+    assert pushing.is_alive(), f"push 3 ended before the kill (a push costs the sender {cost:.2f} CPU-s)"
     os.kill(victim, signal.SIGKILL)
     pushing.join(timeout=900)
     assert not pushing.is_alive(), "the push stalled on the dead receiver"
     assert push.retries >= 1 and 1 in push.live
-    assert ray.get(workers[1].version.remote()) == 2
+    assert ray.get(workers[1].version.remote()) == 3
 
     assert _restarted_pid(workers[0]) != victim  # Ray restarts the killed worker (max_restarts=-1)
-    push(3)  # it is in the rebuilt groups and holds the weights
+    push(4)  # it is in the rebuilt groups and holds the weights
     assert push.live == [0, 1]
-    assert ray.get([w.version.remote() for w in workers]) == [3, 3]
+    assert ray.get([w.version.remote() for w in workers]) == [4, 4]
     states = ray.get([w.__ray_call__.remote(lambda self: self.engine.model.state_dict()) for w in workers])
     assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
     learner.shutdown()
