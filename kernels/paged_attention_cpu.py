@@ -114,37 +114,6 @@ struct Prefetch {
 };
 
 #ifdef JOINTRL_SIMD
-#ifdef __AVX512F__
-// 16 floats (AVX-512) for decode's scores and values where head_dim is a multiple of 16: the same FMAs as
-// Vec<float> in half the instructions -- the loop is instruction bound while a tile sits in cache.
-struct Vec16 {
-  using V = __m512;
-  static constexpr int L = 16;
-  static V load(const float* p) { return _mm512_loadu_ps(p); }
-  static V load(const uint16_t* p) {  // 16 bfloat16 widened exactly
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-  }
-  static V set1(float x) { return _mm512_set1_ps(x); }
-  static V zero() { return _mm512_setzero_ps(); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  static void store(float* p, V x) { _mm512_storeu_ps(p, x); }
-  static V sums(const V* a) {  // [lane sum of a[0], ..., lane sum of a[15]]
-    V w[4];  // w[j]: in each 128-bit lane, that lane's sums of a[4j .. 4j + 3]
-    for (int j = 0; j < 4; ++j) {
-      const V* b = a + 4 * j;
-      const V u = _mm512_add_ps(_mm512_unpacklo_ps(b[0], b[1]), _mm512_unpackhi_ps(b[0], b[1]));
-      const V v = _mm512_add_ps(_mm512_unpacklo_ps(b[2], b[3]), _mm512_unpackhi_ps(b[2], b[3]));
-      w[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u), _mm512_castps_pd(v))),
-                           _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u), _mm512_castps_pd(v))));
-    }
-    const V s01 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x44), _mm512_shuffle_f32x4(w[0], w[1], 0xEE));
-    const V s23 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x44), _mm512_shuffle_f32x4(w[2], w[3], 0xEE));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
-  }
-};
-#endif
-
 // s[j * LD + t] = scale · q_j · k_t for the tile's nt keys (rows kr[t]) and the g query heads q_j of one
 // kv head. NK keys x NJ heads per pass (NK · NJ = the vector width, NJ divides g): one vector
 // accumulator per (key, head) over head_dim, so each loaded key vector serves the NJ heads, and the
