@@ -535,7 +535,7 @@ static void prefill_block(const float* qt, float* at, float* m, float* l, const 
       }
     }
     const V sc = W::set1(scale);
-    for (int kk = 0; kk < 8 && k0 + kk < TILE; ++kk)
+    for (int kk = 0; kk < 8; ++kk)
       for (int v = 0; v < NV; ++v) W::store(s + (k0 + kk) * NL + v * L, W::mul(a[kk][v], sc));
   }
   constexpr float ninf = -std::numeric_limits<float>::infinity();

@@ -151,10 +151,10 @@ def test_a_receiver_killed_mid_push_is_left_out_and_gets_the_next_one(cluster):
     workers = [ray.remote(max_concurrency=1000, max_restarts=-1)(RolloutWorker).remote(cfg) for _ in range(2)]
     push = WeightPush("dist", learner.senders, workers, "gloo", timeout_s=3600)
     sender_pid, victim = ray.get(learner.workers[0].pid.remote()), ray.get(workers[0].pid.remote())
-    push(1)  # connects the groups; the next push is timed against this one's sender CPU seconds
+    push(1)  # connects the groups
     assert push.live == [0, 1] and push.retries == 0
     start = _cpu_seconds(sender_pid)
-    push(2)
+    push(2)  # a push's cost in sender CPU seconds, which times the kill in push 3
     assert push.retries == 0
     cost = _cpu_seconds(sender_pid) - start
 
