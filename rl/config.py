@@ -10,6 +10,7 @@ values and names the allowed ones. Decide once, here; the hot loop never branche
 from __future__ import annotations
 
 import dataclasses
+import enum
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,6 +160,31 @@ class DomainConfig:
     split: str = "train"  # train | heldout | all (envs/splits.py); jointrl eval reads heldout
 
 
+class SandboxBackend(enum.StrEnum):
+    """Which sandbox runs an episode's commands (envs/sandbox/)."""
+
+    bwrap = "bwrap"  # bubblewrap namespaces on the host (bwrap.py)
+    docker = "docker"  # a container per episode on a Docker daemon (docker.py)
+
+
+class SandboxMode(enum.StrEnum):
+    """How the bwrap backend gets its isolation: as root (a private host uid per episode) or
+    rootless (unprivileged user namespaces); ``auto`` picks rootless when not running as root."""
+
+    auto = "auto"
+    root = "root"
+    rootless = "rootless"
+
+
+@dataclass
+class EnvSandboxConfig:
+    """``envs.sandbox``: the sandbox backend every domain's episodes run in, and its limits."""
+
+    backend: SandboxBackend = SandboxBackend.bwrap
+    mode: SandboxMode = SandboxMode.auto
+    rootfs: str | None = None  # the sandbox's /usr and /etc from this directory (null: the host's)
+
+
 @dataclass
 class EnvsConfig:
     # No default domain here: conf/envs/<group>.yaml names them, and a dict default would be
@@ -173,6 +199,7 @@ class EnvsConfig:
     # prompt and one-line tool descriptions (terminal, code_repo, browser), same tools and schemas, for
     # small byte-level models that re-read the system turn with every token (docs/recipe.md)
     prompt: str = "full"
+    sandbox: EnvSandboxConfig = field(default_factory=EnvSandboxConfig)
 
     def __post_init__(self) -> None:
         from jointrl.envs.registry import DOMAINS
