@@ -4,7 +4,9 @@ An environment hosts one episode of one task. The agent loop (``jointrl.rl.agent
 calls ``reset`` once, then ``step`` once per parsed tool call, then ``close``.
 Environments speak text; the agent loop owns all tokenization.
 
-Nothing here imports from ``jointrl.model`` or ``jointrl.rl`` (docs/architecture.md).
+Nothing here imports from ``jointrl.model`` or ``jointrl.rl`` (docs/architecture.md). The chat
+records (``Message``, ``ToolCall``, ``ToolSpec``, ``Role``) live in the leaf module ``jointrl.messages``,
+which the model's chat template also reads; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -13,58 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from jointrl.messages import Message, Role, ToolCall, ToolSpec  # re-exported: the records envs speak
+
 Tier = Literal["low", "high", "max"]
 TIERS: tuple[str, ...] = ("low", "high", "max")
-Role = Literal["system", "user", "assistant", "tool"]
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """One tool, described as an OpenAI function schema (``parameters`` is JSON Schema)."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-
-    def to_openai(self) -> dict[str, Any]:
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    """A tool call the model made: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
-
-    name: str
-    arguments: dict[str, Any]
-    id: str = ""
-
-
-@dataclass(slots=True)
-class Message:
-    """One OpenAI-style chat message, for transcripts and the chat template."""
-
-    role: Role
-    content: str = ""
-    reasoning: str = ""  # the <think> text of an assistant turn
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    name: str = ""  # tool name, on tool messages
-    image: bytes | None = None  # a tool result's screenshot (PNG): <image> slots in the template
-
-    def to_openai(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
-        if self.reasoning:
-            out["reasoning_content"] = self.reasoning
-        if self.tool_calls:
-            out["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in self.tool_calls
-            ]
-        if self.name:
-            out["name"] = self.name
-        return out
 
 
 @dataclass(frozen=True, slots=True)

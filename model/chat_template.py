@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from jointrl.envs.base import Message, ToolSpec
+from jointrl.messages import Message, ToolSpec
 from jointrl.model.tokenizer import ByteTokenizer
 
 TOOL_INSTRUCTIONS = (
