@@ -8,6 +8,13 @@ from torch import nn
 from jointrl.model.norm import compute_dtype
 
 
+def position_ids(attention_mask_BT: torch.Tensor) -> torch.Tensor:
+    """RoPE positions [B, T] (int64) counted over real tokens only: 0 at each row's first real token,
+    +1 per real token after it; a padding slot repeats its row's last position (0 before the first).
+    The sampler (``rl/rollout``) and the learner (``rl/learner``) both take positions from here."""
+    return (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for positions: freqs_j = pos · θ^(-2j/D), duplicated over both halves of D."""
 

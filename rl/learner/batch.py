@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from jointrl.model.rope import position_ids
 from jointrl.rl.image_inputs import slot_patches
 
 
@@ -278,11 +279,6 @@ def logprobs_from_logits(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, tempera
         logits_BTV = logits_BTV.float()
     picked_BT = torch.log_softmax(logits_BTV[:, :-1], -1).gather(-1, ids_BT[:, 1:, None]).squeeze(-1)
     return torch.cat([picked_BT.new_zeros(picked_BT.shape[0], 1), picked_BT], dim=1)
-
-
-def position_ids(attention_mask_BT: torch.Tensor) -> torch.Tensor:
-    """Positions counted over real tokens only (0 at each row's first real token)."""
-    return (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def token_logprobs(model: torch.nn.Module, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor,

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 
 from jointrl.model import KVCache, MoETransformer
+from jointrl.model.rope import position_ids
 from jointrl.model.tokenizer import ByteTokenizer
 from jointrl.rl.image_inputs import slot_patches
-from jointrl.rl.learner.batch import position_ids
 from jointrl.rl.types import GenerationOutput, SamplingParams
 
 
