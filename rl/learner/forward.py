@@ -23,11 +23,8 @@ G shared prompts of P tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from jointrl.kernels import norm_rope_cpu
 from jointrl.model.attention import AttentionBatch
@@ -35,17 +32,8 @@ from jointrl.model.dsa import indexer_loss as dsa_indexer_loss
 from jointrl.model.norm import RMSNorm, compute_dtype, outside_autocast
 from jointrl.model.routing import expert_load, load_balancing_loss
 from jointrl.rl.learner.batch import SharedPrefix
+from jointrl.rl.learner.layers import LearnerForward, run_layers
 from jointrl.rl.learner.prefix_cache import forward_with_prefix_cache
-
-
-@dataclass(slots=True)
-class LearnerForward:
-    logits_BTV: torch.Tensor
-    hidden_BTH: torch.Tensor  # after the final norm (a value head reads this)
-    topk_ids_BTLk: torch.Tensor  # experts each token was sent to (the replayed ones under replay), L = MoE layers
-    aux_loss: torch.Tensor  # load-balancing loss over real tokens (unweighted)
-    expert_load_LE: torch.Tensor  # real-token assignments per (MoE layer, expert), no grad
-    indexer_loss: torch.Tensor | None = None  # gated_dsa's L_I (mean over layers and real queries), when asked
 
 
 def segment_mask(seg_BT: torch.Tensor) -> torch.Tensor:
@@ -63,22 +51,6 @@ def check_packable(config) -> None:
     (KDA's recurrent state and DSA's indexer would carry across sequences)."""
     if set(config.kinds) != {"full"}:
         raise ValueError(f"learner.pack_sequences needs full-attention layers only, the model has {sorted(set(config.kinds))}")
-
-
-def _layers(backbone, x_BTH, batch, replay_BTLk, grad_checkpoint):
-    """Every decoder layer over ``x_BTH`` → (x_BTH, per-MoE-layer router probs_NE, ids_Nk)."""
-    B, T = x_BTH.shape[:2]
-    probs, ids = [], []
-    for layer in backbone.layers:
-        replay_Nk = None if replay_BTLk is None or not layer.is_moe else replay_BTLk[:, :, len(ids)].reshape(B * T, -1)
-        if grad_checkpoint and torch.is_grad_enabled():
-            x_BTH, routing = checkpoint(layer, x_BTH, batch, replay_Nk, use_reentrant=False)
-        else:
-            x_BTH, routing = layer(x_BTH, batch, replay_Nk)
-        if routing is not None:
-            probs.append(routing[1])
-            ids.append(routing[2])
-    return x_BTH, probs, ids
 
 
 def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor, seg_BT: torch.Tensor,
@@ -238,7 +210,7 @@ def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
         index_rope=backbone.index_rotary_emb(pos_BT, x_BTH.dtype) if "gated_dsa" in cfg.kinds else None,
         mask_B1TS=segment_mask(seg_BT), token_mask_BT=real_BT, cache=None,
         indexer_losses=[] if indexer_loss else None)
-    x_BTH, probs, ids = _layers(backbone, x_BTH, batch, replay_BTLk, grad_checkpoint)
+    x_BTH, probs, ids = run_layers(backbone, x_BTH, batch, replay_BTLk, grad_checkpoint)
     indexer_losses = list(batch.indexer_losses or ())  # before a checkpointed backward appends its recomputed ones
     hidden_BTH = backbone.norm(x_BTH)
     logits_BTV = _head(model, hidden_BTH)

@@ -4,7 +4,8 @@ that continues it, as the rollout engine's cache would be.
 
 ``forward.learner_forward(prefix=...)`` calls ``forward_with_prefix_cache`` for such models (its flat
 stream in ``forward._forward_shared`` is exact for full attention only: a KDA state cannot be
-concatenated). The same ``MicroBatch`` layout (``batch.collate_shared``):
+concatenated); both run the decoder layers with ``layers.run_layers``. The same ``MicroBatch``
+layout (``batch.collate_shared``):
 
     prompts [G, P] (right-padded), row b continues prompt row_group[b]; its column 0 is that
     prompt's last token, columns 1.. its own tokens.
@@ -33,6 +34,7 @@ from jointrl.model.attention import AttentionBatch
 from jointrl.model.dsa import indexer_loss as dsa_indexer_loss
 from jointrl.model.kv_cache import KVCache
 from jointrl.model.routing import expert_load, load_balancing_loss
+from jointrl.rl.learner.layers import LearnerForward, run_layers
 
 
 def _left_padded_prompts(prefix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -61,8 +63,6 @@ def _batch(backbone, cfg, x_BTH, pos_BT, token_mask_BT, cache, losses, key_mask_
 def forward_with_prefix_cache(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor,
                               seg_BT: torch.Tensor, prefix, indexer_loss: bool = False):
     """``learner_forward`` of rows that continue shared prompts, through a cache of the prompts."""
-    from jointrl.rl.learner.forward import LearnerForward, _layers
-
     cfg, backbone = model.config, model.model
     B, T = ids_BT.shape
     L, k = cfg.num_moe_layers, cfg.num_experts_per_tok
@@ -77,8 +77,8 @@ def forward_with_prefix_cache(model: torch.nn.Module, ids_BT: torch.Tensor, pos_
     probs_p, ids_p = [], []
     if P0:
         x_GPH = backbone.embed_tokens(pre_ids)
-        _, probs_p, ids_p = _layers(backbone, x_GPH, _batch(backbone, cfg, x_GPH, pre_pos, pre_real, cache, losses,
-                                                             pre_real, pre_real * uses_G[:, None]), None, False)
+        _, probs_p, ids_p = run_layers(backbone, x_GPH, _batch(backbone, cfg, x_GPH, pre_pos, pre_real, cache, losses,
+                                                               pre_real, pre_real * uses_G[:, None]), None, False)
         cache.advance(P0)
     def rows(ts: list) -> list:
         return [None if t is None else t[rg] for t in ts]
@@ -89,7 +89,7 @@ def forward_with_prefix_cache(model: torch.nn.Module, ids_BT: torch.Tensor, pos_
     x_BTH = backbone.embed_tokens(ids_BT)
     batch = _batch(backbone, cfg, x_BTH, pos_BT, real_BT, row_cache, losses,
                    torch.cat((pre_real[rg], real_BT), dim=1))
-    x_BTH, probs_r, ids_r = _layers(backbone, x_BTH, batch, None, False)
+    x_BTH, probs_r, ids_r = run_layers(backbone, x_BTH, batch, None, False)
     hidden_BTH = backbone.norm(x_BTH)
     logits_BTV = model.lm_head(hidden_BTH)
     weight_N = torch.cat(((pre_real * uses_G[:, None]).reshape(-1), real_BT.reshape(-1).to(torch.float32)))
