@@ -11,29 +11,11 @@ running the tests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from jointrl.envs.code_repo.specs import intervals, ledger, texttable, unitconv
+from jointrl.envs.code_repo.specs.base import Bug, Edit, RepoSpec
 
-Edit = tuple[str, str, str]  # (path, old, new): ``old`` occurs exactly once in the file
-
-
-@dataclass(frozen=True)
-class Bug:
-    id: str  # the instance id, "<repo>-<n>"
-    problem: str  # the issue text the agent sees
-    breaks: list[Edit]  # applied to the correct version: the base commit
-    tests: dict[str, str]  # path -> text appended (the file is created if absent): the test_patch
-    fail_to_pass: list[str]  # test node ids the tests add, failing at the base commit
-    wrong: list[Edit]  # applied to the base commit: the plausible-but-wrong fix
-
-
-@dataclass(frozen=True)
-class RepoSpec:
-    name: str  # "jointrl/<name>" in the records; the bundle is data/repos/<name>.bundle
-    files: dict[str, str]
-    bugs: list[Bug] = field(default_factory=list)
+__all__ = ["Bug", "Edit", "RepoSpec", "all_repos"]
 
 
 def all_repos() -> list[RepoSpec]:
-    from jointrl.envs.code_repo.specs import intervals, ledger, texttable, unitconv
-
     return [unitconv.REPO, intervals.REPO, texttable.REPO, ledger.REPO]

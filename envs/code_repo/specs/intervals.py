@@ -1,6 +1,6 @@
 """``intervals``: half-open integer intervals, their union and gaps, dates and a day planner."""
 
-from jointrl.envs.code_repo.specs import Bug, RepoSpec
+from jointrl.envs.code_repo.specs.base import Bug, RepoSpec
 
 FILES = {
     "README.md": '''\

@@ -1,6 +1,6 @@
 """``ledger``: money amounts in cents, a stock inventory and a double-entry-ish ledger."""
 
-from jointrl.envs.code_repo.specs import Bug, RepoSpec
+from jointrl.envs.code_repo.specs.base import Bug, RepoSpec
 
 FILES = {
     "README.md": '''\

@@ -1,6 +1,6 @@
 """``texttable``: render rows of values as a plain-text table."""
 
-from jointrl.envs.code_repo.specs import Bug, RepoSpec
+from jointrl.envs.code_repo.specs.base import Bug, RepoSpec
 
 FILES = {
     "README.md": '''\

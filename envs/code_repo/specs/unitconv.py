@@ -1,6 +1,6 @@
 """``unitconv``: convert quantities between units of length, mass, time and temperature."""
 
-from jointrl.envs.code_repo.specs import Bug, RepoSpec
+from jointrl.envs.code_repo.specs.base import Bug, RepoSpec
 
 FILES = {
     "README.md": '''\
