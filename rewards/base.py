@@ -5,6 +5,10 @@ verifiers) do so in a *fresh* verification sandbox over the episode's final file
 (``Episode.verify_sandbox()``), never in the sandbox the agent had its hands on.
 A checker that crashes raises ``jointrl.envs.base.EnvError``: that is an
 infrastructure failure, retried and then marked ``env_error`` -- never scored 0.
+
+The registry is complete whenever this module can be used: importing ``jointrl.rewards.base``
+first runs the package's ``__init__``, which imports every built-in reward module (each
+registers itself here on import).
 """
 
 from __future__ import annotations
@@ -61,16 +65,12 @@ def register(name: str, success_at: float | None = None) -> Callable[[RewardFn],
 
 
 def get(name: str) -> RewardFn:
-    import jointrl.rewards  # noqa: F401  (importing the package registers the built-in modules)
-
     if name not in _REGISTRY:
         raise ValueError(f"unknown reward {name!r}; registered: {sorted(_REGISTRY)}")
     return _REGISTRY[name]
 
 
 def registered() -> list[str]:
-    import jointrl.rewards  # noqa: F401
-
     return sorted(_REGISTRY)
 
 
@@ -91,8 +91,6 @@ SUCCESS_TOL = 1e-6  # a score that is 1 up to rounding
 def success_threshold(name: str) -> float:
     """The score from which reward module ``name`` counts an episode as solved: the module's
     ``register(..., success_at=)`` (CAD: ``cad_iou`` 0.995, ``cad_chamfer`` 0.95), else 1 - ``SUCCESS_TOL``."""
-    import jointrl.rewards  # noqa: F401  (importing the package registers the built-in modules)
-
     return _SUCCESS_AT.get(name, 1.0 - SUCCESS_TOL)
 
 
