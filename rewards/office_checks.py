@@ -36,6 +36,7 @@ import re
 from typing import Any
 
 from jointrl.envs.base import EnvError, Task
+from jointrl.envs.office.env import VERIFY_TOOL_MOUNT, run_tool
 from jointrl.rewards.answer_match import normalize as normalize_text
 from jointrl.rewards.answer_match import number_matches
 from jointrl.rewards.base import Episode, RewardResult, register
@@ -189,8 +190,6 @@ def score(checks: list[dict[str, Any]], facts: Facts, answer: str | None, partia
 
 def final_facts(task: Task, episode: Episode) -> Facts:
     """Every final document's content after recalculation, read in a fresh verification sandbox."""
-    from jointrl.envs.office.env import VERIFY_TOOL_MOUNT, run_tool
-
     if episode.verify_sandbox is None:
         raise ValueError(f"office_checks needs episode.verify_sandbox (task {task.id!r})")
     try:

@@ -30,8 +30,13 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from jointrl.kernels.mxfp4 import quantize_mxfp4
+from jointrl.model.hf import save_hf
+from jointrl.model.hf_hybrid import save_hybrid
+from jointrl.model.hf_tokenizer import save_tokenizer
 from jointrl.model.moe_transformer import MoETransformer
+from jointrl.rl.build import build_model
 from jointrl.rl.config import Config, load_config
+from jointrl.rl.learner.value_head import VALUE_HEAD_PREFIX
 from jointrl.rl.weight_sync import is_routed_expert
 
 FORMATS = ("hf", "mxfp4", "both")
@@ -50,9 +55,6 @@ def run_config(checkpoint: Path, overrides: list[str]) -> Config:
 
 def load_deepspeed(cfg: Config, checkpoint: str | Path) -> tuple[MoETransformer, int]:
     """(policy, step) from a DeepSpeed checkpoint directory, expert-sharded or not."""
-    from jointrl.rl.build import build_model
-    from jointrl.rl.learner.value_head import VALUE_HEAD_PREFIX
-
     path = Path(checkpoint)
     if (path / "latest").is_file():
         path = path / (path / "latest").read_text().strip()
@@ -77,10 +79,6 @@ def load_deepspeed(cfg: Config, checkpoint: str | Path) -> tuple[MoETransformer,
 
 def export_hf(model: MoETransformer, out: str | Path) -> Path:
     """Safetensors + config (+ remote code for hybrids) + tokenizer and chat template."""
-    from jointrl.model.hf import save_hf
-    from jointrl.model.hf_hybrid import save_hybrid
-    from jointrl.model.hf_tokenizer import save_tokenizer
-
     out = Path(out)
     hybrid = any(kind != "full" for kind in model.config.kinds)
     (save_hybrid if hybrid else save_hf)(model, out)

@@ -36,8 +36,11 @@ import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
+from jointrl.rewards.base import succeeded
 from jointrl.rl.config import Config, register_schemas, to_config
 from jointrl.rl.eval import EvalSpec, evaluate
+from jointrl.rl.sft import sft
+from jointrl.rl.train import train
 
 
 def _cpu_s() -> float:
@@ -73,8 +76,6 @@ def eval_steps(total_steps: int, every: int) -> list[int]:
 def train_curves(traj_dir: Path) -> dict[str, dict[str, list[float]]]:
     """Per domain: ``step``, mean ``reward`` and ``success`` share of each GRPO step's scored
     trajectories (env errors excluded, as in the driver's ``<domain>/reward``)."""
-    from jointrl.rewards.base import succeeded
-
     per: dict[str, dict[int, list[tuple[float, bool]]]] = defaultdict(lambda: defaultdict(list))
     for path in sorted(traj_dir.glob("step_*.jsonl")):
         step = int(path.stem.split("_")[1])
@@ -161,9 +162,6 @@ def _eval(cfg: Config, spec: EvalSpec, checkpoint: str | None, out: Path, label:
 
 def recipe(cfg: Config) -> dict:
     """SFT -> eval -> GRPO -> evals -> curves; returns ``curves.json``'s content."""
-    from jointrl.rl.sft import sft
-    from jointrl.rl.train import train
-
     rc, out = cfg.recipe, Path(cfg.output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.structured(cfg), out / "config.yaml")

@@ -42,7 +42,10 @@ from jointrl.rewards.base import succeeded
 from jointrl.rl.config import Config, register_schemas, to_config
 from jointrl.rl.eval import EvalSpec, eval_tasks, play
 from jointrl.rl.learner.batch import TrainBatch
+from jointrl.rl.learner.group import LearnerGroup
 from jointrl.rl.rollout.scripted import ScriptedEngine
+from jointrl.rl.tracking import RunTracker
+from jointrl.rl.train import _start_ray
 from jointrl.rl.types import FinishReason, Trajectory
 
 
@@ -135,10 +138,6 @@ def sft_batch(trajs: list[Trajectory]) -> TrainBatch:
 
 def sft(cfg: Config) -> dict[str, float]:
     """``cfg.algo.total_steps`` SFT steps on the oracle transcripts; returns the last step's metrics."""
-    from jointrl.rl.learner.group import LearnerGroup
-    from jointrl.rl.tracking import RunTracker
-    from jointrl.rl.train import _start_ray
-
     cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, name="sft"))
     out_dir = Path(cfg.output_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)

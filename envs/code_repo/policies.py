@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from jointrl.envs.base import Task, ToolCall
+from jointrl.envs.code_repo.generate import FAMILIES
 from jointrl.envs.code_repo.records import SweRecord
 from jointrl.envs.code_repo.snapshot import RepoStore, default_store
 from jointrl.envs.code_repo.tools import find_all
@@ -136,8 +137,6 @@ def sed_calls(record: SweRecord, role: str, store: RepoStore | None = None) -> P
     """Turns of a generated instance's ``oracle`` or ``wrong`` edit from the shell: one ``sed -i`` on
     ``*/<module>.py`` with the family's edit (``generate.FAMILIES``), then submit. Checked: the real
     sed on the base file gives exactly the patched file, else ``ValueError``."""
-    from jointrl.envs.code_repo.generate import FAMILIES  # the generator imports this package
-
     family, _, seed = record.instance_id.rpartition("-s")
     if family not in FAMILIES or not seed.isdigit():
         raise ValueError(f"{record.instance_id}: sed demonstrations exist for generated instances only "

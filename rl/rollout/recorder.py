@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jointrl.envs.base import Message, ToolSpec
+from jointrl.envs.base import Message, ToolCall, ToolSpec
 from jointrl.model.chat_template import ChatTemplate
 from jointrl.rl.types import FinishReason, GenerationOutput, Trajectory
 
@@ -255,8 +255,6 @@ class ConversationStore:
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:
     """Trajectories from a JSONL file written by the recorder or the trainer's dumps."""
-    from jointrl.envs.base import ToolCall
-
     out = []
     for line in Path(path).read_text().splitlines():
         if not line.strip():

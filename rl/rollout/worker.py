@@ -15,6 +15,7 @@ from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
 from jointrl.rl.rollout.sampler import SimpleSampler
 from jointrl.rl.types import GenerationOutput, SamplingParams
 from jointrl.rl.weight_sync import merge_bundles
+from jointrl.rl.weight_transport import WeightReceiver
 
 
 class RolloutWorker:
@@ -49,8 +50,6 @@ class RolloutWorker:
 
     # rollout.weight_transport=dist (rl/weight_transport.py)
     def join_weight_group(self, addresses: list, index: int, num_receivers: int, backend: str, timeout_s: float) -> None:
-        from jointrl.rl.weight_transport import WeightReceiver
-
         if getattr(self, "receiver", None) is not None:  # rebuilt groups: leave the old ones first
             self.receiver.close()
         self.receiver = WeightReceiver([tuple(a) for a in addresses], index, num_receivers, backend, timeout_s)

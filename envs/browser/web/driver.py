@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from .image_browser import ImageBrowser
 from .sites import build
 from .sites.app import serve
 from .text_browser import BrowserError, TextBrowser
@@ -34,8 +35,6 @@ def main(argv: list[str] | None = None) -> None:
     _, sites, state = build(args.seed, args.state)
     serve(sites, state)
     if args.mode == "image":
-        from .image_browser import ImageBrowser
-
         width, height = (int(x) for x in args.viewport.split("x"))
         browser = ImageBrowser(width, height)
     else:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from pathlib import Path
 
-from .app import Handler, State
+from .app import Handler, Request, State
 from .settings import Settings, initial_state
 from .shop import Shop
 from .wiki import Wiki
@@ -29,10 +30,6 @@ def build(seed: int, state_path: Path | None = None) -> tuple[World, dict[int, H
 def in_process_fetch(sites: dict[int, Handler], state: State):
     """A ``TextBrowser`` fetch that calls the site handlers directly (no sockets): the host's
     oracle planner. Follows 303 redirects as a browser does (then GET)."""
-    import urllib.parse
-
-    from .app import Request
-
     def fetch(method: str, url: str, body: bytes | None) -> tuple[str, str]:
         for _ in range(5):
             u = urllib.parse.urlsplit(url)
