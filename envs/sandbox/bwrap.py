@@ -332,6 +332,17 @@ class BwrapSandbox:
             return
         kill_uid(self.uid, keep=keep)
 
+    def kill_processes(self) -> None:
+        """SIGKILL every process of the sandbox (root: of its uid; rootless: of every pid namespace it
+        started, never by uid, which is the job's own). The sandbox stays open: the next command starts anew."""
+        if not self.rootless:
+            kill_uid(self.uid)
+            return
+        with self._held._lock:
+            inits, self._held.inits = list(self._held.inits.values()), {}
+        for init in inits:
+            init.kill()
+
     def _kill_all(self) -> None:
         self._shell_pids = frozenset()
         if self.rootless:

@@ -100,25 +100,60 @@ def test_without_user_namespaces_the_run_stops_before_ray_with_one_line(tmp_path
     assert time.monotonic() - t0 < 120
 
 
+# The C++ ops (DeepSpeed's CPU communication op, jointrl's CPU kernels) compiled for the test uid once
+# and kept, like root's ~/.cache: seeded from root's cache, so later runs compile nothing.
+UID_CACHE = Path("/var/tmp/jointrl-test-uid-cache")
+
+
+def _uid_cache(uid: int) -> Path:
+    if not UID_CACHE.is_dir():
+        UID_CACHE.mkdir(mode=0o755)
+        for name in ("torch_extensions", "jointrl"):
+            if os.path.isdir(os.path.expanduser(f"~/.cache/{name}")):
+                shutil.copytree(os.path.expanduser(f"~/.cache/{name}"), UID_CACHE / name, symlinks=True,
+                                ignore=shutil.ignore_patterns("*.lock", "*.tmp-*"))
+        (UID_CACHE / "torch_extensions").mkdir(exist_ok=True)
+        subprocess.run(["chown", "-R", f"{uid}:{uid}", str(UID_CACHE)], check=True)
+    return UID_CACHE
+
+
 @needs_rootless
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_the_default_terminal_job_trains_as_an_ordinary_user(unprivileged):
     """``python -m jointrl.rl.train`` (2 steps) as uid 65534 in a delegated cgroup: every episode scores."""
     u = unprivileged
     out = u.home / "run"
-    ext = os.path.expanduser("~/.cache/torch_extensions")
-    if os.path.isdir(ext):  # the DeepSpeed CPU op, compiled once by root: a copy the uid owns (else ~1 min to build)
-        shutil.copytree(ext, u.home / ".cache" / "torch_extensions")
-        subprocess.run(["chown", "-R", f"{u.uid}:{u.uid}", str(u.home / ".cache")], check=True)
+    cache = _uid_cache(u.uid)
     cmd = [sys.executable, "-m", "jointrl.rl.train", f"output_dir={out}", "algo.total_steps=2", "algo.prompts_per_step=2",
            "algo.group_size=2", "envs.num_workers=1", "rollout.max_tokens_per_turn=48", "algo.max_refill_attempts=1"]
-    env = u.env(DS_ACCELERATOR="cpu", WANDB_SILENT="true", PYTHONUNBUFFERED="1",
-                TORCH_EXTENSIONS_DIR=str(u.home / ".cache" / "torch_extensions"), RAY_TMPDIR=str(u.short))
-    r = subprocess.run(u.argv(cmd, delegate=True), env=env, cwd=u.home, capture_output=True, text=True, timeout=1200)
+    env = u.env(DS_ACCELERATOR="cpu", WANDB_SILENT="true", PYTHONUNBUFFERED="1", XDG_CACHE_HOME=str(cache),
+                TORCH_EXTENSIONS_DIR=str(cache / "torch_extensions"), RAY_TMPDIR=str(u.short))
+    r = subprocess.run(u.argv(cmd, delegate=True), env=env, cwd=u.home, capture_output=True, text=True, timeout=1700)
     text = r.stdout + r.stderr
     assert r.returncode == 0, text[-6000:]
-    steps = [line for line in text.splitlines() if line.startswith("step ")]
+    steps = re.findall(r"^step +\d+ \|.*$", text, re.M)
     assert len(steps) == 2, text[-4000:]
     for line in steps:
+        print(line)
         assert re.search(r"env_err 0\b", line), line
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_2"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_a_run_whose_episodes_cannot_start_stops_at_its_first_step(tmp_path):
+    """A rootfs that passes the start-up check but holds no working system: every episode is an env_error."""
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "usr" / "bin").mkdir(parents=True)
+    (rootfs / "usr" / "bin" / "bash").write_text("not a shell\n")
+    (rootfs / "etc").mkdir()
+    cmd = [sys.executable, "-m", "jointrl.rl.train", f"output_dir={tmp_path / 'run'}", "algo.total_steps=3",
+           "algo.prompts_per_step=2", "algo.group_size=2", "envs.num_workers=1", "rollout.max_tokens_per_turn=48",
+           "algo.max_refill_attempts=1", f"envs.sandbox.rootfs={rootfs}"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1700, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    out = r.stdout + r.stderr
+    assert r.returncode != 0, out[-4000:]
+    assert "step 1: all 4 episodes ended in env_error, so no learner step can run" in out, out[-4000:]
+    assert not re.search(r"^step +\d+ \|", out, re.M), out[-4000:]  # no step was logged
