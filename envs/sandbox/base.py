@@ -28,6 +28,9 @@ class ExecResult:
         return self.exit_code == 0 and not self.timed_out
 
 
+MODES = ("auto", "root", "rootless")  # SandboxConfig.mode (envs.sandbox.mode): rootless.resolve_mode
+
+
 @dataclass(frozen=True, slots=True)
 class SandboxConfig:
     """Limits applied to every command of one sandbox.
@@ -64,8 +67,8 @@ class SandboxConfig:
                 raise ValueError(f"sandbox {name} must be > 0, got {getattr(self, name)}")
         if self.max_disk_bytes < 0:
             raise ValueError(f"sandbox max_disk_bytes must be >= 0, got {self.max_disk_bytes}")
-        if self.mode not in ("auto", "root", "rootless"):
-            raise ValueError(f"envs.sandbox.mode must be one of ['auto', 'root', 'rootless'], got {self.mode!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"envs.sandbox.mode must be one of {list(MODES)}, got {self.mode!r}")
         lo, hi = self.uid_range
         if not 0 < lo <= hi:
             raise ValueError(f"sandbox uid_range must be 0 < lo <= hi, got {self.uid_range}")

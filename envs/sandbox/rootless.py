@@ -36,8 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from jointrl.envs.base import EnvError
-
-MODES = ("auto", "root", "rootless")
+from jointrl.envs.sandbox.base import MODES
 _KEEPER_START_S = 15.0
 
 
