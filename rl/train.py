@@ -24,6 +24,7 @@ import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
+from jointrl.envs.sandbox.userns import preflight
 from jointrl.model.tokenizer import ByteTokenizer
 from jointrl.rewards.base import succeeded
 from jointrl.rl.advantages import AdvantageResult, grpo_advantages, normalize_rewards_by_domain
@@ -47,6 +48,8 @@ def train(cfg: Config) -> dict[str, float]:
     """Run ``cfg.algo.total_steps`` GRPO steps; returns the last step's metrics."""
     if cfg.algo.name == "sft":
         raise ValueError("algo.name=sft trains on oracle transcripts, not on rollouts: run `jointrl sft [overrides]`")
+    if (why := preflight(cfg.envs.sandbox)) is not None:  # issue 33: one line before Ray, not a stream of env_errors
+        raise SystemExit(why)
     out_dir = Path(cfg.output_dir).resolve()
     ckpt_dir = out_dir / "checkpoints"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -80,6 +83,9 @@ def train(cfg: Config) -> dict[str, float]:
         groups, refs = ahead.pop(step, None) or _launch(env_workers, sampler.sample(step, cfg.algo.prompts_per_step),
                                                         cfg.algo.group_size, step)
         trajs, stale = _drop_stale(_gather(refs, cfg.algo.group_size), step - 1, cfg.rollout.max_staleness)
+        if trajs and all(t.finish_reason == FinishReason.ENV_ERROR for t in trajs):  # issue 33: stop, not skip steps forever
+            raise SystemExit(f"step {step}: all {len(trajs)} episodes ended in env_error, so no learner step can run "
+                             f"(first error: {str(trajs[0].reward_info.get('error'))[:300]})")
         adv = _advantages(cfg, trajs)
         for attempt in range(1, cfg.algo.max_refill_attempts + 1):  # refill dropped groups
             missing = cfg.algo.prompts_per_step - len({t.group_id for t in adv.kept})

@@ -35,7 +35,6 @@ from typing import Any
 from jointrl.envs.base import EnvError
 from jointrl.envs.sandbox.base import SandboxConfig
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
-from jointrl.envs.sandbox.uids import kill_uid
 
 VENV = os.environ.get("JOINTRL_CAD_VENV", "/opt/jointrl/venvs/cad")
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
@@ -201,7 +200,7 @@ class CadSandbox(BwrapSandbox):
             return
         proc, self._proc = self._proc, None
         if proc.poll() is None:
-            kill_uid(self.uid)
+            self.kill_processes()
         proc.wait()
         for f in (proc.stdin, proc.stdout, proc.stderr):
             try:
@@ -216,7 +215,7 @@ class CadSandbox(BwrapSandbox):
         """Kill the interpreter now, even mid-call or mid-import (without waiting for the lock:
         the thread waiting on it sees it die and cleans up); the next ``call`` restarts it."""
         if self._proc is not None and not self._closed:
-            kill_uid(self.uid)
+            self.kill_processes()
 
     def close(self) -> None:
         self.interrupt()  # ends a call or an import in progress now, instead of waiting for it

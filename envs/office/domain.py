@@ -18,7 +18,8 @@ def make_env(envs_cfg: Any) -> Env:
     from jointrl.envs.office.env import OfficeEnv, office_config
     from jointrl.envs.sandbox import SandboxConfig
     from jointrl.envs.sandbox.pool import shared_pool
+    from jointrl.envs.sandbox.rootless import mode_settings
 
-    config = office_config(SandboxConfig(timeout_s=envs_cfg.command_timeout_s))
+    config = office_config(SandboxConfig(timeout_s=envs_cfg.command_timeout_s, **mode_settings(envs_cfg)))
     # One warm pool per env-worker process and config: reset takes a started sandbox.
     return OfficeEnv(config, pool=shared_pool(config, getattr(envs_cfg, "warm_sandboxes", 4)))

@@ -28,6 +28,9 @@ class ExecResult:
         return self.exit_code == 0 and not self.timed_out
 
 
+MODES = ("auto", "root", "rootless")  # SandboxConfig.mode (envs.sandbox.mode): rootless.resolve_mode
+
+
 @dataclass(frozen=True, slots=True)
 class SandboxConfig:
     """Limits applied to every command of one sandbox.
@@ -38,6 +41,8 @@ class SandboxConfig:
     that is ``/work`` (and ``/tmp``); 0 keeps a plain host directory, bounded per file only.
     ``tool_mounts`` (host path -> sandbox path) are bound read-only *without copying*: a
     domain's tool venv; they must be world-readable on the host (the episode's uid reads them).
+    ``mode`` and ``rootfs`` are ``envs.sandbox.mode`` / ``envs.sandbox.rootfs`` (bwrap backend:
+    ``bwrap.py``'s docstring states what each mode contains).
     """
 
     timeout_s: float = 30.0  # default wall-clock limit per command
@@ -51,6 +56,8 @@ class SandboxConfig:
     uid_range: tuple[int, int] = (20000, 20999)  # host uids handed out one per live sandbox
     ro_binds: dict[str, str] = field(default_factory=dict)  # host path -> sandbox path, read-only copy
     tool_mounts: dict[str, str] = field(default_factory=dict)  # host path -> sandbox path, read-only bind
+    mode: str = "auto"  # bwrap: root (a leased host uid per episode) | rootless (user namespaces) | auto
+    rootfs: str | None = None  # bwrap: the sandbox's /usr, /etc (and /bin, /lib*) from this dir; None: the host's
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
@@ -60,6 +67,8 @@ class SandboxConfig:
                 raise ValueError(f"sandbox {name} must be > 0, got {getattr(self, name)}")
         if self.max_disk_bytes < 0:
             raise ValueError(f"sandbox max_disk_bytes must be >= 0, got {self.max_disk_bytes}")
+        if self.mode not in MODES:
+            raise ValueError(f"envs.sandbox.mode must be one of {list(MODES)}, got {self.mode!r}")
         lo, hi = self.uid_range
         if not 0 < lo <= hi:
             raise ValueError(f"sandbox uid_range must be 0 < lo <= hi, got {self.uid_range}")

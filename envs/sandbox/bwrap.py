@@ -1,4 +1,4 @@
-"""The bubblewrap sandbox backend: one private work dir, one host uid, one cgroup per episode.
+"""The bubblewrap sandbox backend: one private work dir, one host uid (root mode), one cgroup per episode.
 
 Commands run two ways: ``run`` in the episode's persistent shell (``shell.py``: cwd and
 environment persist; started once, in a long-lived spawner thread) and ``exec``, one-shot,
@@ -39,11 +39,36 @@ the host's world-readable ``/usr`` and ``/etc`` (and of ``tool_mounts``); CPU co
 beyond RLIMIT_AS per process where cgroups are unavailable; disk filling where the tmpfs
 cannot be mounted (then RLIMIT_FSIZE caps each file, not the number of files).
 
-It needs root on the host (to switch to the leased uid, with util-linux's ``setpriv``) and
-``bwrap`` with unprivileged user namespaces. The parts: ``bwrap_argv.py`` (the sandbox's view and limits), ``bwrap_proc.py``
+Root mode (``SandboxConfig.mode="root"``, or ``auto`` as root) is all of the above; it needs root
+on the host (to switch to the leased uid, with util-linux's ``setpriv``) and ``bwrap`` with
+unprivileged user namespaces.
+
+**Rootless mode** (``mode="rootless"``, or ``auto`` as an ordinary user, e.g. a Slurm job on a
+shared node; ``rootless.py``): bwrap runs as the job's own uid, every episode still in its own
+user, pid, mount, network, IPC and UTS namespaces. What holds, as in root mode: no network;
+writes only to ``/work``, ``/tmp`` and the ``rw_dirs`` (the system read-only, the host's other
+dirs not mounted); no capabilities, no nested user namespaces; ``kill -9 -1`` reaches only the
+episode's own pid namespace; no process outlives its command or its episode (each bwrap's pid 1
+is held by a pidfd and killing it ends its pid namespace: never a sweep by uid, which would hit
+the job's Ray workers); ``/work`` and ``/tmp`` are size-bounded tmpfs (``/work`` mounted in a
+keeper's namespace, ``rootless.Keeper``); output capped; wall-clock timeouts. Memory and pids:
+a cgroup per sandbox under a subtree delegated to the job (a Slurm job cgroup or a systemd
+user slice: ``cgroups.probe``, v1 or v2), else RLIMIT_AS per process and RLIMIT_NPROC, which
+since Linux 5.14 counts per (user namespace, uid), i.e. only the episode's own processes
+(before 5.14 it would count the job's too and is left unset: no process bound then).
+**Differences from root mode**: every episode runs as the job's uid, so the uid is no second
+wall: a process that escaped its namespaces (a kernel bug) could read other episodes' files and
+signal the job's processes, where in root mode it would be a uid of its own; without a
+delegated cgroup, memory is bounded per process only (several processes may each take
+``max_memory_bytes``), and ``start_process`` commands (not a bash of ours) get no RLIMIT_NPROC;
+CPU time is RLIMIT_CPU per process in both modes. ``rootfs`` (either mode) takes ``/usr``,
+``/etc`` and ``/bin``, ``/lib*`` from a directory instead of the host, e.g. a Debian tree
+built by ``.ci/setup.d/rootfs.sh`` (``mmdebstrap``) on a node without the domains' tools.
+
+The parts: ``bwrap_argv.py`` (the sandbox's view and limits), ``bwrap_proc.py``
 (starting bwrap blocked, moving it into the cgroup, reading a command to its end),
 ``host_dirs.py`` (the private dirs), ``uids.py``, ``cgroups.py``, ``disk.py``, ``files.py``,
-``shell.py``; this module ties them into one sandbox's lifecycle.
+``shell.py``, ``rootless.py``; this module ties them into one sandbox's lifecycle.
 """
 
 from __future__ import annotations
@@ -63,6 +88,7 @@ from jointrl.envs.sandbox.bwrap_argv import (
     DEFAULT_ENV,
     bwrap_argv,
     check_dest,
+    check_rootfs,
     check_world_readable,
     prlimit_argv,
     ulimit_prefix,
@@ -80,6 +106,7 @@ from jointrl.envs.sandbox.host_dirs import (
     stage,
 )
 from jointrl.envs.sandbox.output import Capped
+from jointrl.envs.sandbox.rootless import Keeper, NsInit, children, kill_ns_members, resolve_mode, userns_nproc
 from jointrl.envs.sandbox.shell import TIMEOUT_EXIT_CODE, PersistentShell
 from jointrl.envs.sandbox.uids import UidLease, acquire_uid, children_of, kill_uid
 
@@ -117,8 +144,12 @@ class BwrapSandbox:
         shell: bool = True,
     ) -> None:
         self.config = c = config or SandboxConfig()
-        if os.geteuid() != 0:
-            raise EnvError("BwrapSandbox needs root on the host to run each episode under its own uid")
+        self.rootless = resolve_mode(c.mode)
+        if not self.rootless and os.geteuid() != 0:
+            raise EnvError("envs.sandbox.mode=root needs root on the host (each episode runs under its own uid); "
+                           "set envs.sandbox.mode=rootless (or auto)")
+        if c.rootfs is not None:
+            check_rootfs(c.rootfs)
         binds = {**c.ro_binds, **(ro_binds or {})}
         for dest in [*binds.values(), *c.tool_mounts.values(), *rw_dirs]:
             check_dest(dest)
@@ -133,40 +164,54 @@ class BwrapSandbox:
         self._lock = threading.Lock()
         self._closed = False
         root = sandbox_root()
-        self._lease: UidLease = acquire_uid(c.uid_range, root / ".locks")
-        self.uid = self._lease.uid
-        if not self._lease.inherited_clean:
-            remove_stale_dirs(root, self.uid)
-        self.private_dir = root / f"sb-{secrets.token_hex(8)}"
-        self.workdir = self.private_dir / "work"
+        token = secrets.token_hex(8)
+        self.private_dir = root / f"sb-{token}"
+        self.workdir = self._host_work = self.private_dir / "work"  # rootless + tmpfs: the keeper's view of it
         self.cgroup: Cgroup | None = None
         self._shell = PersistentShell(self._spawn_shell, self._kill_others, self._kill_all, c.max_output_bytes)
         self._shell_pids: frozenset[int] = frozenset()
-        self._finalizer = weakref.finalize(self, _cleanup, self._lease, self.private_dir, self._shell, None)
+        self._shell_init = 0
+        self._held = held = _Held(self.private_dir, self._shell)
+        if self.rootless:  # the job's own uid; everything below is ours (no chown)
+            self.uid, self._owner, self._nproc = os.getuid(), None, userns_nproc()
+        else:
+            held.lease = acquire_uid(c.uid_range, root / ".locks")
+            self.uid = self._owner = held.lease.uid
+            self._nproc = True
+            if not held.lease.inherited_clean:
+                remove_stale_dirs(root, self.uid)
+        self._finalizer = weakref.finalize(self, _cleanup, held)
         try:
-            make_owned_dir(self.private_dir, self.uid)
-            make_owned_dir(self.workdir, self.uid)
+            make_owned_dir(self.private_dir, self._owner)
+            make_owned_dir(self._host_work, self._owner)
             self.limits: dict[str, str] = {}  # which bound holds, for each resource (reported by the bench)
-            why = mount_tmpfs(self.workdir, c.max_disk_bytes, self.uid) if c.max_disk_bytes else "max_disk_bytes=0"
+            if not c.max_disk_bytes:
+                why = "max_disk_bytes=0"
+            elif self.rootless:
+                held.keeper = Keeper(self._host_work, c.max_disk_bytes)
+                self.workdir, why = held.keeper.view(self._host_work), None
+            else:
+                why = mount_tmpfs(self.workdir, c.max_disk_bytes, self.uid)
             self.limits["disk"] = f"tmpfs {c.max_disk_bytes} B" if why is None else f"RLIMIT_FSIZE per file ({why})"
             if c.use_cgroup:
-                self.cgroup = Cgroup.create(self.uid, c.max_memory_bytes, c.max_processes)
-            self._finalizer.detach()
-            self._finalizer = weakref.finalize(self, _cleanup, self._lease, self.private_dir, self._shell, self.cgroup)
+                held.cgroup = self.cgroup = Cgroup.create(f"jointrl-sb-{token}" if self.rootless else self.uid,
+                                                          c.max_memory_bytes, c.max_processes)
             self.limits["memory"] = f"cgroup {self.cgroup.version}" if self.cgroup else "RLIMIT_AS per process"
+            self.limits["processes"] = (f"pids cgroup {self.cgroup.version}" if self.cgroup else
+                                        "RLIMIT_NPROC" if self._nproc else "none (RLIMIT_NPROC would count the job's)")
             if workdir_from is not None:
-                copy_tree(Path(workdir_from), self.workdir, owner=self.uid, into=True)
+                copy_tree(Path(workdir_from), self.workdir, owner=self._owner, into=True)
             self._mounts: list[tuple[str, Path, bool]] = []  # (sandbox path, host path, writable)
             for i, (src, dest) in enumerate(binds.items()):
                 staged = self.private_dir / f"ro-{i}"
-                stage(Path(src), staged, owner=self.uid)
+                stage(Path(src), staged, owner=self._owner)
                 self._mounts.append((dest, staged, False))
             for src, dest in c.tool_mounts.items():
                 self._mounts.append((dest, Path(src), False))
             self.rw_dirs: dict[str, Path] = {}
             for i, dest in enumerate(rw_dirs):
                 host = self.private_dir / f"rw-{i}"
-                make_owned_dir(host, self.uid)
+                make_owned_dir(host, self._owner)
                 self._mounts.append((dest, host, True))
                 self.rw_dirs[str(PurePosixPath(dest))] = host
             if shell:
@@ -207,7 +252,8 @@ class BwrapSandbox:
         if not self._shell.alive:
             return frozenset()
         if len(self._shell_pids) == 2:  # bash itself, learnt once it runs (init's only child then)
-            self._shell_pids |= frozenset(children_of(self._shell_init, self.uid)[:1])
+            kids = children(self._shell_init) if self.rootless else children_of(self._shell_init, self.uid)
+            self._shell_pids |= frozenset(kids[:1])
         return self._shell_pids
 
     def _check_cmd(self, cmd: str, timeout: float | None) -> float:
@@ -228,13 +274,19 @@ class BwrapSandbox:
         (``ulimit_prefix``); any other command runs under ``prlimit``.
         Returns (process, read end of the json status pipe, what was read of it, child pid).
         """
-        prefix = [] if limits_set else prlimit_argv(self.config, memory_cgroup=self.cgroup is not None)
+        prefix = [] if limits_set else prlimit_argv(self.config, memory_cgroup=self.cgroup is not None,
+                                                    nproc=not self.rootless)
+        keeper = self._held.keeper
+        if keeper is not None:  # rootless: bwrap starts inside the keeper's namespace, where /work is its tmpfs
+            prefix = prefix + keeper.enter_argv()
+        ids = (os.getuid(), os.getgid()) if keeper is not None else None  # we are root of the keeper's namespace
 
         def argv(status_fd: int, block_fd: int) -> list[str]:
-            return prefix + bwrap_argv(self.config, self.workdir, self._mounts, self.env, argv_cmd,
-                                       status_fd=status_fd, block_fd=block_fd)
+            return prefix + bwrap_argv(self.config, self._host_work, self._mounts, self.env, argv_cmd,
+                                       status_fd=status_fd, block_fd=block_fd, ids=ids)
 
-        return spawn(argv, uid=self.uid, cgroup=self.cgroup, stdin=stdin, fds=fds)
+        return spawn(argv, uid=None if self.rootless else self.uid, cgroup=self.cgroup, stdin=stdin, fds=fds,
+                     on_child=self._held.track if self.rootless else None)
 
     def start_process(self, argv_cmd: list[str], *, stdin: int = subprocess.PIPE,
                       fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, int]:
@@ -273,26 +325,47 @@ class BwrapSandbox:
                 return
             except OSError:
                 pass  # a fork storm outran the sweep: the uid sweep below gets the rest
+        if self.rootless:  # never by uid: that is the job's own; the shell's pid namespace holds the rest
+            init = self._held.inits.get(self._shell_init)
+            if init is not None:
+                kill_ns_members(init, keep)
+            return
         kill_uid(self.uid, keep=keep)
+
+    def kill_processes(self) -> None:
+        """SIGKILL every process of the sandbox (root: of its uid; rootless: of every pid namespace it
+        started, never by uid, which is the job's own). The sandbox stays open: the next command starts anew."""
+        if not self.rootless:
+            kill_uid(self.uid)
+            return
+        with self._held._lock:
+            inits, self._held.inits = list(self._held.inits.values()), {}
+        for init in inits:
+            init.kill()
 
     def _kill_all(self) -> None:
         self._shell_pids = frozenset()
-        kill_uid(self.uid)
+        if self.rootless:
+            self._held.end(self._shell_init)
+        else:
+            kill_uid(self.uid)
 
     def _run_once(self, cmd: str, timeout: float) -> ExecResult:
         try:
             # Same line as the command: its line numbers in bash's messages stay as written.
-            proc, status_r, first, _ = self._spawn(["/bin/bash", "-c", f"{self._ulimit()}; {cmd}"],
-                                                   stdin=subprocess.DEVNULL, limits_set=True)
+            proc, status_r, first, init = self._spawn(["/bin/bash", "-c", f"{self._ulimit()}; {cmd}"],
+                                                      stdin=subprocess.DEVNULL, limits_set=True)
         except OSError as e:
             raise EnvError(f"cannot start bwrap: {e}") from e
+        # Rootless, the command's pid namespace is all of it: ending its init ends everything it started.
+        end = (lambda: self._held.end(init)) if self.rootless else self._kill_others
         cap = self.config.max_output_bytes
         out, err, status = Capped(cap), Capped(cap), Capped(1 << 16)
         status.add(first)
         streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err, status_r: status}
         timed_out = False
         try:
-            timed_out = pump(proc, streams, status, time.monotonic() + timeout, self._kill_others)
+            timed_out = pump(proc, streams, status, time.monotonic() + timeout, end)
             try:
                 proc.wait(timeout=KILL_GRACE_S)
             except subprocess.TimeoutExpired:
@@ -303,8 +376,8 @@ class BwrapSandbox:
             proc.stderr.close()
             os.close(status_r)
             # The pid namespace dies with the command, but its last members may still be exiting
-            # when bwrap reports: sweep the uid so that nothing of this exec outlives it.
-            self._kill_others()
+            # when bwrap reports: sweep the uid (rootless: end the namespace) so that nothing of this exec outlives it.
+            end()
         reports = parse_status(bytes(status.data))
         truncated = bool(out.dropped or err.dropped)
         if timed_out:
@@ -314,7 +387,7 @@ class BwrapSandbox:
         return ExecResult(out.text(), err.text(), int(reports["exit-code"]), False, truncated)
 
     def _ulimit(self) -> str:
-        return ulimit_prefix(self.config, memory_cgroup=self.cgroup is not None)
+        return ulimit_prefix(self.config, memory_cgroup=self.cgroup is not None, nproc=self._nproc)
 
     # -- files ------------------------------------------------------------------------------
 
@@ -346,7 +419,7 @@ class BwrapSandbox:
             root, host = self._host_path(path)
             if host == root:
                 raise ValueError(f"path {path!r} names a directory, not a file")
-            write_regular(host, data, root=root, owner=self.uid)
+            write_regular(host, data, root=root, owner=self._owner)
 
     def populate(self, src: Path) -> None:
         """Copy the host directory ``src`` into ``/work`` (a warm sandbox receiving its task's files)."""
@@ -354,7 +427,7 @@ class BwrapSandbox:
             raise ValueError(f"populate source {str(src)!r} is not a directory")
         with self._lock:
             self._check_open()
-            copy_tree(Path(src), self.workdir, owner=self.uid, into=True)
+            copy_tree(Path(src), self.workdir, owner=self._owner, into=True)
 
     def copy_workdir_to(self, dest: Path) -> None:
         """Snapshot ``/work`` into the new host directory ``dest`` (mode 0700, owned by root).
@@ -372,7 +445,8 @@ class BwrapSandbox:
             raise RuntimeError("sandbox is closed")
 
     def close(self) -> None:
-        """Kill every process of the uid, delete the private dir, free the uid. Idempotent."""
+        """Kill every process of the sandbox (root: of its uid; rootless: its pid namespaces), delete
+        the private dir, free the uid or end the keeper. Idempotent."""
         with self._lock:
             if self._closed:
                 return
@@ -386,8 +460,38 @@ class BwrapSandbox:
         self.close()
 
 
-def _cleanup(lease: UidLease, private_dir: Path, shell: PersistentShell, cgroup: Cgroup | None) -> None:
+class _Held:
+    """What one sandbox holds on the host, released once by ``_cleanup`` (``close`` or garbage collection)."""
+
+    def __init__(self, private_dir: Path, shell: PersistentShell) -> None:
+        self.private_dir, self.shell = private_dir, shell
+        self.lease: UidLease | None = None  # root mode
+        self.cgroup: Cgroup | None = None
+        self.keeper: Keeper | None = None  # rootless with a disk bound
+        self.inits: dict[int, NsInit] = {}  # rootless: the pid 1 of every live bwrap of the sandbox, by pid
+        self._lock = threading.Lock()
+
+    def track(self, pid: int) -> None:
+        """Hold a new bwrap's pid 1 (called while it is blocked: ``bwrap_proc.spawn``); forget the dead."""
+        with self._lock:
+            for dead in [p for p, init in self.inits.items() if not init.alive]:
+                self.inits.pop(dead).kill()
+            self.inits[pid] = NsInit(pid)
+
+    def end(self, pid: int) -> None:
+        """End the pid namespace whose init is ``pid`` (no-op for one already ended)."""
+        with self._lock:
+            init = self.inits.pop(pid, None)
+        if init is not None:
+            init.kill()
+
+
+def _cleanup(held: _Held) -> None:
     """Runs once, from ``close`` or when the sandbox is garbage-collected without it."""
+    if held.lease is None:
+        _cleanup_rootless(held)
+        return
+    lease, cgroup = held.lease, held.cgroup
     if not lease.held:
         return
     clean = False
@@ -396,10 +500,28 @@ def _cleanup(lease: UidLease, private_dir: Path, shell: PersistentShell, cgroup:
             cgroup.kill_all()
         else:
             kill_uid(lease.uid)
-        shell.stop()
+        held.shell.stop()
         if cgroup is not None:
             cgroup.remove()
-        remove_private_dir(private_dir)
-        clean = not private_dir.exists()
+        remove_private_dir(held.private_dir)
+        clean = not held.private_dir.exists()
     finally:
         lease.release(clean=clean)  # only once nothing of the uid is left for the next holder to inherit
+
+
+def _cleanup_rootless(held: _Held) -> None:
+    """End every pid namespace of the sandbox, then its keeper (and tmpfs), cgroup and private dir."""
+    try:
+        with held._lock:
+            inits, held.inits = list(held.inits.values()), {}
+        for init in inits:
+            init.kill()
+        if held.cgroup is not None:
+            held.cgroup.kill_all()
+        held.shell.stop()
+    finally:
+        if held.keeper is not None:
+            held.keeper.close()
+        if held.cgroup is not None:
+            held.cgroup.remove()
+        remove_private_dir(held.private_dir)

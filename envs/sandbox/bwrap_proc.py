@@ -1,7 +1,7 @@
 """Starting a bwrap process and reading it to its end: the host side of one sandboxed command.
 
-``spawn`` starts bwrap as the sandbox's uid, blocked on ``--block-fd``: it moves bwrap and its
-child (the sandbox's pid 1) into the sandbox's cgroup, then lets it go, so no process of the
+``spawn`` starts bwrap as the sandbox's uid (root mode; rootless: as ourselves), blocked on
+``--block-fd``: it moves bwrap and its child (the sandbox's pid 1) into the sandbox's cgroup, then lets it go, so no process of the
 sandbox ever runs outside the cgroup. bwrap reports on its ``--json-status-fd``: first the
 child's pid, at the end the command's exit code (``parse_status``). ``pump`` reads a command's
 streams to their end, capped, killing everything at the deadline.
@@ -30,9 +30,12 @@ KILL_GRACE_S = 5.0  # after a timeout kill, how long to wait for the pipes to cl
 SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jointrl-shell-spawner")
 
 
-def spawn(make_argv: Callable[[int, int], list[str]], *, uid: int, cgroup: Cgroup | None, stdin: int,
-          fds: tuple[int, ...] = ()) -> tuple[subprocess.Popen, int, bytes, int]:
-    """Start bwrap as ``uid`` with ``make_argv(status_fd, block_fd)``, move it into ``cgroup``, let it go.
+def spawn(make_argv: Callable[[int, int], list[str]], *, uid: int | None, cgroup: Cgroup | None, stdin: int,
+          fds: tuple[int, ...] = (), on_child: Callable[[int], None] | None = None,
+          ) -> tuple[subprocess.Popen, int, bytes, int]:
+    """Start bwrap as ``uid`` (None: as ourselves) with ``make_argv(status_fd, block_fd)``, move it
+    into ``cgroup``, let it go. ``on_child(pid)`` runs while the sandbox's pid 1 is still blocked
+    (it cannot have exited: a pidfd opened then is its own).
 
     Returns (process, read end of the json status pipe, what was read of it, the sandbox's pid 1);
     the caller reads the command's exit code from that pipe and closes it.
@@ -41,7 +44,7 @@ def spawn(make_argv: Callable[[int, int], list[str]], *, uid: int, cgroup: Cgrou
     block_r, block_w = os.pipe()
     try:
         proc = subprocess.Popen(
-            [*_as_uid(uid), *make_argv(status_w, block_r)], stdin=stdin, stdout=subprocess.PIPE,
+            [*(_as_uid(uid) if uid is not None else []), *make_argv(status_w, block_r)], stdin=stdin, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, pass_fds=(status_w, block_r, *fds),
             start_new_session=True,  # our own process group, killed as a whole on timeout
             env={"PATH": "/usr/bin:/bin"},
@@ -63,6 +66,8 @@ def spawn(make_argv: Callable[[int, int], list[str]], *, uid: int, cgroup: Cgrou
             raise OSError(f"bwrap did not start (exit {proc.poll()}): {proc.stderr.read1(4096)!r}")
         if cgroup is not None:
             cgroup.add(child)  # bwrap may have cloned it before its own move
+        if on_child is not None:
+            on_child(child)
         os.write(block_w, b"go")
     except BaseException:
         os.close(status_r)

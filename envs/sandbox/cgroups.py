@@ -13,11 +13,18 @@ process by pid), the v2 mount has no memory controller. Both layouts are handled
 - v1: ``<memory mount>/<our own memory cgroup>/jointrl-uid-<uid>`` and
   ``<pids mount>/<our own pids cgroup>/jointrl-uid-<uid>``;
 - v2 (unified, untested here: no such host): ``/sys/fs/cgroup/<our cgroup>/jointrl-uid-<uid>``,
-  which needs ``memory`` and ``pids`` in our cgroup's ``subtree_control`` (delegation).
+  which needs ``memory`` and ``pids`` in our cgroup's ``subtree_control`` (delegation); where
+  our own cgroup holds processes (the kernel then refuses controllers in its subtree), its
+  parent, if that one is delegated to us (Slurm's ``job_<id>/step_<id>/user/``, a systemd
+  ``Delegate=yes`` unit).
 
-``probe()`` says which applies or why none does; callers fall back to rlimits and say so.
-The cgroup is named after the sandbox's leased uid, so a crashed holder's cgroup is found and
-removed by the next holder of that uid (whose lease already killed every process of it).
+Without root (rootless mode) the same layouts apply wherever the directories are ours: a
+Slurm job cgroup or systemd user slice delegated to the job's uid (v1: our memory and pids
+cgroups writable by us; moving our own processes needs no more). ``probe()`` says which
+applies or why none does; callers fall back to rlimits and say so. In root mode the cgroup is
+named after the sandbox's leased uid, so a crashed holder's cgroup is found and removed by the
+next holder of that uid (whose lease already killed every process of it); rootless sandboxes
+name theirs after their private dir.
 """
 
 from __future__ import annotations
@@ -44,8 +51,6 @@ def _own_path(controller: str) -> str | None:
 @functools.cache
 def probe() -> tuple[str, dict[str, Path]] | tuple[None, str]:
     """``("v1" | "v2", {"memory": parent dir, "pids": parent dir})``, or ``(None, why not)``."""
-    if os.geteuid() != 0:
-        return None, "not root"
     v1 = {}
     for ctl in ("memory", "pids"):
         own = _own_path(ctl)
@@ -55,17 +60,20 @@ def probe() -> tuple[str, dict[str, Path]] | tuple[None, str]:
     if len(v1) == 2 and all(_can_create(p) for p in v1.values()):
         return "v1", v1
     own = _own_path("")
+    why = "no writable memory+pids cgroup (v1 or delegated v2) on this host"
     if own is not None and (_V2_ROOT / "cgroup.controllers").exists():
-        parent = _V2_ROOT / own.lstrip("/")
-        try:
-            enabled = (parent / "cgroup.subtree_control").read_text().split()
-            if {"memory", "pids"} - set(enabled):
-                (parent / "cgroup.subtree_control").write_text("+memory +pids")
-        except OSError as e:
-            return None, f"cgroup v2 without memory/pids delegation to {parent}: {e}"
-        if _can_create(parent):
-            return "v2", {"memory": parent, "pids": parent}
-    return None, "no writable memory+pids cgroup (v1 or delegated v2) on this host"
+        own_dir = _V2_ROOT / own.lstrip("/")
+        for parent in dict.fromkeys((own_dir, own_dir.parent)):  # ours, else the delegated one above it
+            try:
+                enabled = (parent / "cgroup.subtree_control").read_text().split()
+                if {"memory", "pids"} - set(enabled):
+                    (parent / "cgroup.subtree_control").write_text("+memory +pids")
+            except OSError as e:
+                why = f"cgroup v2 without memory/pids delegation to {parent}: {e}"
+                continue
+            if _can_create(parent):
+                return "v2", {"memory": parent, "pids": parent}
+    return None, why
 
 
 def _can_create(parent: Path) -> bool:
@@ -79,18 +87,19 @@ def _can_create(parent: Path) -> bool:
 
 
 class Cgroup:
-    """The memory + pids cgroup(s) of one sandbox uid. ``Cgroup.create`` returns None without support."""
+    """The memory + pids cgroup(s) of one sandbox. ``Cgroup.create`` returns None without support."""
 
     def __init__(self, version: str, dirs: list[Path]) -> None:
         self.version, self.dirs = version, dirs
 
     @classmethod
-    def create(cls, uid: int, memory_bytes: int, max_pids: int) -> Cgroup | None:
+    def create(cls, owner: int | str, memory_bytes: int, max_pids: int) -> Cgroup | None:
+        """``owner``: the sandbox's leased uid (root mode) or a name unique to it (rootless)."""
         found = probe()
         if found[0] is None:
             return None
         version, parents = found
-        name = f"jointrl-uid-{uid}"
+        name = f"jointrl-uid-{owner}" if isinstance(owner, int) else owner
         dirs = list(dict.fromkeys(parents[c] / name for c in ("memory", "pids")))
         for d in dirs:
             _remove(d)  # a crashed holder of this uid left it (its processes are dead by now)

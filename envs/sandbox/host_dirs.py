@@ -4,7 +4,9 @@ Layout: ``<root>/sb-<random>/`` (mode 0700, owned by the sandbox's leased uid) h
 (the sandbox's ``/work``, a size-bounded tmpfs where the host allows: ``disk.py``), ``ro-<i>``
 (staged copies of read-only binds) and ``rw-<i>`` (extra writable dirs). ``<root>/.locks``
 holds the uid leases (``uids.py``). A crashed holder's dirs are found by their owner uid and
-removed by the next holder of that uid.
+removed by the next holder of that uid. Rootless, everything is owned by the job's own uid,
+under a root of its own (``/tmp/jointrl-sandboxes-<uid>``), and ``work`` is a plain dir that
+the sandbox's keeper covers with its tmpfs in its own namespace (``rootless.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from jointrl.envs.base import EnvError
 from jointrl.envs.sandbox.disk import is_mount, unmount
 from jointrl.envs.sandbox.files import copy_tree
 
-SANDBOX_ROOT = Path(os.environ.get("JOINTRL_SANDBOX_ROOT", "/tmp/jointrl-sandboxes"))
+SANDBOX_ROOT = Path(os.environ.get("JOINTRL_SANDBOX_ROOT") or
+                    ("/tmp/jointrl-sandboxes" if os.geteuid() == 0 else f"/tmp/jointrl-sandboxes-{os.geteuid()}"))
 
 
 def sandbox_root() -> Path:
@@ -37,20 +40,22 @@ def sandbox_root() -> Path:
     return SANDBOX_ROOT
 
 
-def make_owned_dir(path: Path, uid: int) -> None:
-    """A new dir, mode 0700, owned by ``uid``."""
+def make_owned_dir(path: Path, uid: int | None) -> None:
+    """A new dir, mode 0700, owned by ``uid`` (None: by us)."""
     os.mkdir(path, 0o700)
-    os.chown(path, uid, uid)
+    if uid is not None:
+        os.chown(path, uid, uid)
 
 
-def stage(src: Path, dest: Path, *, owner: int) -> None:
+def stage(src: Path, dest: Path, *, owner: int | None) -> None:
     """Copy a read-only bind's source into the private dir, readable by ``owner`` wherever it lives."""
     if src.is_dir():
         copy_tree(src, dest, owner=owner)
     else:
         shutil.copyfile(src, dest)
         os.chmod(dest, 0o444)
-        os.chown(dest, owner, owner)
+        if owner is not None:
+            os.chown(dest, owner, owner)
 
 
 def remove_private_dir(private_dir: Path) -> None:

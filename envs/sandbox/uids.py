@@ -185,8 +185,8 @@ def kill_uid(uid: int, *, keep: frozenset[int] = frozenset(), rounds: int = 50, 
     sweep after a crashed holder. Raises ``EnvError`` if processes survive ``rounds`` sweeps
     (which RLIMIT_NPROC should prevent).
     """
-    if uid == 0:
-        raise ValueError("refusing to kill every process of uid 0")
+    if uid == 0 or uid == os.getuid():  # rootless sandboxes run as our own uid: that would kill the job
+        raise ValueError(f"refusing to kill every process of uid {uid} (root or our own)")
     for _ in range(rounds):
         # switching_to first: a process that switches between the two scans is then seen by uid.
         pids = (switching_to(uid) if switching else []) + [p for p in pids_of_uid(uid) if p not in keep]
