@@ -12,6 +12,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from jointrl.envs.sandbox.bwrap_argv import check_rootfs
+
 SYSCTLS = (  # (name, the value that allows unprivileged user namespaces)
     ("kernel.unprivileged_userns_clone", "1"),  # Debian / Ubuntu kernels
     ("user.max_user_namespaces", "> 0"),
@@ -60,8 +62,6 @@ def preflight(sandbox_cfg) -> str | None:
     if str(sandbox_cfg.backend) != "bwrap":
         return None
     if sandbox_cfg.rootfs is not None:
-        from jointrl.envs.sandbox.bwrap_argv import check_rootfs
-
         try:
             check_rootfs(sandbox_cfg.rootfs)
         except ValueError as e:
