@@ -1,0 +1,92 @@
+"""Harbor tasks with their own Dockerfile: left out on bwrap (with a warning), run on docker.
+
+``tb2_tasks/`` holds two tasks in the published Terminal-Bench 2 pattern (root, ``WORKDIR /app``,
+a ``RUN apt-get install`` step, ``tests/test.sh`` running pytest installed at build time and
+writing ``/logs/verifier/reward.txt``). Through ``jointrl eval ... envs.sandbox.backend=docker``
+against a real daemon they score oracle 1, no-op 0, wrong 0. Skipped with the reason where no
+daemon is reachable (CI starts one: .ci/run).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from jointrl.envs.sandbox.docker import unavailable_reason
+from jointrl.envs.terminal import TerminalEnv, load_task, load_tasks
+from jointrl.rl.eval import main as eval_main
+
+TB2 = Path(__file__).parent / "tb2_tasks"
+needs_docker = pytest.mark.skipif(unavailable_reason() is not None, reason=f"docker: {unavailable_reason()}")
+
+
+def test_bwrap_leaves_dockerfile_tasks_out_with_one_warning_naming_them(tmp_path, caplog):
+    for task in ("csv-total", "json-name"):
+        (tmp_path / task).symlink_to(TB2 / task)
+    plain = tmp_path / "plain"
+    (plain / "tests").mkdir(parents=True)
+    (plain / "task.toml").write_text("")
+    (plain / "instruction.md").write_text("Do nothing.\n")
+    (plain / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    with caplog.at_level(logging.WARNING):
+        tasks = load_tasks(tmp_path, backend="bwrap")
+    assert [t.id for t in tasks] == ["plain"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "2 of 3" in warnings[0] and "csv-total, json-name" in warnings[0], warnings
+    assert [t.id for t in load_tasks(tmp_path, backend="docker")] == ["csv-total", "json-name", "plain"]
+
+
+def test_a_folder_of_only_dockerfile_tasks_fails_on_bwrap_suggesting_docker():
+    with pytest.raises(ValueError, match=r"all 2 terminal tasks .* envs.sandbox.backend=docker"):
+        load_tasks(TB2, backend="bwrap")
+
+
+def test_harbor_resources_and_timeouts_are_read():
+    m = load_task(TB2 / "csv-total").metadata
+    assert (m["cpus"], m["memory_mb"], m["storage_mb"], m["agent_timeout_s"], m["verifier_timeout_s"]) == (
+        1.0, 1024.0, 256.0, 300.0, 60.0)
+    assert m["docker_image"].endswith("csv-total/environment/Dockerfile")
+
+
+@needs_docker
+@pytest.mark.parametrize(("policy", "expected"), [("oracle", 1.0), ("noop", 0.0), ("wrong", 0.0)])
+def test_tb2_pattern_tasks_score_through_jointrl_eval_on_docker(tmp_path, policy, expected):
+    result = eval_main(["envs=terminal", f"envs.domains.terminal.task_dir={TB2}", "envs.sandbox.backend=docker",
+                        f"policy={policy}", "split=all", "k=1", "tier=low", f"out={tmp_path}", "logger.wandb_mode=disabled"])
+    episodes = result["episodes"]
+    assert sorted(e["task_id"] for e in episodes) == ["csv-total", "json-name"]
+    assert all(e["finish_reason"] != "env_error" for e in episodes), episodes
+    assert [r["pass@1"] for r in result["rows"]] == [expected], result["rows"]
+
+
+@needs_docker
+def test_the_agent_is_root_in_the_workdir_and_the_verifier_never_saw_the_agent(tmp_path):
+    import asyncio
+
+    from jointrl.envs.base import ToolCall
+
+    async def go():
+        env = TerminalEnv(backend="docker")
+        try:
+            messages = await env.reset(load_task(TB2 / "json-name"))
+            obs = await env.step(ToolCall("bash", {"command": "id -un; pwd; ls; touch /app/x /usr/local/y && echo wrote; "
+                                                              "ls /tests 2>&1 | head -1"}))
+            final = await env.final_files()
+        finally:
+            await env.close()
+        verifier = final()
+        try:
+            seen = verifier.exec("id -un; pwd; ls /app /tests; ls /usr/local/y 2>&1 | head -1")
+        finally:
+            verifier.close()
+            final.discard()
+        return messages, obs.text, seen.stdout
+
+    messages, agent, verifier = asyncio.run(go())
+    assert "working directory is /app" in messages[0].content
+    assert agent.startswith("root\n/app\nconfig.json\nwrote\n") and "No such file" in agent, agent
+    # the verifier: the agent's /app (x kept), the tests copied in, a fresh image elsewhere (no /usr/local/y)
+    assert verifier.startswith("root\n/app\n/app:\nconfig.json\nx\n\n/tests:\ntest.sh\ntest_outputs.py\n"), verifier
+    assert "No such file" in verifier
