@@ -38,7 +38,7 @@ Files: ``write_file`` / ``populate`` / ``ro_binds`` go in through the daemon's a
 ``rw_dirs`` and ``ro_binds`` are plain directories of the writable layer). Paths resolve *inside*
 the container; a link out of the WORKDIR is refused. The persistent shell is *emulated*: each
 ``run`` is a fresh ``bash`` that first restores the cwd and exported variables the previous one
-saved (``/tmp/.jointrl-shell``); shell-only variables and functions do not persist.
+saved (``/.jointrl-shell``); shell-only variables and functions do not persist.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from jointrl.envs.sandbox.output import Capped
 IMAGES_DIR = Path(__file__).resolve().parent.parent / "images"
 TIMEOUT_EXIT_CODE = 124
 DEFAULT_WORKDIR = "/work"  # an image without WORKDIR
-_STATE = "/tmp/.jointrl-shell"
+_STATE = "/.jointrl-shell"  # the emulated shell's state: outside /tmp, so a full /tmp cannot break the shell
 _CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUID", "SETGID", "NET_BIND_SERVICE", "SYS_CHROOT"]
 _PID1 = ["bash", "-c", "mkfifo /tmp/.jointrl-idle; exec 3<>/tmp/.jointrl-idle; while :; do read -r -u 3; done"]
 # pid 1: an idle bash that blocks in a builtin (no child to show in ps) and reaps the orphans the
@@ -275,7 +275,7 @@ class DockerSandbox:
         if self._seed and (seed := _image_workdir_tar(self.cli, self.image, str(self.workdir))):
             if not self.container.put_archive(str(self.workdir.parent), seed):
                 raise EnvError(f"docker put_archive of the image's {self.workdir} failed")
-        mk = [*(f"mkdir -p {_quote(d)} && chown {self.uid}:{self.gid} {_quote(d)}" for d in self.rw_dirs),
+        mk = [*(f"mkdir -p {_quote(d)} && chown {self.uid}:{self.gid} {_quote(d)}" for d in (*self.rw_dirs, _STATE)),
               *(f"mkdir -p {_quote(d)}" for d in binds.values()), "true"]
         r = self._exec(["sh", "-c", " && ".join(mk)], 30.0, {}, user="0")
         if not r.ok:
