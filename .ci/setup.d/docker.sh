@@ -14,3 +14,10 @@ bash "$(dirname "$0")/../start-dockerd"
 if ! docker image inspect debian:bookworm-slim >/dev/null 2>&1; then
     mmdebstrap --quiet --variant=minbase bookworm - http://deb.debian.org/debian | docker import - debian:bookworm-slim >/dev/null
 fi
+# The terminal domain's image (envs/images/terminal.Dockerfile), tagged as envs/sandbox/docker.py's
+# ensure_image names it (a hash of the Dockerfile), so the test session finds it built (~40 s once).
+images="$(cd "$(dirname "$0")/../../envs/images" && pwd)"
+tag="jointrl-terminal:$(sha256sum "$images/terminal.Dockerfile" | cut -c1-16)"
+if ! docker image inspect "$tag" >/dev/null 2>&1; then
+    docker build -q -t "$tag" -f "$images/terminal.Dockerfile" "$images" >/dev/null
+fi

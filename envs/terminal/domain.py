@@ -22,6 +22,7 @@ def make_env(envs_cfg: Any) -> Env:
 
     s = sandbox_settings(envs_cfg)
     # One warm pool per env-worker process and config: reset takes a started sandbox (docker: of
-    # the domain's image, for tasks without their own).
-    return TerminalEnv(s.config, pool=shared_pool(s.config, s.warm, s.backend), backend=s.backend,
-                       compact=getattr(envs_cfg, "prompt", "full") == "compact", verifier_network=s.verifier_network)
+    # the domain's image, made at the first task without its own image).
+    pool = shared_pool(s.config, s.warm) if s.backend == "bwrap" else None
+    return TerminalEnv(s.config, pool=pool, backend=s.backend, compact=getattr(envs_cfg, "prompt", "full") == "compact",
+                       verifier_network=s.verifier_network, warm=s.warm)

@@ -27,7 +27,7 @@ from jointrl.envs.base import validate_call as validate_against_schema
 from jointrl.envs.sandbox import BACKENDS, Sandbox, make_sandbox
 from jointrl.envs.sandbox.base import ExecResult, SandboxConfig
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
-from jointrl.envs.sandbox.pool import SandboxPool
+from jointrl.envs.sandbox.pool import SandboxPool, shared_pool
 from jointrl.envs.terminal.verifier import FinalFiles
 
 SETUP_SCRIPT = "setup.sh"  # in environment/: run once in /work at reset, then removed
@@ -121,16 +121,20 @@ def docker_kwargs(task: Task) -> dict:
 
 class TerminalEnv:
     """``Env`` for terminal tasks. ``config`` sets the sandbox limits (per-command timeout etc.);
-    ``pool``, a warm ``SandboxPool`` of the same config, makes ``reset`` cheap (bwrap);
-    ``backend`` is ``"bwrap"`` or ``"docker"`` (``envs/sandbox/``)."""
+    ``pool``, a warm ``SandboxPool`` of the same config, makes ``reset`` cheap; ``backend`` is
+    ``"bwrap"`` or ``"docker"`` (``envs/sandbox/``); on docker ``warm`` > 0 makes the worker's
+    pool of domain-image containers at the first task without its own image (none is warmed for
+    a task set whose tasks all bring their images)."""
 
     def __init__(self, config: SandboxConfig | None = None, pool: SandboxPool | None = None,
-                 backend: str = "bwrap", compact: bool = False, verifier_network: bool = False) -> None:
+                 backend: str = "bwrap", compact: bool = False, verifier_network: bool = False,
+                 warm: int = 0) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {backend!r}; allowed: {list(BACKENDS)}")
         self.config = config or SandboxConfig()
         self.pool, self.backend = pool, backend
         self.verifier_network = verifier_network  # a task marked allow_internet verifies with a network (docker)
+        self.warm = warm  # docker: the worker's pool of domain-image containers, made at the first task without an image
         self._backend_kwargs: dict = {}
         self.compact = compact  # the short system prompt and tool descriptions (envs.prompt=compact)
         self.tools: list[ToolSpec] = [BASH_COMPACT, SUBMIT_COMPACT] if compact else [BASH, SUBMIT]
@@ -156,6 +160,8 @@ class TerminalEnv:
             self._backend_kwargs = docker_kwargs(task)
             files = files if files is not None and not (files / "Dockerfile").is_file() else None  # a build context
         try:
+            if self.backend == "docker" and not image and self.pool is None and self.warm:
+                self.pool = shared_pool(self.config, self.warm, "docker")
             if self.backend == "docker" and (image or self.pool is None):
                 self.sandbox = await asyncio.to_thread(make_sandbox, "docker", self.config, workdir_from=files,
                                                        **self._backend_kwargs)

@@ -90,3 +90,62 @@ def test_the_agent_is_root_in_the_workdir_and_the_verifier_never_saw_the_agent(t
     # the verifier: the agent's /app (x kept), the tests copied in, a fresh image elsewhere (no /usr/local/y)
     assert verifier.startswith("root\n/app\n/app:\nconfig.json\nx\n\n/tests:\ntest.sh\ntest_outputs.py\n"), verifier
     assert "No such file" in verifier
+
+
+def _harbor(folder: Path, dockerfile: str, test_sh: str, toml: str = "") -> Path:
+    (folder / "environment").mkdir(parents=True)
+    (folder / "tests").mkdir()
+    (folder / "task.toml").write_text(toml)
+    (folder / "instruction.md").write_text("Nothing to do.\n")
+    (folder / "environment" / "Dockerfile").write_text(dockerfile)
+    (folder / "tests" / "test.sh").write_text(test_sh)
+    return folder
+
+
+def _verify(task, verifier_network=False):
+    import asyncio
+
+    from jointrl.rewards import Episode
+    from jointrl.rewards.tests_pass import tests_pass
+
+    async def go():
+        env = TerminalEnv(backend="docker", verifier_network=verifier_network)
+        try:
+            await env.reset(task)
+            final = await env.final_files()
+        finally:
+            await env.close()
+        return final
+
+    final = asyncio.run(go())
+    try:
+        return tests_pass(task, Episode(messages=[], verify_sandbox=final))
+    finally:
+        final.discard()
+
+
+@needs_docker
+def test_a_verifier_that_needs_the_network_is_an_env_error_naming_the_command(tmp_path):
+    from jointrl.envs.base import EnvError
+
+    test_sh = "apt-get update -qq 2>&1 | tail -2\napt-get install -y -qq jq >/dev/null 2>&1 || exit 1\necho 1 > /logs/verifier/reward.txt\n"
+    task = load_task(_harbor(tmp_path / "fetches-a-tool", "FROM debian:bookworm-slim\nWORKDIR /app\n", test_sh))
+    with pytest.raises(EnvError) as e:
+        _verify(task, verifier_network=True)  # the host permits it, but the task is not marked allow_internet
+    msg = str(e.value)
+    assert "needs the network" in msg and "'bash /tests/test.sh'" in msg and "\n" not in msg, msg
+    allowed = load_task(_harbor(tmp_path / "allowed", "FROM debian:bookworm-slim\nWORKDIR /app\n", test_sh,
+                                "[environment]\nallow_internet = true\n"))
+    assert _verify(allowed, verifier_network=True).score == 1.0  # marked, and permitted: the build network
+
+
+@needs_docker
+def test_a_failing_image_build_is_that_tasks_clear_error(tmp_path):
+    import asyncio
+
+    from jointrl.envs.sandbox.docker import ImageBuildError
+
+    task = load_task(_harbor(tmp_path / "broken-image", "FROM debian:bookworm-slim\nRUN echo no-such-tool && false\n",
+                             "exit 0\n"))
+    with pytest.raises(ImageBuildError, match=r"docker build of '.*broken-image/environment/Dockerfile' failed"):
+        asyncio.run(TerminalEnv(backend="docker").reset(task))
