@@ -27,8 +27,11 @@ _WHY = {"bwrap": None if os.geteuid() == 0 and shutil.which("bwrap") else "needs
         "docker": unavailable_reason()}
 
 
-@pytest.fixture(scope="module", params=[pytest.param(b, marks=pytest.mark.skipif(_WHY[b] is not None, reason=f"{b}: {_WHY[b]}"))
-                                        for b in ("bwrap", "docker")])
+def _param(b: str, *marks):
+    return pytest.param(b, marks=[pytest.mark.skipif(_WHY[b] is not None, reason=f"{b}: {_WHY[b]}"), *marks])
+
+
+@pytest.fixture(scope="module", params=[_param("bwrap"), _param("docker")])
 def backend(request):
     return request.param
 
@@ -111,10 +114,17 @@ def test_the_honest_solution_scores_one(task, backend):
     assert r.score == 1.0, r.info
 
 
+@pytest.mark.parametrize("backend", [_param("bwrap"), _param("docker", pytest.mark.slow)], indirect=True)
 @pytest.mark.parametrize("hack", sorted(HACKS))
 def test_each_hack_scores_zero(task, hack, backend):
+    """One hack per episode; on docker -m slow (~7 s each: the default tier plays them all at once)."""
     r = score(task, [WRONG, *HACKS[hack]], backend)
     assert r.score == 0.0, (hack, r.info)
+
+
+def test_every_hack_at_once_scores_zero(task, backend):
+    r = score(task, [WRONG, *(c for h in sorted(HACKS) for c in HACKS[h])], backend)
+    assert r.score == 0.0, r.info
 
 
 def test_the_hacks_do_not_break_an_honest_solution(task, backend):

@@ -5,7 +5,8 @@ Every case checks what ``test_attacks.py`` checks for bwrap: the **host** is unh
 file, the host's disk), the **victim** finished its command with the right output, the
 attacker's **observation** is bounded and holds none of the victim's secret, nothing of the
 attack is left running in its container after the command, and its next command runs normally.
-Skipped with the reason where no daemon is reachable.
+Skipped with the reason where no daemon is reachable. Default tier: fork bomb, network and host
+files, background processes, disk; the other cases (~6 s each) are ``-m slow``.
 """
 
 from __future__ import annotations
@@ -75,11 +76,13 @@ def test_fork_bomb(canary):
     assert "[timed out" in r["attack"][0] or "exit code" in r["attack"][0]
 
 
+@pytest.mark.slow
 def test_memory_bomb(canary):
     r = play(["python3 -c 'x = []\nwhile True: x.append(bytearray(16 << 20))'; echo rc=$?"], canary)
     assert "rc=137" in r["attack"][0] or "MemoryError" in r["attack"][0], r["attack"][0]
 
 
+@pytest.mark.slow
 def test_100_mb_of_output(canary):
     r = play(["head -c 100000000 /dev/zero | tr '\\0' x; head -c 100000000 /dev/zero >&2"], canary)
     assert "bytes dropped" in r["attack"][0]
@@ -95,6 +98,7 @@ def test_network_egress_and_host_files(canary):
         assert bad not in r["attack"][0], r["attack"][0]
 
 
+@pytest.mark.slow
 def test_reading_another_episodes_files_and_killing_everything(canary):
     cmd = "cat /proc/*/root/work/secret.txt 2>&1; find / -name secret.txt -not -path '/proc/*' 2>/dev/null; kill -9 -1; true"
     play([cmd, "sleep 100 & bash -c 'kill -9 -1'; echo unreachable"], canary)  # play checks the secret and the after
@@ -106,6 +110,7 @@ def test_background_processes(canary):
     assert r["attack"][1].startswith("0\n")
 
 
+@pytest.mark.slow
 def test_symlink_escape_through_the_file_tools(canary):
     def file_tools(sb):
         refused = 0

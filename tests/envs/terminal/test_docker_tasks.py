@@ -128,15 +128,22 @@ def _verify(task, verifier_network=False):
 def test_a_verifier_that_needs_the_network_is_an_env_error_naming_the_command(tmp_path):
     from jointrl.envs.base import EnvError
 
-    test_sh = "apt-get update -qq 2>&1 | tail -2\napt-get install -y -qq jq >/dev/null 2>&1 || exit 1\necho 1 > /logs/verifier/reward.txt\n"
+    test_sh = "apt-get update -qq 2>&1 | tail -2\napt-get install -y -qq jq >/dev/null 2>&1 || exit 1\necho 1 > /logs/verifier/reward.txt\n"  # as TB2 tasks fetch curl / uv
     task = load_task(_harbor(tmp_path / "fetches-a-tool", "FROM debian:bookworm-slim\nWORKDIR /app\n", test_sh))
     with pytest.raises(EnvError) as e:
         _verify(task, verifier_network=True)  # the host permits it, but the task is not marked allow_internet
     msg = str(e.value)
     assert "needs the network" in msg and "'bash /tests/test.sh'" in msg and "\n" not in msg, msg
+
+
+@needs_docker
+@pytest.mark.slow
+def test_a_task_marked_allow_internet_verifies_with_a_network_where_permitted(tmp_path):
+    """The daemon's bridge network (the one `docker build` reaches the Debian mirror through)."""
+    test_sh = "apt-get update -qq && apt-get install -y -qq jq >/dev/null || exit 1\necho 1 > /logs/verifier/reward.txt\n"
     allowed = load_task(_harbor(tmp_path / "allowed", "FROM debian:bookworm-slim\nWORKDIR /app\n", test_sh,
                                 "[environment]\nallow_internet = true\n"))
-    assert _verify(allowed, verifier_network=True).score == 1.0  # marked, and permitted: the build network
+    assert _verify(allowed, verifier_network=True).score == 1.0
 
 
 @needs_docker
