@@ -22,10 +22,11 @@ What it protects against:
   file by RLIMIT_FSIZE only (a size quota there needs overlay2 on xfs with pquota).
 - **Memory, processes, CPU**: the container's memory cgroup (``mem_limit`` =
   ``memswap_limit``), pids cgroup (``pids_limit``), ``nano_cpus`` for a task's ``cpus``;
-  RLIMIT NPROC / FSIZE / CPU per process as backstop.
+  RLIMIT FSIZE / CPU per process (not NPROC: it is per host uid, shared by every container).
 - **Runaway commands**: each command runs under ``timeout -s KILL``; a watchdog and a sweep
   after every command (``kill -9 -1`` as root inside the container: everything but pid 1, an
-  idle ``tail``) end the command's children, so no background process outlives its command.
+  idle bash that reaps them; from the host when a fork bomb leaves no pid to start the sweep
+  with) end the command's children, so no background process outlives its command.
   Output is capped at ``max_output_bytes`` per stream as it streams in.
 
 What it does not protect against: kernel or runtime exploits (a container shares the host
@@ -48,6 +49,7 @@ import io
 import os
 import secrets
 import shutil
+import signal
 import tarfile
 import tempfile
 import threading
@@ -242,8 +244,10 @@ class DockerSandbox:
         self.container = self.volume = None
         disk = res.disk_bytes or c.max_disk_bytes or (1 << 30)
         memory = res.memory_bytes or c.max_memory_bytes
-        ulimits = [docker.types.Ulimit(name="nproc", soft=c.max_processes, hard=c.max_processes),
-                   docker.types.Ulimit(name="fsize", soft=c.max_file_bytes, hard=c.max_file_bytes),
+        # No RLIMIT_NPROC: it counts every process of the *host* uid, and every container of an
+        # image runs as the same uid, so one episode's fork bomb would starve the others (seen);
+        # the container's pids cgroup bounds each episode alone.
+        ulimits = [docker.types.Ulimit(name="fsize", soft=c.max_file_bytes, hard=c.max_file_bytes),
                    docker.types.Ulimit(name="cpu", soft=c.cpu_seconds, hard=c.cpu_seconds)]
         try:
             self.volume = self.cli.volumes.create(
@@ -339,12 +343,37 @@ class DockerSandbox:
         return ExecResult(out.text(), err.text(), int(code if code is not None else -1), False, truncated)
 
     def _sweep(self) -> None:
-        """SIGKILL every process in the container but pid 1 (root's ``kill -1`` spares itself and init)."""
+        """SIGKILL every process in the container but pid 1 (root's ``kill -1`` spares itself and init).
+
+        The sweep is one process (``sh`` with its builtin ``kill``). When it cannot start -- a
+        fork bomb holds every slot of the pids cgroup -- the processes are killed from the host
+        instead (the daemon's local host: their host pids from ``docker top``), round after round
+        until only pid 1 is left.
+        """
+        api = self.cli.api
         try:
-            api = self.cli.api
-            api.exec_start(api.exec_create(self.container.id, ["kill", "-9", "-1"], user="0")["Id"])
+            exec_id = api.exec_create(self.container.id, ["sh", "-c", "kill -9 -1 2>/dev/null; exit 0"], user="0")["Id"]
+            api.exec_start(exec_id)
+            if api.exec_inspect(exec_id)["ExitCode"] == 0:
+                return
+            self._host_kill()
         except Exception:  # noqa: BLE001  (the container may be gone already)
             pass
+
+    def _host_kill(self, rounds: int = 50) -> None:
+        init = self.cli.api.inspect_container(self.container.id)["State"]["Pid"]
+        for _ in range(rounds):
+            top = self.container.top()
+            col = top["Titles"].index("PID")
+            pids = [int(row[col]) for row in top["Processes"] or []] if top else []
+            pids = [p for p in pids if p != init]
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     # -- files ------------------------------------------------------------------------------
 
