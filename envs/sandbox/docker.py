@@ -101,13 +101,49 @@ def unavailable_reason() -> str | None:
     return None
 
 
+_HOST = os.uname().nodename
+_SWEPT = threading.Event()
+
+
 def client(timeout: float = 120):
     reason = unavailable_reason()
     if reason is not None:
         raise EnvError(f"docker sandbox unavailable: {reason}")
     import docker
 
-    return docker.from_env(timeout=timeout)
+    cli = docker.from_env(timeout=timeout)
+    if not _SWEPT.is_set():
+        _SWEPT.set()
+        remove_stale(cli)
+    return cli
+
+
+def remove_stale(cli) -> int:
+    """Remove the sandbox containers and volumes that a dead process of this host left (a killed
+    env worker); the first ``client()`` of each process calls it. Returns how many containers."""
+    def dead(labels: dict) -> bool:
+        if labels.get("jointrl.host") != _HOST or not labels.get("jointrl.pid", "").isdigit():
+            return False
+        try:
+            os.kill(int(labels["jointrl.pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    n = 0
+    for c in cli.containers.list(all=True, filters={"label": "jointrl=sandbox"}):
+        if dead(c.labels):
+            c.remove(force=True)
+            n += 1
+    for v in cli.volumes.list(filters={"label": "jointrl=work"}):
+        if dead(v.attrs.get("Labels") or {}):
+            try:
+                v.remove(force=True)
+            except Exception:  # noqa: BLE001  (still in use by a container being removed)
+                pass
+    return n
 
 
 class ImageBuildError(EnvError):
@@ -252,12 +288,12 @@ class DockerSandbox:
         try:
             self.volume = self.cli.volumes.create(
                 f"jointrl-{secrets.token_hex(8)}", driver="local",
-                driver_opts={"type": "tmpfs", "device": "tmpfs", "o": f"size={disk}"}, labels={"jointrl": "work"})
+                driver_opts={"type": "tmpfs", "device": "tmpfs", "o": f"size={disk}"}, labels=self._labels("work"))
             self.container = self.cli.containers.run(
                 image, _PID1, entrypoint=[], detach=True, user="0", network_mode="bridge" if network else "none",
-                tmpfs={"/tmp": f"size={disk},mode=1777"}, mem_limit=memory, memswap_limit=memory,
+                tmpfs={"/tmp": f"size={disk},mode=1777,exec"}, mem_limit=memory, memswap_limit=memory,
                 nano_cpus=int(res.cpus * 1e9) if res.cpus else None, pids_limit=c.max_processes, ulimits=ulimits,
-                cap_drop=["ALL"], cap_add=_CAPS, security_opt=["no-new-privileges"], labels={"jointrl": "sandbox"},
+                cap_drop=["ALL"], cap_add=_CAPS, security_opt=["no-new-privileges"], labels=self._labels("sandbox"),
                 mounts=[docker.types.Mount(str(self.workdir), self.volume.name, type="volume"),
                         *(docker.types.Mount(t, s, type="bind", read_only=True) for s, t in c.tool_mounts.items())])
         except Exception as e:  # noqa: BLE001  (docker.errors.*: the sandbox could not start)
@@ -269,6 +305,10 @@ class DockerSandbox:
             self.close()
             raise
 
+    @staticmethod
+    def _labels(kind: str) -> dict[str, str]:
+        return {"jointrl": kind, "jointrl.pid": str(os.getpid()), "jointrl.host": _HOST}
+
     def _start(self, binds: dict[str, str], workdir_from: Path | None) -> None:
         """The image's WORKDIR content, the run user's ids, ``rw_dirs``, ``ro_binds``, the task files."""
         ids = self._exec(["id", "-u", self.user], 30.0, {}, user="0")
@@ -276,9 +316,11 @@ class DockerSandbox:
         if not (ids.ok and gid.ok):
             raise EnvError(f"docker sandbox probe failed (image {self.image}, user {self.user!r}): {ids} {gid}")
         self.uid, self.gid = int(ids.stdout), int(gid.stdout)
-        if self._seed and (seed := _image_workdir_tar(self.cli, self.image, str(self.workdir))):
-            if not self.container.put_archive(str(self.workdir.parent), seed):
-                raise EnvError(f"docker put_archive of the image's {self.workdir} failed")
+        seed = _image_workdir_tar(self.cli, self.image, str(self.workdir))
+        if seed and not self._seed:  # only the WORKDIR itself: its owner and mode as in the image
+            seed = _top_entry(seed)
+        if seed and not self.container.put_archive(str(self.workdir.parent), seed):
+            raise EnvError(f"docker put_archive of the image's {self.workdir} failed")
         mk = [*(f"mkdir -p {_quote(d)} && chown {self.uid}:{self.gid} {_quote(d)}" for d in (*self.rw_dirs, _STATE)),
               *(f"mkdir -p {_quote(d)}" for d in binds.values()), "true"]
         r = self._exec(["sh", "-c", " && ".join(mk)], 30.0, {}, user="0")
@@ -469,9 +511,13 @@ class DockerSandbox:
 
         def safe(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
             try:
-                return tarfile.data_filter(member, path)
+                kept = tarfile.data_filter(member, path)
             except tarfile.FilterError:
                 return None  # an absolute or escaping link, a device: not copied
+            if member.issym():
+                return kept
+            # the agent's own modes (data_filter drops a directory's), less setuid / setgid / sticky
+            return kept.replace(mode=member.mode & 0o777, deep=False)
 
         try:
             with tarfile.open(fileobj=io.BytesIO(b"".join(bits))) as tar:
@@ -499,6 +545,17 @@ class DockerSandbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _top_entry(tar_bytes: bytes) -> bytes:
+    """A tar of the first member of ``tar_bytes`` alone (a directory entry: owner, mode)."""
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        first = tar.next()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as out:
+        if first is not None:
+            out.addfile(first)
+    return buf.getvalue()
 
 
 def _quote(s: str) -> str:

@@ -9,6 +9,7 @@ leaks from one episode to the next (a fresh one costs a background start, not a 
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections import deque
 from pathlib import Path
@@ -91,6 +92,13 @@ class SandboxPool:
 
 _SHARED: dict[str, SandboxPool] = {}
 _SHARED_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_shared() -> None:
+    """Close this process's pools at exit: a docker pool's containers outlive the process otherwise."""
+    for pool in list(_SHARED.values()):
+        pool.close()
 
 
 def shared_pool(config: SandboxConfig, size: int = 4, backend: str = "bwrap") -> SandboxPool:

@@ -2,8 +2,10 @@
 
 **Harbor** (what we ship; ``envs/terminal/tasks/<id>/``)::
 
-    task.toml          [metadata] (free-form), [verifier] timeout_sec, [agent] timeout_sec,
-                       [environment] docker_image / build_timeout_sec / ..., version;
+    task.toml          [metadata] (free-form), [verifier] timeout_sec, [agent] timeout_sec (caps
+                       envs.episode_timeout_s), [environment] docker_image, build_timeout_sec,
+                       cpus, memory_mb / memory ("4G"), storage_mb / storage, allow_internet
+                       (docker backend: the container's bounds, a network for the verifier), version;
                        ours on top: id (= folder name, optional), tier, max_turns, [reward]
     instruction.md     the prompt, verbatim
     environment/       files copied into /work at reset (and ``setup.sh``, run there once, then

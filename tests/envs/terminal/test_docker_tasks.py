@@ -156,3 +156,16 @@ def test_a_failing_image_build_is_that_tasks_clear_error(tmp_path):
                              "exit 0\n"))
     with pytest.raises(ImageBuildError, match=r"docker build of '.*broken-image/environment/Dockerfile' failed"):
         asyncio.run(TerminalEnv(backend="docker").reset(task))
+
+
+@needs_docker
+@pytest.mark.slow
+def test_every_shipped_terminal_task_scores_its_oracle_on_docker(tmp_path):
+    """The shipped tasks (no Dockerfile of their own) in the terminal image: a pooled container
+    per episode, the verifier in a fresh one. Caught: /tmp noexec (make-build runs ./hello
+    there), directory modes and the WORKDIR's owner lost on the way to the verifier (git)."""
+    result = eval_main(["envs=terminal", "envs.sandbox.backend=docker", "policy=oracle", "split=all", "k=1", "tier=low",
+                        f"out={tmp_path}", "logger.wandb_mode=disabled"])
+    (row,) = result["rows"]
+    assert (row["tasks"], row["pass@1"], row["env_error"]) == (len(load_tasks()), 1.0, 0), \
+        [e for e in result["episodes"] if not e["success"]]
