@@ -17,8 +17,8 @@ What it protects against:
   capabilities (``cap_drop=ALL`` plus the few a root package install needs: chown, dac_override,
   fowner, fsetid, kill, setuid, setgid, net_bind_service, sys_chroot), ``no-new-privileges``.
 - **Disk**: the WORKDIR is a tmpfs volume of ``max_disk_bytes`` (``storage_mb`` of a task),
-  filled at start with the image's own WORKDIR content; ``/tmp`` a tmpfs of the same size
-  (``ENOSPC`` past them). Writes elsewhere go to the container's writable layer, bounded per
+  filled at start with the image's own WORKDIR content; ``/tmp`` a tmpfs of the same size,
+  exec allowed as on bwrap (``ENOSPC`` past them). Writes elsewhere go to the container's writable layer, bounded per
   file by RLIMIT_FSIZE only (a size quota there needs overlay2 on xfs with pquota).
 - **Memory, processes, CPU**: the container's memory cgroup (``mem_limit`` =
   ``memswap_limit``), pids cgroup (``pids_limit``), ``nano_cpus`` for a task's ``cpus``;
