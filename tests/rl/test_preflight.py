@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,10 @@ def test_a_malformed_task_toml_and_a_missing_checkpoint_are_one_line_errors(tmp_
     _fails(capsys, "eval", [f"envs.domains.terminal.task_dir={tmp_path}", "split=all"], "task.toml': Expected ']'")
     _fails(capsys, "train", ["checkpoint=/nonexistent"], "checkpoint=/nonexistent does not exist")
     _fails(capsys, "sft", ["envs.sandbox.backend=podman"], "envs.sandbox.backend")
+    tb2 = Path(__file__).parents[1] / "envs" / "terminal" / "tb2_tasks"  # tasks that all bring a Dockerfile
+    _fails(capsys, "train", [f"envs.domains.terminal.task_dir={tb2}", "envs.domains.terminal.split=all"],
+           "need their own Docker image (csv-total, json-name); the bwrap backend cannot build one: "
+           "set envs.sandbox.backend=docker")
 
 
 def test_debug_shows_the_exception_and_good_arguments_pass_through(monkeypatch):
