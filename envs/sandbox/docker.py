@@ -23,8 +23,10 @@ What it protects against:
 - **Memory, processes, CPU**: the container's memory cgroup (``mem_limit`` =
   ``memswap_limit``), pids cgroup (``pids_limit``), ``nano_cpus`` for a task's ``cpus``;
   RLIMIT FSIZE / CPU per process (not NPROC: it is per host uid, shared by every container).
-- **Runaway commands**: each command runs under ``timeout -s KILL``; a watchdog and a sweep
-  after every command (``kill -9 -1`` as root inside the container: everything but pid 1, an
+- **Runaway commands**: each command runs under ``timeout -s KILL`` and then, in the same exec,
+  the user's own ``kill -9 -1`` (it reaches only this container's pid namespace); where that
+  wrapper did not finish (killed, timed out) a watchdog and a sweep
+  (``kill -9 -1`` as root inside the container: everything but pid 1, an
   idle bash that reaps them; from the host when a fork bomb leaves no pid to start the sweep
   with) end the command's children, so no background process outlives its command.
   Output is capped at ``max_output_bytes`` per stream as it streams in.
@@ -65,6 +67,7 @@ IMAGES_DIR = Path(__file__).resolve().parent.parent / "images"
 TIMEOUT_EXIT_CODE = 124
 DEFAULT_WORKDIR = "/work"  # an image without WORKDIR
 _STATE = "/.jointrl-shell"  # the emulated shell's state: outside /tmp, so a full /tmp cannot break the shell
+_SELF_SWEEP = 'timeout -s KILL "$@"; rc=$?; kill -9 -1 2>/dev/null; exit $rc'
 _CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETUID", "SETGID", "NET_BIND_SERVICE", "SYS_CHROOT"]
 _PID1 = ["bash", "-c", "mkfifo /tmp/.jointrl-idle; exec 3<>/tmp/.jointrl-idle; while :; do read -r -u 3; done"]
 # pid 1: an idle bash that blocks in a builtin (no child to show in ps) and reaps the orphans the
@@ -353,9 +356,13 @@ class DockerSandbox:
         with self._lock:
             if self._closed:
                 raise RuntimeError("sandbox is closed")
-            return self._exec(["timeout", "-s", "KILL", f"{timeout}s", *argv], timeout, env, user=self.user)
+            # the command, then its own sweep (the user's ``kill -9 -1`` spares the wrapper, and
+            # reaches only this container's pid namespace): one exec per command, not two
+            return self._exec(["bash", "-c", _SELF_SWEEP, "jointrl", f"{timeout}s", *argv], timeout, env,
+                              user=self.user, swept=True)
 
-    def _exec(self, argv: list[str], timeout: float, env: dict[str, str], user: str) -> ExecResult:
+    def _exec(self, argv: list[str], timeout: float, env: dict[str, str], user: str,
+              swept: bool = False) -> ExecResult:
         api = self.cli.api
         cap = self.config.max_output_bytes
         out, err = Capped(cap), Capped(cap)
@@ -374,7 +381,8 @@ class DockerSandbox:
             finally:
                 watchdog.cancel()
             code = api.exec_inspect(exec_id)["ExitCode"]
-            self._sweep()  # background processes never outlive their command
+            if not swept or code not in range(0, 126) or code == TIMEOUT_EXIT_CODE:
+                self._sweep()  # the wrapper did not finish its own sweep (killed, timed out): from root
         except Exception as e:  # noqa: BLE001  (docker.errors.*, connection loss: infrastructure)
             raise EnvError(f"docker sandbox failed while running a command: {e}") from e
         # `timeout -s KILL` exits 137 when it killed the command; an OOM kill is 137 too, but early.
