@@ -3,7 +3,8 @@
 Each domain is a package under ``envs/`` that exposes two functions, and one line in
 ``DOMAINS`` below names it:
 
-- ``load_tasks(task_dir: pathlib.Path | None) -> list[Task]``: the shipped tasks, or those under ``task_dir``;
+- ``load_tasks(task_dir: pathlib.Path | None) -> list[Task]``: the shipped tasks, or those under ``task_dir``
+  (a domain in ``sandbox.settings.DOCKER_DOMAINS`` also takes the backend: it leaves out what cannot run there);
 - ``make_env(envs_cfg) -> Env``: a fresh env for one episode (``envs_cfg`` is
   ``jointrl.rl.config.EnvsConfig``, duck-typed: envs may not import rl).
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from jointrl.envs.base import Env, Task, ToolCall
+from jointrl.envs.sandbox.settings import DOCKER_DOMAINS, check_backend
 from jointrl.envs.splits import select
 
 # domain name -> module exposing load_tasks / make_env
@@ -45,10 +47,13 @@ def _module(domain: str) -> Any:
     return importlib.import_module(DOMAINS[domain])
 
 
-def load_tasks(domain: str, task_dir: str | None = None, split: str = "all") -> list[Task]:
-    """The domain's shipped tasks, or those under ``task_dir``; only ``split``'s
-    (``train`` | ``heldout`` | ``all``, ``jointrl.envs.splits``). An empty split is an error."""
-    tasks = _module(domain).load_tasks(Path(task_dir) if task_dir else None)
+def load_tasks(domain: str, task_dir: str | None = None, split: str = "all", backend: str = "bwrap") -> list[Task]:
+    """The domain's shipped tasks, or those under ``task_dir``, that run on ``backend``
+    (``envs.sandbox.backend``); only ``split``'s (``train`` | ``heldout`` | ``all``,
+    ``jointrl.envs.splits``). An empty split is an error."""
+    check_backend(domain, backend)
+    path = Path(task_dir) if task_dir else None
+    tasks = _module(domain).load_tasks(path, backend) if domain in DOCKER_DOMAINS else _module(domain).load_tasks(path)
     chosen = select(tasks, split)
     if tasks and not chosen:
         raise ValueError(f"domain {domain!r}: its {split!r} split is empty (all {len(tasks)} tasks are in the other "

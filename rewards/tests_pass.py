@@ -12,7 +12,11 @@ exists and holds the number 1 (or, without it, ``/logs/verifier/reward.json`` ho
 the agent's own ``reward.txt`` (in ``/work`` or anywhere it could write) is never read, and
 agent code the verifier runs can write the reward file but cannot make a failing test exit 0.
 A verifier that times out scores 0 (the agent's code hung: a policy result). A sandbox that
-cannot start or dies raises ``EnvError`` (infrastructure, retried; never scored 0).
+cannot start or dies raises ``EnvError`` (infrastructure, retried; never scored 0), and so does
+a failed verifier whose output says it lacked the network (a ``test.sh`` that fetches a tool:
+``network_failure``), unless its sandbox had one (a task marked ``allow_internet`` on docker with
+``envs.sandbox.verifier_network``). Agent code that prints such a line while failing turns its
+episode into an excluded ``env_error`` instead of a 0: no reward is gained that way.
 The timeout is ``task.metadata["verifier_timeout_s"]`` (default 60 s).
 """
 
@@ -48,6 +52,11 @@ def tests_pass(task: Task, episode: Episode) -> RewardResult:
     finally:
         sandbox.close()
     passed = result.ok and _is_one(reward_text)
+    if not passed and not getattr(sandbox, "network", False) and (line := network_failure(result.stdout + result.stderr)):
+        raise EnvError(f"the verifier of task {task.id!r} needs the network, which it does not have: "
+                       f"{str(task.metadata.get('verifier_command', TEST_COMMAND))!r} printed {line!r} (mark the task "
+                       "[environment] allow_internet = true and run it with envs.sandbox.backend=docker "
+                       "envs.sandbox.verifier_network=true)")
     info = {
         "exit_code": result.exit_code,
         "timed_out": result.timed_out,
@@ -55,6 +64,25 @@ def tests_pass(task: Task, episode: Episode) -> RewardResult:
         "output": (result.stdout + result.stderr)[-_OUTPUT_TAIL:],
     }
     return RewardResult(score=1.0 if passed else 0.0, info=info)
+
+
+_NO_NETWORK = ("could not resolve host", "temporary failure in name resolution", "temporary failure resolving",
+               "name or service not known", "network is unreachable", "no address associated with hostname",
+               "failed to establish a new connection", "getaddrinfo failed", "unable to resolve host")
+
+
+def network_failure(output: str) -> str | None:
+    """The first output line that says a name lookup or connection failed for want of a network.
+
+    >>> network_failure("ok\ncurl: (6) Could not resolve host: astral.sh\n")
+    'curl: (6) Could not resolve host: astral.sh'
+    >>> network_failure("1 failed, 2 passed") is None
+    True
+    """
+    for line in output.splitlines():
+        if any(s in line.lower() for s in _NO_NETWORK):
+            return line.strip()[:200]
+    return None
 
 
 def _read(sandbox, path: str) -> str | None:

@@ -8,7 +8,7 @@
     reward = weighted reward modules over the final state (fresh verification sandbox)
 
 The learner trains on exactly these ids: text the model produced is never re-tokenized.
-Infrastructure failures (``EnvError``, a crashed sandbox) are retried on a fresh env by
+Infrastructure failures (``EnvError``, a crashed sandbox, any unexpected exception) are retried on a fresh env by
 ``run_episode_with_retries``; the policy's own failures (bad calls, length, turn limit,
 timeout) are results, scored and kept (docs/architecture.md, "Failures").
 """
@@ -47,7 +47,7 @@ async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: Cha
                       params: SamplingParams, cfg: AgentConfig, group_id: str) -> Trajectory:
     """One episode. Raises ``EnvError`` on infrastructure failure (the caller retries)."""
     tok = template.tok
-    deadline = time.monotonic() + cfg.episode_timeout_s
+    deadline = time.monotonic() + min(cfg.episode_timeout_s, task.metadata.get("agent_timeout_s", float("inf")))
     messages = await env.reset(task)
     ids = template.render(messages, env.tools)
     traj = Trajectory(token_ids=list(ids), loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids),
@@ -159,7 +159,8 @@ async def _run_calls(env: Env, calls, traj: Trajectory) -> tuple[list[Message], 
 async def run_episode_with_retries(make_env: Callable[[], Env], engine: RolloutEngine, task: Task,
                                    template: ChatTemplate, params: SamplingParams, cfg: AgentConfig,
                                    group_id: str) -> Trajectory:
-    """``run_episode`` on a fresh env, retried on infrastructure failure; then ``env_error``."""
+    """``run_episode`` on a fresh env, retried on infrastructure failure -- ``EnvError`` or any other
+    exception from reset / step / verify (logged with its traceback) -- then ``env_error``."""
     last: Exception | None = None
     for attempt in range(cfg.max_env_retries + 1):
         env = make_env()
@@ -167,8 +168,11 @@ async def run_episode_with_retries(make_env: Callable[[], Env], engine: RolloutE
             traj = await run_episode(env, engine, task, template, params, cfg, group_id)
             traj.env_retries = attempt
             return traj
-        except EnvError as e:
+        except Exception as e:  # noqa: BLE001  (any exception from env code is infrastructure: retried, then env_error)
             last = e
+            if not isinstance(e, EnvError):
+                log.warning("episode %s (task %s), attempt %d: unexpected %r from the env; retried as an env error",
+                            group_id, task.id, attempt + 1, e, exc_info=True)
         finally:
             try:
                 await env.close()

@@ -12,6 +12,9 @@ def main() -> None:
         got = sys.argv[1] if len(sys.argv) > 1 else "nothing"
         sys.exit(f"usage: jointrl {{{'|'.join(COMMANDS)}}} [key=value ...]; got {got!r}")
     command = sys.argv.pop(1)
+    from jointrl.rl.preflight import guard  # config and task folders checked before Ray: one line, exit 2
+
+    sys.argv[1:] = guard(command, sys.argv[1:])
     if command == "train":
         from jointrl.rl.train import main as train_main
 
@@ -36,3 +39,7 @@ def main() -> None:
         from jointrl.rl.recipe import main as recipe_main
 
         recipe_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -183,6 +183,20 @@ class EnvSandboxConfig:
     backend: SandboxBackend = SandboxBackend.bwrap
     mode: SandboxMode = SandboxMode.auto
     rootfs: str | None = None  # the sandbox's /usr and /etc from this directory (null: the host's)
+    # limits of every command (envs/sandbox/base.SandboxConfig); a task's task.toml may set its own resources
+    timeout_s: float = 10.0  # wall clock per command (was envs.command_timeout_s, kept as an alias)
+    max_output_bytes: int = 16_384  # per stream; the rest is replaced by a marker
+    max_memory_mb: int = 2048  # the episode's memory cgroup
+    max_processes: int = 64  # the episode's pids cgroup
+    max_disk_mb: int = 1024  # tmpfs size of the working dir and of /tmp
+    cpu_seconds: int = 120  # RLIMIT_CPU per process
+    warm: int = 4  # warm sandboxes per env worker (envs/sandbox/pool.py); 0: cold starts
+    verifier_network: bool = False  # docker: a task marked [environment] allow_internet verifies with a network
+
+    def __post_init__(self) -> None:
+        for k in ("timeout_s", "max_output_bytes", "max_memory_mb", "max_processes", "max_disk_mb", "cpu_seconds"):
+            _check_positive(f"envs.sandbox.{k}", getattr(self, k))
+        _check_positive("envs.sandbox.warm", self.warm, allow_zero=True)
 
 
 @dataclass
@@ -194,7 +208,7 @@ class EnvsConfig:
     max_concurrent_episodes: int = 16  # per env worker
     max_env_retries: int = 2
     episode_timeout_s: float = 300.0
-    command_timeout_s: float = 10.0
+    command_timeout_s: float | None = None  # deprecated alias of envs.sandbox.timeout_s (one release)
     # full: each domain's own system prompt and tool descriptions; compact: a one-line system
     # prompt and one-line tool descriptions (terminal, code_repo, browser), same tools and schemas, for
     # small byte-level models that re-read the system turn with every token (docs/recipe.md)
@@ -213,6 +227,9 @@ class EnvsConfig:
                 _check_choice(f"envs.domains.{name}.tiers", tier, ("low", "high", "max"))
         _check_positive("envs.num_workers", self.num_workers)
         _check_choice("envs.prompt", self.prompt, ("full", "compact"))
+        if self.command_timeout_s is not None:  # the old key wins where a config still sets it
+            _check_positive("envs.command_timeout_s", self.command_timeout_s)
+            self.sandbox.timeout_s = self.command_timeout_s
 
 
 @dataclass

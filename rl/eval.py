@@ -12,7 +12,8 @@ HF directory; ``null`` evaluates the untrained ``model`` from config. The model'
 run's (its ``config.yaml`` beside ``checkpoints/``) when there is one, else ``model=``'s.
 ``policy=oracle`` (or ``noop``, ``wrong``) plays each task's scripted policy
 (``registry.scripted_policy``) instead of a model, through the same episodes: the ceiling every
-held-out task must reach. Other ``key=value``s are config overrides (``envs=joint``, ...).
+held-out task must reach. It lifts the model's token limits (``scripted_limits``), so with the
+defaults the oracle scores 1.0. Other ``key=value``s are config overrides (``envs=joint``, ...).
 
 A task is solved when every outcome reward module reaches its success threshold
 (``rewards.base.succeeded``): 1 for the pass/fail modules (tests, checks, answers, app state),
@@ -85,7 +86,7 @@ def eval_tasks(cfg: Config, spec: EvalSpec) -> list[Task]:
     domain's configured reward weights, as in training."""
     tasks: list[Task] = []
     for domain, dc in cfg.envs.domains.items():
-        chosen = sorted(load_tasks(domain, dc.task_dir, spec.split), key=lambda t: t.id)
+        chosen = sorted(load_tasks(domain, dc.task_dir, spec.split, cfg.envs.sandbox.backend), key=lambda t: t.id)
         chosen = chosen[: spec.limit] if spec.limit else chosen
         tasks += [dataclasses.replace(t, reward=dict(dc.reward)) if dc.reward else t for t in chosen]
     return tasks
@@ -205,6 +206,17 @@ def eval_config(overrides: list[str]) -> Config:
     return cfg
 
 
+SCRIPTED_TOKENS = 1 << 20
+
+
+def scripted_limits(cfg: Config) -> Config:
+    """``cfg`` with the token limits lifted (``rollout.max_tokens_per_turn``, ``rollout.max_context``):
+    a scripted policy's turns are the task's own text, not samples, so a model's per-turn budget
+    would only cut them (the default 96 tokens cut every oracle's first command)."""
+    rollout = dataclasses.replace(cfg.rollout, max_tokens_per_turn=SCRIPTED_TOKENS, max_context=SCRIPTED_TOKENS)
+    return dataclasses.replace(cfg, rollout=rollout)
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = list(sys.argv[1:] if argv is None else argv)
     if any("=" not in a and not a.startswith("~") for a in args):  # ~key: a Hydra deletion, as for train
@@ -219,5 +231,6 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = eval_config(overrides)
     policy, engine_for = mine.get("policy", "model"), None
     if policy != "model":  # a scripted policy through the same episodes: the ceiling (oracle) or a floor
+        cfg = scripted_limits(cfg)
         engine_for = lambda task, _: ScriptedEngine(scripted_policy(task, policy))  # noqa: E731
     return evaluate(cfg, spec, Path(mine.get("out", Path(cfg.output_dir) / "eval")), engine_for, policy)

@@ -42,9 +42,10 @@ class JointSampler:
         return out
 
     @classmethod
-    def from_config(cls, domains: dict[str, DomainConfig], seed: int) -> JointSampler:
-        """Over each domain's configured tasks (``task_dir``) of its configured ``split``."""
-        return cls({d: load_tasks(d, dc.task_dir, dc.split) for d, dc in domains.items()}, domains, seed)
+    def from_config(cls, domains: dict[str, DomainConfig], seed: int, backend: str = "bwrap") -> JointSampler:
+        """Over each domain's configured tasks (``task_dir``) of its configured ``split`` that run on
+        ``backend`` (``envs.sandbox.backend``)."""
+        return cls({d: load_tasks(d, dc.task_dir, dc.split, backend) for d, dc in domains.items()}, domains, seed)
 
     @staticmethod
     def realized_mix(batch: list[tuple[Task, str]]) -> dict[str, float]:

@@ -55,7 +55,7 @@ def train(cfg: Config) -> dict[str, float]:
     out_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.structured(cfg), out_dir / "config.yaml")  # the resolved config (jointrl export reads it)
     _start_ray(cfg)
-    sampler = JointSampler.from_config(cfg.envs.domains, cfg.seed)
+    sampler = JointSampler.from_config(cfg.envs.domains, cfg.seed, cfg.envs.sandbox.backend)
     placement = Placement(cfg)
     learner = LearnerGroup(cfg, [placement.learner(r) for r in range(cfg.learner.num_ranks)])
     # a rollout worker that dies is restarted by Ray; the router re-admits it once it holds the pushed weights

@@ -17,5 +17,6 @@ def load_tasks(task_dir: Path | None) -> list[Task]:
 def make_env(envs_cfg: Any) -> Env:
     from jointrl.envs.cad.env import CadEnv
     from jointrl.envs.cad.interpreter import CadConfig
+    from jointrl.envs.sandbox.settings import sandbox_settings
 
-    return CadEnv(CadConfig(call_timeout_s=envs_cfg.command_timeout_s))
+    return CadEnv(CadConfig(call_timeout_s=sandbox_settings(envs_cfg).config.timeout_s))

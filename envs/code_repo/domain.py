@@ -16,8 +16,7 @@ def load_tasks(task_dir: Path | None) -> list[Task]:
 
 def make_env(envs_cfg: Any) -> Env:
     from jointrl.envs.code_repo.env import CodeRepoEnv
-    from jointrl.envs.sandbox import SandboxConfig
-    from jointrl.envs.sandbox.rootless import mode_settings
+    from jointrl.envs.sandbox.settings import sandbox_settings
 
-    return CodeRepoEnv(SandboxConfig(timeout_s=envs_cfg.command_timeout_s, **mode_settings(envs_cfg)),
+    return CodeRepoEnv(sandbox_settings(envs_cfg).config,
                        compact=getattr(envs_cfg, "prompt", "full") == "compact")

@@ -16,10 +16,10 @@ def load_tasks(task_dir: Path | None) -> list[Task]:
 
 def make_env(envs_cfg: Any) -> Env:
     from jointrl.envs.office.env import OfficeEnv, office_config
-    from jointrl.envs.sandbox import SandboxConfig
     from jointrl.envs.sandbox.pool import shared_pool
-    from jointrl.envs.sandbox.rootless import mode_settings
+    from jointrl.envs.sandbox.settings import sandbox_settings
 
-    config = office_config(SandboxConfig(timeout_s=envs_cfg.command_timeout_s, **mode_settings(envs_cfg)))
+    settings = sandbox_settings(envs_cfg)
+    config = office_config(settings.config)
     # One warm pool per env-worker process and config: reset takes a started sandbox.
-    return OfficeEnv(config, pool=shared_pool(config, getattr(envs_cfg, "warm_sandboxes", 4)))
+    return OfficeEnv(config, pool=shared_pool(config, settings.warm))

@@ -9,23 +9,26 @@ leaks from one episode to the next (a fresh one costs a background start, not a 
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections import deque
 from pathlib import Path
 from typing import Any
 
+from jointrl.envs.sandbox import Sandbox, make_sandbox
 from jointrl.envs.sandbox.base import SandboxConfig
-from jointrl.envs.sandbox.bwrap import BwrapSandbox
 
 
 class SandboxPool:
-    """Up to ``size`` warm ``BwrapSandbox``es of ``config`` (``kwargs`` go to the constructor)."""
+    """Up to ``size`` warm sandboxes of ``backend`` and ``config`` (``kwargs`` go to the constructor:
+    for docker, the image; a docker sandbox is a started container with the image's WORKDIR)."""
 
-    def __init__(self, config: SandboxConfig | None = None, size: int = 4, **kwargs: Any) -> None:
+    def __init__(self, config: SandboxConfig | None = None, size: int = 4, backend: str = "bwrap",
+                 **kwargs: Any) -> None:
         if size < 0:
             raise ValueError(f"pool size must be >= 0, got {size}")
-        self.config, self.size, self.kwargs = config or SandboxConfig(), size, kwargs
-        self._ready: deque[BwrapSandbox] = deque()
+        self.config, self.size, self.backend, self.kwargs = config or SandboxConfig(), size, backend, kwargs
+        self._ready: deque[Sandbox] = deque()
         self._cv = threading.Condition()
         self._closed = False
         self.errors = 0  # background starts that failed (the next acquire starts one itself)
@@ -40,7 +43,7 @@ class SandboxPool:
                 if self._closed:
                     return
             try:
-                sb = BwrapSandbox(self.config, **self.kwargs)
+                sb = make_sandbox(self.backend, self.config, **self.kwargs)
             except Exception:  # noqa: BLE001  (counted; acquire falls back to a cold start)
                 with self._cv:
                     self.errors += 1
@@ -53,7 +56,7 @@ class SandboxPool:
                 self._ready.append(sb)
                 self._cv.notify_all()
 
-    def acquire(self, workdir_from: Path | None = None) -> BwrapSandbox:
+    def acquire(self, workdir_from: Path | None = None) -> Sandbox:
         """A started sandbox with ``workdir_from``'s files in ``/work``; the caller closes it."""
         with self._cv:
             if self._closed:
@@ -61,7 +64,7 @@ class SandboxPool:
             sb = self._ready.popleft() if self._ready else None
             self._cv.notify_all()
         if sb is None:  # the pool is drained: start one here, as without a pool
-            return BwrapSandbox(self.config, workdir_from, **self.kwargs)
+            return make_sandbox(self.backend, self.config, workdir_from=workdir_from, **self.kwargs)
         try:
             if workdir_from is not None:
                 sb.populate(Path(workdir_from))
@@ -91,11 +94,18 @@ _SHARED: dict[str, SandboxPool] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_pool(config: SandboxConfig, size: int = 4) -> SandboxPool:
-    """This process's pool for ``config`` (one per env worker and configuration)."""
-    key = repr((config, size))
+@atexit.register
+def _close_shared() -> None:
+    """Close this process's pools at exit: a docker pool's containers outlive the process otherwise."""
+    for pool in list(_SHARED.values()):
+        pool.close()
+
+
+def shared_pool(config: SandboxConfig, size: int = 4, backend: str = "bwrap") -> SandboxPool:
+    """This process's pool for ``config`` (one per env worker, backend and configuration)."""
+    key = repr((config, size, backend))
     with _SHARED_LOCK:
         pool = _SHARED.get(key)
         if pool is None or pool._closed:
-            pool = _SHARED[key] = SandboxPool(config, size)
+            pool = _SHARED[key] = SandboxPool(config, size, backend)
         return pool

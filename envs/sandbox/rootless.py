@@ -33,7 +33,6 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 from jointrl.envs.base import EnvError
 from jointrl.envs.sandbox.base import MODES
@@ -193,10 +192,3 @@ def _is_zombie(pid: int) -> bool:
     stat = Path(f"/proc/{pid}/stat").read_bytes()
     return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X")
 
-
-def mode_settings(envs_cfg: Any) -> dict[str, Any]:
-    """``envs.sandbox.mode`` and ``.rootfs`` as ``SandboxConfig`` keywords ({} for a config without the group)."""
-    group = getattr(envs_cfg, "sandbox", None)
-    if group is None:
-        return {}
-    return {"mode": str(group.mode), "rootfs": group.rootfs}

@@ -5,9 +5,10 @@ worker's warm pool when one is given, else started cold) whose ``/work`` holds t
 ``environment/`` files and runs ``environment/setup.sh`` there if the task has one; each
 ``bash`` call runs in the episode's persistent shell (cwd and environment persist) with the
 configured per-command wall-clock limit; ``submit`` ends the episode. A task that needs its
-own Docker image (``environment/Dockerfile``) runs with ``backend="docker"`` (its episode and
-its verifier in containers of that image); on bwrap ``reset`` raises ``TaskNeedsImage`` (a
-``ValueError``) saying so. For the verifier (``verifier.py``),
+own Docker image (``environment/Dockerfile``, built once per content of ``environment/``) runs
+with ``backend="docker"``: its episode and its verifier in fresh containers of that image, as the
+image's USER in its WORKDIR, with the task's declared resources (``task.toml`` ``[environment]``);
+on bwrap ``reset`` raises ``TaskNeedsImage`` (a ``ValueError``) saying so. For the verifier (``verifier.py``),
 ``verify_sandbox`` (before ``close()``) or ``await final_files()`` (a snapshot that outlives
 ``close()``) become ``Episode.verify_sandbox``.
 
@@ -26,7 +27,7 @@ from jointrl.envs.base import validate_call as validate_against_schema
 from jointrl.envs.sandbox import BACKENDS, Sandbox, make_sandbox
 from jointrl.envs.sandbox.base import ExecResult, SandboxConfig
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
-from jointrl.envs.sandbox.pool import SandboxPool
+from jointrl.envs.sandbox.pool import SandboxPool, shared_pool
 from jointrl.envs.terminal.verifier import FinalFiles
 
 SETUP_SCRIPT = "setup.sh"  # in environment/: run once in /work at reset, then removed
@@ -62,12 +63,14 @@ BASH_COMPACT = ToolSpec("bash", "Run a shell command.",
 SUBMIT_COMPACT = ToolSpec("submit", "End the episode.", SUBMIT.parameters)
 
 
-def system_prompt(config: SandboxConfig, compact: bool = False) -> str:
+def system_prompt(config: SandboxConfig, compact: bool = False, workdir: str = "/work") -> str:
     if compact:
-        return f"A Linux shell in /work, no network, {config.timeout_s:g} s per command. Call submit when done."
+        return f"A Linux shell in {workdir}, no network, {config.timeout_s:g} s per command. Call submit when done."
+    where = ("only /work (and a scratch /tmp) is writable" if workdir == "/work"
+             else "your files there are what is checked when you submit")
     return (
-        "You are an agent working in a Linux shell sandbox. Your working directory is /work; "
-        "only /work (and a scratch /tmp) is writable, and there is no network. "
+        f"You are an agent working in a Linux shell sandbox. Your working directory is {workdir}; "
+        f"{where}, and there is no network. "
         f"Use the `bash` tool to run commands in a persistent shell (each is limited to {config.timeout_s:g} s; "
         f"output beyond {config.max_output_bytes} bytes per stream is cut). "
         "When the task is complete, call `submit`."
@@ -104,17 +107,34 @@ class TaskNeedsImage(ValueError):
     """The task builds its own Docker image; the bwrap backend cannot run it."""
 
 
+def docker_kwargs(task: Task) -> dict:
+    """``DockerSandbox`` arguments for a task with its own image: the Dockerfile (built) or image
+    name (used as is), its declared resources and build timeout (``tasks._environment``)."""
+    from jointrl.envs.sandbox.docker import Resources  # lazy: the docker SDK only for docker tasks
+
+    image, m = task.metadata["docker_image"], task.metadata
+    mb = lambda key: int(m[key] * (1 << 20)) if key in m else None  # noqa: E731
+    return {**({"dockerfile": Path(image)} if Path(image).is_file() else {"image": image}),
+            "resources": Resources(cpus=m.get("cpus"), memory_bytes=mb("memory_mb"), disk_bytes=mb("storage_mb")),
+            **({"build_timeout_s": m["build_timeout_s"]} if "build_timeout_s" in m else {})}
+
+
 class TerminalEnv:
     """``Env`` for terminal tasks. ``config`` sets the sandbox limits (per-command timeout etc.);
-    ``pool``, a warm ``SandboxPool`` of the same config, makes ``reset`` cheap (bwrap);
-    ``backend`` is ``"bwrap"`` or ``"docker"`` (``envs/sandbox/``)."""
+    ``pool``, a warm ``SandboxPool`` of the same config, makes ``reset`` cheap; ``backend`` is
+    ``"bwrap"`` or ``"docker"`` (``envs/sandbox/``); on docker ``warm`` > 0 makes the worker's
+    pool of domain-image containers at the first task without its own image (none is warmed for
+    a task set whose tasks all bring their images)."""
 
     def __init__(self, config: SandboxConfig | None = None, pool: SandboxPool | None = None,
-                 backend: str = "bwrap", compact: bool = False) -> None:
+                 backend: str = "bwrap", compact: bool = False, verifier_network: bool = False,
+                 warm: int = 0) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown sandbox backend {backend!r}; allowed: {list(BACKENDS)}")
         self.config = config or SandboxConfig()
         self.pool, self.backend = pool, backend
+        self.verifier_network = verifier_network  # a task marked allow_internet verifies with a network (docker)
+        self.warm = warm  # docker: the worker's pool of domain-image containers, made at the first task without an image
         self._backend_kwargs: dict = {}
         self.compact = compact  # the short system prompt and tool descriptions (envs.prompt=compact)
         self.tools: list[ToolSpec] = [BASH_COMPACT, SUBMIT_COMPACT] if compact else [BASH, SUBMIT]
@@ -137,10 +157,12 @@ class TerminalEnv:
         files = setup if setup.is_dir() else None
         self._backend_kwargs = {}
         if self.backend == "docker" and image:
-            self._backend_kwargs = {"dockerfile": Path(image)} if Path(image).is_file() else {"image": image}
+            self._backend_kwargs = docker_kwargs(task)
             files = files if files is not None and not (files / "Dockerfile").is_file() else None  # a build context
         try:
-            if self.backend == "docker":
+            if self.backend == "docker" and not image and self.pool is None and self.warm:
+                self.pool = shared_pool(self.config, self.warm, "docker")
+            if self.backend == "docker" and (image or self.pool is None):
                 self.sandbox = await asyncio.to_thread(make_sandbox, "docker", self.config, workdir_from=files,
                                                        **self._backend_kwargs)
             elif self.pool is not None:
@@ -154,7 +176,8 @@ class TerminalEnv:
         except OSError as e:
             raise EnvError(f"cannot open a sandbox for task {task.id!r}: {e}") from e
         self.task, self.done, self.num_tool_errors = task, False, 0
-        return [Message(role="system", content=system_prompt(self.config, self.compact)),
+        workdir = str(self.sandbox.workdir) if self.backend == "docker" else "/work"
+        return [Message(role="system", content=system_prompt(self.config, self.compact, workdir)),
                 Message(role="user", content=task.prompt)]
 
     async def step(self, call: ToolCall) -> Observation:
@@ -181,7 +204,7 @@ class TerminalEnv:
         if self.sandbox is None or self.task is None or self.task.root is None:
             raise RuntimeError("TerminalEnv.verify_sandbox() called before reset() or after close()")
         final = FinalFiles.take(self.sandbox, self.task.root / "tests", self.config, self._verifier_mounts(),
-                                self.backend, self._backend_kwargs)
+                                self.backend, self._verifier_kwargs())
         try:
             return final()
         finally:
@@ -193,9 +216,17 @@ class TerminalEnv:
             raise RuntimeError("TerminalEnv.final_files() called before reset()")
         try:
             return await asyncio.to_thread(FinalFiles.take, self.sandbox, self.task.root / "tests", self.config,
-                                           self._verifier_mounts(), self.backend, self._backend_kwargs)
+                                           self._verifier_mounts(), self.backend, self._verifier_kwargs())
         except OSError as e:
             raise EnvError(f"cannot snapshot the final files of task {self.task.id!r}: {e}") from e
+
+    def _verifier_kwargs(self) -> dict:
+        """The episode's image, and a network where the task allows one and the host permits it."""
+        assert self.task is not None
+        if self.backend != "docker":
+            return dict(self._backend_kwargs)
+        network = self.verifier_network and bool(self.task.metadata.get("allow_internet"))
+        return {**self._backend_kwargs, "seed_workdir": False, "network": network}
 
     def _verifier_mounts(self) -> dict[str, str]:
         assert self.task is not None

@@ -96,14 +96,15 @@ class Replay:
 
 
 async def replay(task: Task, turns: Policy, config: SandboxConfig | None = None,
-                 pool: SandboxPool | None = None) -> Replay:
+                 pool: SandboxPool | None = None, backend: str = "bwrap") -> Replay:
     """Run ``turns`` (at most ``task.max_turns`` of them) through a fresh ``TerminalEnv``.
 
-    ``pool``: a warm pool of ``config`` to take the sandbox from, as an env worker does.
+    ``pool``: a warm pool of ``config`` to take the sandbox from, as an env worker does;
+    ``backend``: the sandbox backend (``envs.sandbox.backend``).
     Stops after the turn in which a call ends the episode. Raises ``EnvError`` on an
     infrastructure failure, like the env itself.
     """
-    env = TerminalEnv(config, pool=pool)
+    env = TerminalEnv(config, pool=pool, backend=backend)
     try:
         messages = await env.reset(task)
         observations: list[Observation] = []

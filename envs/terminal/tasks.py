@@ -2,8 +2,10 @@
 
 **Harbor** (what we ship; ``envs/terminal/tasks/<id>/``)::
 
-    task.toml          [metadata] (free-form), [verifier] timeout_sec, [agent] timeout_sec,
-                       [environment] docker_image / build_timeout_sec / ..., version;
+    task.toml          [metadata] (free-form), [verifier] timeout_sec, [agent] timeout_sec (caps
+                       envs.episode_timeout_s), [environment] docker_image, build_timeout_sec,
+                       cpus, memory_mb / memory ("4G"), storage_mb / storage, allow_internet
+                       (docker backend: the container's bounds, a network for the verifier), version;
                        ours on top: id (= folder name, optional), tier, max_turns, [reward]
     instruction.md     the prompt, verbatim
     environment/       files copied into /work at reset (and ``setup.sh``, run there once, then
@@ -34,6 +36,7 @@ own image, ``docker_image`` (the Dockerfile's path).
 
 from __future__ import annotations
 
+import logging
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,7 @@ from jointrl.envs.base import Task
 
 DOMAIN = "terminal"
 TASKS_DIR = Path(__file__).parent / "tasks"
+log = logging.getLogger(__name__)
 _TOML_KEYS = {"id", "tier", "max_turns", "reward", "metadata", "version", "verifier", "agent", "environment",
               "solution"}
 TB1_RUN_TESTS = "/tb1/run-tests.sh"  # where a TB1 task's run-tests.sh is mounted for the verifier
@@ -77,7 +81,11 @@ def _load_harbor(folder: Path) -> Task:
     timeout = spec.get("verifier", {}).get("timeout_sec")
     if timeout is not None:
         metadata["verifier_timeout_s"] = float(timeout)
+    agent_timeout = spec.get("agent", {}).get("timeout_sec")
+    if agent_timeout is not None:
+        metadata["agent_timeout_s"] = _number(toml_path, "agent.timeout_sec", agent_timeout)
     environment = spec.get("environment", {})
+    metadata.update(_environment(toml_path, environment))
     image = environment.get("docker_image")
     if (folder / "environment" / "Dockerfile").is_file():
         image = str(folder / "environment" / "Dockerfile")
@@ -93,6 +101,42 @@ def _load_harbor(folder: Path) -> Task:
         reward={k: float(w) for k, w in reward.items()},
         metadata=metadata,
     )
+
+
+def _number(path: Path, key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{str(path)!r}: {key} must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def _size_mb(path: Path, key: str, value: Any) -> float:
+    """A Harbor size: a number of MB, or a string with a unit (``"4G"``, ``"512M"``)."""
+    if isinstance(value, str):
+        units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1 << 20}
+        text = value.strip().upper().removesuffix("B").removesuffix("I")
+        try:
+            return _number(path, key, float(text[:-1]) * units[text[-1]] if text[-1:] in units else float(text))
+        except (ValueError, KeyError):
+            raise ValueError(f"{str(path)!r}: {key} must be MB or a size like '4G', got {value!r}") from None
+    return _number(path, key, value)
+
+
+def _environment(path: Path, env: dict[str, Any]) -> dict[str, Any]:
+    """Harbor's ``[environment]`` resources and flags as ``Task.metadata`` entries (docker backend)."""
+    out: dict[str, Any] = {}
+    if "cpus" in env:
+        out["cpus"] = _number(path, "environment.cpus", env["cpus"])
+    for key, alias in (("memory_mb", "memory"), ("storage_mb", "storage")):
+        value = env.get(key, env.get(alias))
+        if value is not None:
+            out[key] = _size_mb(path, f"environment.{key}", value)
+    if "build_timeout_sec" in env:
+        out["build_timeout_s"] = _number(path, "environment.build_timeout_sec", env["build_timeout_sec"])
+    if "allow_internet" in env:
+        if not isinstance(env["allow_internet"], bool):
+            raise ValueError(f"{str(path)!r}: environment.allow_internet must be true or false")
+        out["allow_internet"] = env["allow_internet"]
+    return out
 
 
 def _load_tb1(folder: Path) -> Task:
@@ -135,7 +179,8 @@ def solution_script(task: Task) -> Path | None:
 def load_tasks(root: Path | None = None, *, backend: str | None = None) -> list[Task]:
     """Every task folder under ``root`` (default: the shipped set), sorted by id.
 
-    ``backend="bwrap"`` leaves out tasks that need their own Docker image.
+    ``backend="bwrap"`` leaves out tasks that need their own Docker image, with one warning
+    naming them, and raises ``ValueError`` (suggesting the docker backend) if that leaves none.
     """
     root = TASKS_DIR if root is None else Path(root)
     if not root.is_dir():
@@ -143,5 +188,17 @@ def load_tasks(root: Path | None = None, *, backend: str | None = None) -> list[
     tasks = [load_task(d) for d in sorted(root.iterdir())
              if d.is_dir() and ((d / "task.toml").exists() or (d / "task.yaml").exists())]
     if backend == "bwrap":
-        tasks = [t for t in tasks if not t.metadata.get("docker_image")]
+        kept = [t for t in tasks if not t.metadata.get("docker_image")]
+        left = [t.id for t in tasks if t.metadata.get("docker_image")]
+        if left and not kept:
+            raise ValueError(f"all {len(left)} terminal tasks under {str(root)!r} need their own Docker image "
+                             f"({_names(left)}); the bwrap backend cannot build one: set envs.sandbox.backend=docker")
+        if left:
+            log.warning("%d of %d terminal tasks under %s need their own Docker image and are left out on the bwrap "
+                        "backend (envs.sandbox.backend=docker runs them): %s", len(left), len(tasks), root, _names(left))
+        tasks = kept
     return tasks
+
+
+def _names(ids: list[str], shown: int = 10) -> str:
+    return ", ".join(ids[:shown]) + (f", ... ({len(ids) - shown} more)" if len(ids) > shown else "")

@@ -1,6 +1,6 @@
 """Sandbox benchmark: cold start (with where it goes) and persistent-shell commands against a
 plain subprocess, and 64 concurrent episodes. Not collected by pytest; run as
-``python tests/bench/bench_sandbox.py`` (root + bubblewrap). Prints one table; ratios are
+``python tests/bench/bench_sandbox.py`` (root + bubblewrap; docker rows where a daemon answers). Prints one table; ratios are
 against ``subprocess.run(["true"])`` measured in the same run, and the start measurements are
 interleaved round by round with it, so a loaded host moves both sides alike.
 
@@ -211,11 +211,43 @@ def concurrent_episodes(n: int) -> tuple[float, int, int]:
     return wall, failures, wrong
 
 
+def docker_ms(starts: int, n: int) -> dict[str, float] | None:
+    """The docker backend (the terminal image): cold container start + close, a warm-pool reset,
+    an emulated-shell command and a one-shot exec, interleaved with the plain subprocess.
+    None where no daemon is reachable."""
+    from jointrl.envs.sandbox.docker import DockerSandbox, unavailable_reason
+
+    if unavailable_reason() is not None:
+        print(f"docker rows skipped: {unavailable_reason()}")
+        return None
+    DockerSandbox().close()  # builds the image once, outside the timing
+    out = interleaved({"plain": timed(lambda: subprocess.run(["true"])),
+                       "cold": timed(lambda: DockerSandbox().close())}, starts)
+    files = next(t.root / "environment" for t in load_tasks() if t.id == "permissions")  # as the bwrap row
+    pool = SandboxPool(SandboxConfig(), size=4, backend="docker")
+    try:
+        acquired = []
+        for _ in range(min(starts, 10)):
+            pool.warm(timeout=120)
+            t0 = time.perf_counter()
+            sb = pool.acquire(files if files.is_dir() else None)
+            acquired.append(time.perf_counter() - t0)
+            sb.close()
+    finally:
+        pool.close()
+    with DockerSandbox() as sb:
+        cmds = interleaved({"plain": timed(lambda: subprocess.run(["true"])), "shell": timed(lambda: sb.run("true")),
+                            "exec": timed(lambda: sb.exec("true"))}, n)
+    return {"ref": out["plain"], "cold": out["cold"], "acquire": statistics.median(acquired) * 1e3,
+            "ref_cmd": cmds["plain"], "shell": cmds["shell"], "exec": cmds["exec"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=200, help="timed calls per command measurement")
     ap.add_argument("--starts", type=int, default=30, help="rounds of cold starts (and of each part) to time")
     ap.add_argument("--episodes", type=int, default=64)
+    ap.add_argument("--docker-n", type=int, default=30, help="timed calls per docker measurement (0: no docker rows)")
     args = ap.parse_args()
 
     print(f"load before: {os.getloadavg()[0]:.2f}")
@@ -229,6 +261,7 @@ def main() -> None:
         limits = sb.limits
     acquire = pool_acquire_ms(20)
     wall, failures, wrong = concurrent_episodes(args.episodes)
+    docker = docker_ms(args.docker_n, args.docker_n) if args.docker_n else None
 
     def row(name: str, ms: float, ref_ms: float, target: str = "", limit: float | None = None) -> tuple:
         met = "" if limit is None else ("yes" if ms <= limit * ref_ms else "no")
@@ -246,6 +279,11 @@ def main() -> None:
         (f"{args.episodes} concurrent oracle episodes + verifier", f"{wall:.1f} s", "", "no failure",
          f"{failures} failed, {wrong} scored != 1"),
     ]
+    if docker is not None:
+        rows += [row("docker: cold container start + close", docker["cold"], docker["ref"]),
+                 row("docker: warm-pool acquire + task files (reset)", docker["acquire"], docker["ref"]),
+                 row("docker: emulated-shell command: true", docker["shell"], docker["ref_cmd"]),
+                 row("docker: one-shot exec: true", docker["exec"], docker["ref_cmd"])]
     header = ("measurement", "median", "vs plain", "target", "met")
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print(" | ".join(h.ljust(w) for h, w in zip(header, widths)))

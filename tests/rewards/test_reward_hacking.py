@@ -4,7 +4,8 @@ The task (Harbor layout, built in tmp_path) asks for ``add`` in ``/work/solution
 verifier runs ``python3 -m pytest /tests/test_solution.py`` from ``/work`` -- the common
 Harbor shape, which gives an agent the most to tamper with (cwd, ``sys.path``, config files).
 Each hack is played through ``TerminalEnv`` and scored by ``tests_pass`` in the verification
-sandbox, with the agent's code deliberately left wrong.
+sandbox, with the agent's code deliberately left wrong, on each backend (docker: the terminal
+image, where the agent is uid 1000 and the verifier a fresh container of the same image).
 """
 
 from __future__ import annotations
@@ -17,13 +18,22 @@ import textwrap
 import pytest
 
 from jointrl.envs.base import ToolCall
+from jointrl.envs.sandbox.docker import unavailable_reason
 from jointrl.envs.terminal import load_task, replay
 from jointrl.rewards import Episode
 from jointrl.rewards.tests_pass import tests_pass as reward_fn
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("bwrap") is None, reason="needs root and bubblewrap"
-)
+_WHY = {"bwrap": None if os.geteuid() == 0 and shutil.which("bwrap") else "needs root and bubblewrap",
+        "docker": unavailable_reason()}
+
+
+def _param(b: str, *marks):
+    return pytest.param(b, marks=[pytest.mark.skipif(_WHY[b] is not None, reason=f"{b}: {_WHY[b]}"), *marks])
+
+
+@pytest.fixture(scope="module", params=[_param("bwrap"), _param("docker")])
+def backend(request):
+    return request.param
 
 WRONG = "printf 'def add(a, b):\\n    return a - b\\n' > solution.py"
 RIGHT = "printf 'def add(a, b):\\n    return a + b\\n' > solution.py"
@@ -90,27 +100,34 @@ def task(tmp_path_factory):
     return load_task(folder)
 
 
-def score(task, commands):
+def score(task, commands, backend):
     turns = [[ToolCall("bash", {"command": c})] for c in commands] + [[ToolCall("submit", {})]]
-    played = asyncio.run(replay(task, turns))
+    played = asyncio.run(replay(task, turns, backend=backend))
     try:
         return reward_fn(task, Episode(messages=played.messages, verify_sandbox=played.final_files, finished=True))
     finally:
         played.final_files.discard()
 
 
-def test_the_honest_solution_scores_one(task):
-    r = score(task, [RIGHT])
+def test_the_honest_solution_scores_one(task, backend):
+    r = score(task, [RIGHT], backend)
     assert r.score == 1.0, r.info
 
 
+@pytest.mark.parametrize("backend", [_param("bwrap"), _param("docker", pytest.mark.slow)], indirect=True)
 @pytest.mark.parametrize("hack", sorted(HACKS))
-def test_each_hack_scores_zero(task, hack):
-    r = score(task, [WRONG, *HACKS[hack]])
+def test_each_hack_scores_zero(task, hack, backend):
+    """One hack per episode; on docker -m slow (~7 s each: the default tier plays them all at once)."""
+    r = score(task, [WRONG, *HACKS[hack]], backend)
     assert r.score == 0.0, (hack, r.info)
 
 
-def test_the_hacks_do_not_break_an_honest_solution(task):
+def test_every_hack_at_once_scores_zero(task, backend):
+    r = score(task, [WRONG, *(c for h in sorted(HACKS) for c in HACKS[h])], backend)
+    assert r.score == 0.0, r.info
+
+
+def test_the_hacks_do_not_break_an_honest_solution(task, backend):
     """The defenses are not just "fail everything": with every hack planted, a right answer still passes."""
-    r = score(task, [RIGHT, *(c for h in sorted(HACKS) for c in HACKS[h])])
+    r = score(task, [RIGHT, *(c for h in sorted(HACKS) for c in HACKS[h])], backend)
     assert r.score == 1.0, r.info

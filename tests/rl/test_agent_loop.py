@@ -152,3 +152,28 @@ def test_an_env_that_fails_to_close_keeps_its_scored_episode(caplog):
                                                 PARAMS, CFG, "g"))
     assert (traj.reward, traj.env_retries, traj.finish_reason) == (1.0, 0, FinishReason.STOP)
     assert "survive SIGKILL" in caplog.text
+
+
+class _RaisingResetEnv(TerminalEnv):
+    """A real TerminalEnv whose reset raises a plain ``ValueError`` after opening its sandbox (seen once:
+    "needs a root folder with tests/" while the folder existed): env code failing unexpectedly."""
+
+    async def reset(self, task):
+        await super().reset(task)
+        raise ValueError(f"terminal task {task.id!r} needs a root folder with tests/")
+
+
+def test_any_exception_from_env_code_is_retried_then_env_error(caplog):
+    task = TASKS[0]
+    made = []
+
+    def make():
+        made.append(1)
+        return _RaisingResetEnv(SandboxConfig(timeout_s=10))
+
+    traj = asyncio.run(run_episode_with_retries(make, ScriptedEngine(load_policy(task, "oracle"), TPL), task, TPL,
+                                                PARAMS, CFG, "g"))
+    assert len(made) == CFG.max_env_retries + 1  # every attempt on a fresh env
+    assert traj.finish_reason == FinishReason.ENV_ERROR and traj.env_retries == CFG.max_env_retries
+    assert traj.reward_info["error"].startswith("ValueError(") and "needs a root folder" in traj.reward_info["error"]
+    assert caplog.text.count("retried as an env error") == len(made)  # logged, with the traceback

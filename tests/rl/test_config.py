@@ -77,3 +77,16 @@ def test_an_envs_group_replaces_the_default_domains():
     """`envs=code_repo` trains on code_repo alone: the schema has no default domain to merge with."""
     assert list(load_config(["envs=code_repo"]).envs.domains) == ["code_repo"]
     assert list(load_config().envs.domains) == ["terminal"]
+
+
+def test_envs_sandbox_holds_the_limits_and_the_old_key_is_an_alias():
+    from jointrl.envs.sandbox.settings import sandbox_settings
+
+    assert load_config([]).envs.sandbox.timeout_s == 10.0 and load_config(["envs=cad"]).envs.sandbox.timeout_s == 30.0
+    cfg = load_config(["envs.command_timeout_s=5", "envs.sandbox.max_memory_mb=512", "envs.sandbox.backend=docker"])
+    s = sandbox_settings(cfg.envs)
+    assert (s.backend, s.config.timeout_s, s.config.max_memory_bytes) == ("docker", 5.0, 512 << 20)
+    with pytest.raises(ValueError, match="envs.sandbox.max_disk_mb"):
+        load_config(["envs.sandbox.max_disk_mb=0"])
+    with pytest.raises(Exception, match="backend"):
+        load_config(["envs.sandbox.backend=podman"])

@@ -106,12 +106,19 @@ def test_oracle_through_the_eval_path_solves_every_heldout_task(tmp_path):
     assert all(e["success"] == (e["sample"] == 0) for e in result["episodes"])
 
 
+def test_jointrl_eval_policy_oracle_with_the_defaults_scores_one(tmp_path):
+    """As the README says it: no token limits to raise (a scripted policy lifts them), the default
+    ``envs`` (terminal), its held-out split; the first 4 tasks here (all of every domain: slow tier)."""
+    result = main(["policy=oracle", "tier=low", "k=1", "limit=4", f"out={tmp_path}", "logger.wandb_mode=disabled"])
+    (row,) = result["rows"]
+    assert (row["domain"], row["tasks"], row["pass@1"], row["env_error"]) == ("terminal", 4, 1.0, 0), result["episodes"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("domain", sorted(DOMAINS))
 def test_every_heldout_task_is_solved_by_its_oracle(domain, tmp_path):
     """``jointrl eval policy=oracle``: pass@1 = 1 on every domain's whole held-out split."""
-    result = main([f"envs={domain}", "policy=oracle", "tier=low", "k=1", f"out={tmp_path}", "logger.wandb_mode=disabled",
-                   "rollout.max_tokens_per_turn=65536", "rollout.max_context=262144"])
+    result = main([f"envs={domain}", "policy=oracle", "tier=low", "k=1", f"out={tmp_path}", "logger.wandb_mode=disabled"])
     (row,) = result["rows"]
     assert row["tasks"] == len(load_tasks(domain, split="heldout")) and row["env_error"] == 0
     assert row["pass@1"] == 1.0, [e for e in result["episodes"] if not e["success"]]

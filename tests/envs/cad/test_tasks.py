@@ -58,7 +58,7 @@ def test_domain_config_registry_and_rewards():
     cfg = load_config(["envs=cad"])
     assert cfg.envs.domains["cad"].reward == {"cad_iou": 0.5, "cad_chamfer": 0.5, "format": 0.1}
     env = registry.make_env("cad", cfg.envs)
-    assert isinstance(env, CadEnv) and env.cad.call_timeout_s == cfg.envs.command_timeout_s == 30.0
+    assert isinstance(env, CadEnv) and env.cad.call_timeout_s == cfg.envs.sandbox.timeout_s == 30.0
     assert [t.id for t in registry.load_tasks("cad")] == [t.id for t in TASKS]
     assert {"cad_iou", "cad_chamfer"} <= set(registered())
 

@@ -87,8 +87,9 @@ def test_files_round_trip_and_escapes_are_refused(sb):
 
 def test_no_network_and_read_only_system(sb):
     r = sb.run("(echo > /dev/tcp/1.1.1.1/53) 2>/dev/null && echo NET; touch /usr/x /etc/x 2>/dev/null && echo WROTE; "
-               "touch /tmp/ok && echo tmp-ok")
+               "touch /tmp/ok && echo tmp-ok; cp /bin/true /tmp/t && /tmp/t && echo tmp-exec")
     assert "NET" not in r.stdout and "WROTE" not in r.stdout and "tmp-ok" in r.stdout
+    assert "tmp-exec" in r.stdout  # tests build and run programs in /tmp
 
 
 def test_memory_is_bounded_and_the_sandbox_survives(sb):
@@ -108,9 +109,11 @@ def test_populate_and_snapshot(sb, tmp_path):
     (tmp_path / "src" / "a.txt").write_text("A")
     sb.populate(tmp_path / "src")
     assert sb.run("cat a.txt").stdout == "A"
-    sb.run("echo B > b.txt; ln -s /etc/passwd leak")
+    sb.run("echo B > b.txt; ln -s /etc/passwd leak; mkdir priv && chmod 700 priv; echo 'echo ran' > run.sh; chmod 755 run.sh")
     sb.copy_workdir_to(tmp_path / "snap")
     assert (tmp_path / "snap" / "b.txt").read_text() == "B\n" and (tmp_path / "snap" / "a.txt").read_text() == "A"
+    modes = {n: oct((tmp_path / "snap" / n).stat().st_mode & 0o777) for n in ("priv", "run.sh")}
+    assert modes == {"priv": "0o700", "run.sh": "0o755"}, modes  # a verifier sees the agent's modes
     leak = tmp_path / "snap" / "leak"
     assert not leak.exists() or (leak.is_symlink() and os.readlink(leak) == "/etc/passwd")  # a link, never its target
 

@@ -107,7 +107,9 @@ def test_a_task_with_its_own_image_is_refused_on_bwrap_with_the_reason(tmp_path)
         assert task.metadata["docker_image"].endswith("Dockerfile")
         with pytest.raises(TaskNeedsImage, match="needs its own Docker image.*docker backend"):
             asyncio.run(TerminalEnv().reset(task))
-    assert load_tasks(tmp_path, backend="bwrap") == [] and len(load_tasks(tmp_path)) == 2
+    assert len(load_tasks(tmp_path)) == len(load_tasks(tmp_path, backend="docker")) == 2
+    with pytest.raises(ValueError, match="all 2 terminal tasks .*harbor-img, tb1-img.*envs.sandbox.backend=docker"):
+        load_tasks(tmp_path, backend="bwrap")  # a folder left empty on bwrap says why and what to set
 
 
 def test_loader_errors_name_the_file(tmp_path):

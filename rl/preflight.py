@@ -1,0 +1,83 @@
+"""Checks a ``jointrl`` command's configuration before anything heavy starts (Ray, a model).
+
+``jointrl <command> key=value ...`` (``rl/cli.py``) runs :func:`guard` first: it composes the
+config as the command will (``load_config``: unknown keys, wrong types, values out of range),
+loads every configured domain's tasks as the command will (a missing ``task_dir``, a malformed
+``task.toml``, a folder whose tasks all need Docker on the bwrap backend), checks that a
+``checkpoint=`` path exists and, for ``envs.sandbox.backend=docker``, that a daemon answers and
+every domain can run there. The first problem is printed as one line, ``jointrl: error: ...``,
+and the process exits with status 2 -- no traceback, unless ``--debug`` is given or
+``HYDRA_FULL_ERROR=1`` is set (then the exception propagates). The checks are the same the
+command makes later; they only move the failure before Ray's start (~20 s) and its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+CHECKED = ("train", "sft", "recipe", "eval", "serve")  # commands whose config is composed from conf/
+EVAL_ARGS = ("tier", "k", "split", "limit", "out", "policy")  # jointrl eval's own keys (rl/eval.ARGS)
+
+
+def check(overrides: list[str], split: str | None = None) -> None:
+    """Compose the config with ``overrides`` and check it; raises on the first problem.
+
+    ``split``: the split every domain is read at (``jointrl eval``'s); None: each domain's own.
+    """
+    # lazy: rl/cli.py imports this module for every command, and the config pulls in torch
+    from jointrl.envs.registry import load_tasks
+    from jointrl.rl.config import load_config  # lazy: as above
+
+    cfg = load_config(overrides)
+    backend = str(cfg.envs.sandbox.backend)
+    if backend == "docker":
+        from jointrl.envs.sandbox.docker import unavailable_reason  # lazy: the docker SDK only when chosen
+
+        if (why := unavailable_reason()) is not None:
+            raise ValueError(f"envs.sandbox.backend=docker: {why}")
+    for domain, dc in cfg.envs.domains.items():
+        try:
+            tasks = load_tasks(domain, dc.task_dir, split or dc.split, backend)
+        except ValueError as e:
+            raise ValueError(f"envs.domains.{domain}: {e}") from e
+        if not tasks:
+            raise ValueError(f"envs.domains.{domain}: no tasks under {dc.task_dir or 'the shipped set'!r}")
+    if cfg.checkpoint and not Path(cfg.checkpoint).exists():
+        raise ValueError(f"checkpoint={cfg.checkpoint} does not exist")
+
+
+def overrides_of(command: str, args: list[str]) -> tuple[list[str], str | None] | None:
+    """The config overrides in ``args`` and the split to check, or None when the command's
+    arguments are not plain ``key=value`` overrides (Hydra flags: left to Hydra)."""
+    if command not in CHECKED or any(a.startswith("-") for a in args):
+        return None
+    own = EVAL_ARGS if command == "eval" else ()
+    pairs = [a for a in args if "=" in a and not a.startswith("~")]
+    split = next((a.split("=", 1)[1] for a in pairs if a.startswith("split=")), "heldout") if command == "eval" else None
+    return [a for a in pairs if a.split("=", 1)[0] not in own and not a.startswith("hydra.")], split
+
+
+def one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 600 else text[:597] + "..."
+
+
+def guard(command: str, argv: list[str]) -> list[str]:
+    """Run the checks for ``command``; on a problem print one line and exit 2. Returns ``argv``
+    without ``--debug`` (which makes a problem raise with its traceback instead)."""
+    debug = "--debug" in argv or os.environ.get("HYDRA_FULL_ERROR") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    plan = overrides_of(command, argv)
+    if plan is None:
+        return argv
+    try:
+        check(*plan)
+    except Exception as e:  # noqa: BLE001  (Hydra / OmegaConf / our ValueErrors: all user-facing)
+        if debug:
+            raise
+        print(f"jointrl: error: {one_line(e)}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
+    return argv
