@@ -131,8 +131,8 @@ def build(variant: str, sources: Path = SOURCE_DIR, out: Path | None = None, job
             cpps = [p for p in _sources(sources) if p.suffix == ".cpp"]
             objs = [tmp / f"{p.stem}.o" for p in cpps]
             with concurrent.futures.ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
-                for f in [pool.submit(_run, [cxx, *cflags, "-c", str(p), "-o", str(o)], f"compiling {p.name} ({variant})")
-                          for p, o in zip(cpps, objs)]:
+                for f in [pool.submit(_run, [cxx, *cflags, "-c", str(p), "-o", str(o)],
+                                      f"compiling {p.name} ({variant})") for p, o in zip(cpps, objs)]:
                     f.result()
             _run([cxx, "-shared", *map(str, objs), "-o", str(tmp / LIBRARY), *[f"-L{p}" for p in library_paths()],
                   "-lc10", "-ltorch_cpu", "-ltorch", *(["-lmvec"] if _LIBMVEC else [])], f"linking {variant}")

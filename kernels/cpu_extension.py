@@ -82,8 +82,8 @@ def loaded_variant() -> str | None:
     variant = pick_variant(cpu_flags(), os.environ.get(ISA_ENV) or None)
     path = build.library_path(variant)
     if not path.exists():
-        log.warning("jointrl: the C++ CPU kernels (%s) are not built (.ci/setup runs `python -m jointrl.kernels.build`);"
-                    " building them now, once (a few minutes)", variant)
+        log.warning("jointrl: the C++ CPU kernels (%s) are not built (.ci/setup runs `python -m "
+                    "jointrl.kernels.build`); building them now, once (a few minutes)", variant)
         try:
             path = build.build(variant)
         except build.BuildError as e:

@@ -16,8 +16,8 @@ per row (row-independent, so batch-invariant), in one call each.
 Equal to the torch references below (``*_torch``: the model's ``RMSNorm`` / ``rotate_half``
 RoPE / ``TopKRouter`` softmax arithmetic, op for op) up to summation order and fused
 multiply-adds: float64 to ~1e-15 relative, float32 to a few ulp (tests/kernels/test_decode_cpu.py).
-The C++ is ``csrc/decode.cpp`` (``torch.ops.jointrl.*``, built by ``kernels/build``); ``load_kernel()`` is None where it cannot be built
-and callers then use the references (``rl/rollout/model_runner`` does).
+The C++ is ``csrc/decode.cpp`` (``torch.ops.jointrl.*``, built by ``kernels/build``); ``load_kernel()`` is
+None where it cannot be built, and callers then use the references (``rl/rollout/model_runner`` does).
 
 Shapes: N rows, H hidden, Hq / Hkv query / key-value heads, D head_dim, G = Hq + Hkv normed heads,
 F = (Hq + 2·Hkv)·D, P cache slots, E experts, k experts per token.
