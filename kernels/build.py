@@ -9,7 +9,10 @@ Every ``csrc/*.cpp`` is compiled (in parallel) and linked against torch into ``l
 either): ``avx2`` (AVX2 + FMA) and ``avx512`` (that, plus AVX-512 F / VL / BW / DQ); the ``Vec`` / ``Vec16``
 types of ``csrc/prelude.h`` and the compiler's vectorized loops use nothing else. Elsewhere one ``base``
 variant, with the compiler's default target (the kernels' plain loops). Never ``-march=native``: a library
-depends on its variant, not on the machine that built it (tuning is the compiler's generic one).
+depends on its variant, not on the machine that built it. Tuning is the compiler's generic one, which may
+order a vectorized sum or contract a multiply-add differently from a ``-march=native`` build of the same
+source (the last bits of a few outputs: ``qk_norm_rope_store``'s keys on Zen, where GCC 12's native tuning
+is ``znver3``).
 
 Each variant goes to ``<cache>/<variant>-torch<version>-<hash>/``, the hash over the sources, the compiler
 command's flags and the variant, so a source edit, another torch or another variant never reuses a stale

@@ -1,7 +1,8 @@
 """``kernels/build`` and ``cpu_extension``: a planted compile error fails the build command with the
 compiler's message and leaves no library; what a killed build leaves behind does not block the next; a
 library's directory follows its sources; the variant follows the CPU's flags, and a forced ``avx2`` loads on
-an AVX-512 machine and equals the torch references (and the ``avx512`` library where the CPU has it).
+an AVX-512 machine and equals the torch references (and the ``avx512`` library where the CPU has it);
+without a compiler the torch references run, and the logs say why.
 ``zeros_huge_pages``: a zeroed, contiguous tensor of the asked shape and dtype, 2 MiB-aligned when it spans a
 huge page and the OS takes the advice (Linux); a plain ``torch.zeros`` otherwise."""
 
@@ -125,3 +126,19 @@ def test_forced_avx2_loads_and_equals_the_references_and_the_avx512_build(tmp_pa
     (y2, o2), (y5, o5) = torch.load(tmp_path / "avx2.pt"), torch.load(tmp_path / "avx512.pt")
     assert torch.equal(y2, y5)  # the panel loop is 8-float vectors in both builds: the same bits
     torch.testing.assert_close(o2, o5, rtol=1e-6, atol=1e-6)  # Vec16's sums: another order, the last bits
+
+
+def test_without_a_compiler_the_references_run_and_the_logs_say_why(tmp_path):
+    """No library in the cache and no compiler: one line says the build starts, a warning says why it failed,
+    ``load_kernel()`` is None and the public functions run their torch references (in a subprocess: a
+    process loads its library once)."""
+    code = ("import torch\n"
+            "from jointrl.kernels import decode_cpu, linear_cpu\n"
+            "assert linear_cpu.load_kernel() is None and decode_cpu.load_kernel() is None\n"
+            "x, w = torch.randn(3, 8), torch.randn(8)\n"
+            "assert torch.equal(decode_cpu.rms_norm(x, w, 1e-6), decode_cpu.rms_norm_torch(x, w, 1e-6))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "JOINTRL_KERNEL_CACHE": str(tmp_path), "CXX": str(tmp_path / "no-cxx")})
+    assert done.returncode == 0, done.stderr
+    assert "are not built" in done.stderr and "building them now" in done.stderr
+    assert "using the torch references: no C++ compiler" in done.stderr
