@@ -10,6 +10,9 @@ dying on an illegal instruction. The two variants' results may differ in the las
 follows the vector width (``paged_decode``'s 16-float path, the compiler's vectorized reductions); each
 equals the torch references within the kernels' tested tolerances.
 
+A call through the op registry costs ~1-2.5 µs more than the former pybind functions did (more with more
+arguments; tests/bench/results.md): ~0.2 ms on a decode step's 56 calls, which batch-1 steps feel most.
+
 ``.ci/setup`` builds the libraries (``python -m jointrl.kernels.build``). Where the variant is not built (a
 machine set up without it, or sources edited since) it is built here, once, with a one-line log saying so
 (a few minutes); where it cannot be built (no compiler, or a compiler error) a warning carries the reason
