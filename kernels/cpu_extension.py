@@ -1,166 +1,111 @@
-"""Building the small C++ CPU kernels (``paged_attention_cpu``, ``moe_cpu``) at first use.
+"""Loading the C++ CPU kernels (``kernels/csrc``, built by ``kernels/build``) as ``torch.ops.jointrl`` ops.
 
-``load_cpu_extension`` compiles a source with ``torch.utils.cpp_extension.load_inline`` (about
-a minute the first time, cached in ``~/.cache/torch_extensions``) and returns the module, or
-None without a toolchain -- callers then fall back to their torch reference. ``PRELUDE`` is the
-common head of every source: headers and, on x86-64 glibc, the declarations of libmvec's
-vector ``exp`` variants (<= 4 ulp), so that ``omp simd`` loops calling ``exp_`` run 8 (float) /
-4 (double) lanes at a time instead of one libm call per element; and, where the machine has AVX2 and
-FMA (``JOINTRL_SIMD``), ``Vec<T>``: load / fma / store of 8 floats or 4 doubles, and ``sums``, the
-lane sums of a full vector's count of accumulators as one vector -- so a kernel can keep one
-accumulator per dot product and reduce them together (each sum in the same order whatever its slot);
-with AVX-512, ``Vec16``, the same for 16 floats (half the instructions for the same FMAs); and ``inv_rms``, RMSNorm's scale. The flags let the compiler
-reorder sums (vectorized reductions), never fast-math's finite-only rules.
+``load_ops(names)`` → a namespace of the named ops (``torch.ops.jointrl.<name>.default``, attributes of the
+same names), or None where the library cannot be had -- callers then run their torch reference. The first
+call in a process loads one shared library, the variant for this CPU: ``avx512`` where ``/proc/cpuinfo``
+lists AVX-512 F / VL / BW / DQ (and AVX2 + FMA), else ``avx2`` where it lists AVX2 + FMA, else ``base``
+(without ``/proc/cpuinfo``: ``torch.backends.cpu.get_cpu_capability()``). ``JOINTRL_CPU_ISA=avx2`` (or
+``avx512`` / ``base``) forces one; forcing a variant the CPU cannot run raises ``ValueError`` rather than
+dying on an illegal instruction. The two variants' results may differ in the last bits where a sum's order
+follows the vector width (``paged_decode``'s 16-float path, the compiler's vectorized reductions); each
+equals the torch references within the kernels' tested tolerances.
+
+A call through the op registry costs ~1-2.5 µs more than the former pybind functions did (more with more
+arguments; tests/bench/results.md): ~0.2 ms on a decode step's 56 calls, which batch-1 steps feel most.
+
+``.ci/setup`` builds the libraries (``python -m jointrl.kernels.build``). Where the variant is not built (a
+machine set up without it, or sources edited since) it is built here, once, with a one-line log saying so
+(a few minutes); where it cannot be built (no compiler, or a compiler error) a warning carries the reason
+and every ``load_ops`` is None, so the torch references run -- the fallback the kernels always had.
+
+The kernels' common head (vector types ``Vec<T>`` / ``Vec16``, libmvec's vector ``exp``, ``inv_rms``) is
+``csrc/prelude.h``: libmvec's ``exp`` variants (<= 4 ulp) let ``omp simd`` loops calling ``exp_`` run a
+vector of lanes at a time instead of one libm call per element; with AVX2 + FMA
+(``JOINTRL_SIMD``), ``Vec<T>``: load / fma / store of 8 floats or 4 doubles, and ``sums``, the lane sums of a
+full vector's count of accumulators as one vector -- so a kernel can keep one accumulator per dot product
+and reduce them together (each sum in the same order whatever its slot); with AVX-512, ``Vec16``, the same
+for 16 floats (half the instructions for the same FMAs); and ``inv_rms``, RMSNorm's scale.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import fcntl
 import functools
+import logging
 import math
 import os
 import platform
+import types
 import warnings
 
 import torch
 
-PRELUDE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <limits>
-#include <type_traits>
-#include <vector>
+from jointrl.kernels import build
 
-#if defined(__x86_64__) && defined(__GLIBC__)
-extern "C" {
-#pragma omp declare simd notinbranch
-float expf(float) noexcept;
-#pragma omp declare simd notinbranch
-double exp(double) noexcept;
-}
-#endif
+log = logging.getLogger(__name__)
 
-template <typename T>
-static inline T exp_(T x) {
-  if constexpr (std::is_same_v<T, float>) return expf(x);
-  else return exp(x);
-}
-
-// AVX2 + FMA: 256-bit vectors of T for the kernels' hand-laid loops (a kernel keeps a plain loop for
-// other machines and shapes).
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define JOINTRL_SIMD 1
-template <typename T>
-struct Vec;
-template <>
-struct Vec<float> {
-  using V = __m256;
-  static constexpr int L = 8;
-  static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static V load(const uint16_t* p) {  // 8 bfloat16 widened exactly: zero-extend, shift into the top half
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
-  }
-  static V set1(float x) { return _mm256_set1_ps(x); }
-  static V zero() { return _mm256_setzero_ps(); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  static void store(float* p, V x) { _mm256_storeu_ps(p, x); }
-  static V sums(const V* a) {  // [lane sum of a[0], ..., lane sum of a[7]]
-    const V u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-    const V u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-  }
-};
-template <>
-struct Vec<double> {
-  using V = __m256d;
-  static constexpr int L = 4;
-  static V load(const double* p) { return _mm256_loadu_pd(p); }
-  static V set1(double x) { return _mm256_set1_pd(x); }
-  static V zero() { return _mm256_setzero_pd(); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_pd(a, b, c); }
-  static V mul(V a, V b) { return _mm256_mul_pd(a, b); }
-  static void store(double* p, V x) { _mm256_storeu_pd(p, x); }
-  static V sums(const V* a) {  // [lane sum of a[0], ..., lane sum of a[3]]
-    const V t0 = _mm256_hadd_pd(a[0], a[1]), t1 = _mm256_hadd_pd(a[2], a[3]);
-    return _mm256_add_pd(_mm256_permute2f128_pd(t0, t1, 0x20), _mm256_permute2f128_pd(t0, t1, 0x31));
-  }
-};
-#ifdef __AVX512F__
-// 16 floats (AVX-512): the same FMAs as Vec<float> in half the instructions, for loops that are instruction
-// bound while their data sit in cache (paged attention's decode and prefill)
-struct Vec16 {
-  using V = __m512;
-  static constexpr int L = 16;
-  static V load(const float* p) { return _mm512_loadu_ps(p); }
-  static V load(const uint16_t* p) {  // 16 bfloat16 widened exactly
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-  }
-  static V set1(float x) { return _mm512_set1_ps(x); }
-  static V zero() { return _mm512_setzero_ps(); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  static void store(float* p, V x) { _mm512_storeu_ps(p, x); }
-  static V sums(const V* a) {  // [lane sum of a[0], ..., lane sum of a[15]]
-    V w[4];  // w[j]: in each 128-bit lane, that lane's sums of a[4j .. 4j + 3]
-    for (int j = 0; j < 4; ++j) {
-      const V* b = a + 4 * j;
-      const V u = _mm512_add_ps(_mm512_unpacklo_ps(b[0], b[1]), _mm512_unpackhi_ps(b[0], b[1]));
-      const V v = _mm512_add_ps(_mm512_unpacklo_ps(b[2], b[3]), _mm512_unpackhi_ps(b[2], b[3]));
-      w[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(u), _mm512_castps_pd(v))),
-                           _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(u), _mm512_castps_pd(v))));
-    }
-    const V s01 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x44), _mm512_shuffle_f32x4(w[0], w[1], 0xEE));
-    const V s23 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x44), _mm512_shuffle_f32x4(w[2], w[3], 0xEE));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
-  }
-};
-#endif
-#endif
-
-// 1 / sqrt(mean(x^2) + eps) over x[0..n): RMSNorm's scale, shared by the decode step and the learner's norms
-template <typename T>
-static inline T inv_rms(const T* __restrict x, int64_t n, double eps) {
-  T ss = 0;
-#pragma omp simd reduction(+ : ss)
-  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  return T(1) / std::sqrt(ss / T(n) + T(eps));
-}
-"""
-
-_LIBMVEC = platform.machine() == "x86_64" and platform.libc_ver()[0] == "glibc"
-_CFLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
-           "-fno-trapping-math"]
+ISA_ENV = "JOINTRL_CPU_ISA"
 
 
-def load_cpu_extension(name: str, source: str, functions: list[str]):
-    """The compiled module of ``PRELUDE + source``, or None when it cannot be built here.
-
-    Loads of one extension are serialized by an ``flock`` on ``<build dir>/jointrl.flock``, which the
-    kernel drops when its holder dies. torch's own lock (a ``lock`` file, created at every load,
-    build or not, and removed after) is left behind by a process killed mid-load -- a Ray worker
-    SIGKILLed during its first weight push -- and every later load would wait on it forever; holding
-    the flock, any such file is a dead process's and is removed first.
-    """
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's flags from ``/proc/cpuinfo`` (Linux), or None where it cannot be read."""
     try:
-        from torch.utils.cpp_extension import _get_build_directory, load_inline
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
 
-        build_dir = _get_build_directory(name, verbose=False)
-        with open(os.path.join(build_dir, "jointrl.flock"), "a") as held:
-            fcntl.flock(held, fcntl.LOCK_EX)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(build_dir, "lock"))
-            return load_inline(name=name, cpp_sources=PRELUDE + source, functions=functions, extra_cflags=_CFLAGS,
-                               extra_ldflags=["-lmvec"] if _LIBMVEC else [], build_directory=build_dir, verbose=False)
-    except Exception as e:  # no toolchain: the torch reference still works
-        warnings.warn(f"{name}: C++ kernel unavailable, using the torch reference ({e})")
+
+def pick_variant(flags: frozenset[str] | None, forced: str | None) -> str:
+    """The library variant to load on a CPU with ``flags`` (None: ask torch), or ``forced`` (``JOINTRL_CPU_ISA``)
+    when the CPU runs it. Raises ``ValueError`` for an unknown or unrunnable forced variant."""
+    if not build.X86:
+        runnable = ["base"]
+    else:
+        if flags is None:
+            cap = torch.backends.cpu.get_cpu_capability()
+            flags = build.VARIANTS["avx512"][0] if cap.startswith("AVX512") else (
+                build.VARIANTS["avx2"][0] if cap == "AVX2" else frozenset())
+        runnable = [v for v in ("avx512", "avx2") if build.VARIANTS[v][0] <= flags] + ["base"]
+    if forced:
+        if forced not in build.VARIANTS:
+            raise ValueError(f"{ISA_ENV}={forced!r}: expected one of {sorted(build.VARIANTS)}")
+        if forced not in runnable:
+            raise ValueError(f"{ISA_ENV}={forced!r}: this CPU cannot run it (it runs {runnable})")
+        return forced
+    return runnable[0]
+
+
+@functools.cache
+def loaded_variant() -> str | None:
+    """Load this process's library (module docstring) → its variant, or None where it cannot be built."""
+    variant = pick_variant(cpu_flags(), os.environ.get(ISA_ENV) or None)
+    path = build.library_path(variant)
+    if not path.exists():
+        log.warning("jointrl: the C++ CPU kernels (%s) are not built (.ci/setup runs `python -m "
+                    "jointrl.kernels.build`); building them now, once (a few minutes)", variant)
+        try:
+            path = build.build(variant)
+        except build.BuildError as e:
+            warnings.warn(f"C++ CPU kernels unavailable, using the torch references: {e}")
+            return None
+    try:
+        torch.ops.load_library(str(path))
+    except OSError as e:  # a library built against another libtorch's symbols, say
+        warnings.warn(f"C++ CPU kernels unavailable, using the torch references: {path} does not load ({e})")
         return None
+    return variant
+
+
+def load_ops(names: list[str], prefix: str = "") -> types.SimpleNamespace | None:
+    """The ops ``torch.ops.jointrl.<prefix><name>`` as attributes ``<name>`` (each its default overload: one
+    dispatch, no overload resolution), or None where the library cannot be built here."""
+    if loaded_variant() is None:
+        return None
+    return types.SimpleNamespace(**{n: getattr(torch.ops.jointrl, prefix + n).default for n in names})
 
 
 _HUGE = 2 << 20  # bytes of a transparent huge page (x86-64)
@@ -179,9 +124,9 @@ def zeros_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor
     """``torch.zeros(shape, dtype=dtype)``, its memory 2 MiB-aligned and advised for transparent huge pages
     (Linux ``madvise(MADV_HUGEPAGE)``, before the first touch) where it spans at least one: for a buffer a
     decode step streams through in scattered 16 KB pieces (the paged KV cache), 4 KB pages cost a TLB miss
-    and page walk every 4 KB (bench_moe batch 32, 63 MB of cache, one thread: paged_decode ~7.9 -> ~7.1 ms).
-    A plain ``torch.zeros`` where the advice is refused or unavailable; a view into a slightly larger
-    buffer otherwise (contiguous; its storage is the larger buffer)."""
+    and page walk every 4 KB (measured: tests/bench/results.md, "C++ CPU kernels"). A plain ``torch.zeros``
+    where the advice is refused or unavailable; a view into a slightly larger buffer otherwise (contiguous;
+    its storage is the larger buffer)."""
     nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
     libc = _libc()
     if libc is None or nbytes < _HUGE:
