@@ -109,14 +109,16 @@ UID_CACHE = Path("/var/tmp/jointrl-test-uid-cache")
 
 
 def _uid_cache(uid: int) -> Path:
-    if not UID_CACHE.is_dir():
-        UID_CACHE.mkdir(mode=0o755)
-        for name in ("torch_extensions", "jointrl"):
-            if os.path.isdir(os.path.expanduser(f"~/.cache/{name}")):
-                shutil.copytree(os.path.expanduser(f"~/.cache/{name}"), UID_CACHE / name, symlinks=True,
-                                ignore=shutil.ignore_patterns("*.lock", "*.tmp-*"))
-        (UID_CACHE / "torch_extensions").mkdir(exist_ok=True)
-        subprocess.run(["chown", "-R", f"{uid}:{uid}", str(UID_CACHE)], check=True)
+    """Root's compiled ops copied for ``uid``: whatever ``UID_CACHE`` lacks is copied on each call, so
+    kernels rebuilt after a source change (a new hash folder in root's cache) reach the uid too."""
+    UID_CACHE.mkdir(mode=0o755, exist_ok=True)
+    for name in ("torch_extensions", "jointrl"):
+        src = Path(os.path.expanduser(f"~/.cache/{name}"))
+        if src.is_dir():
+            shutil.copytree(src, UID_CACHE / name, symlinks=True, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("*.lock", "*.tmp-*"))
+    (UID_CACHE / "torch_extensions").mkdir(exist_ok=True)
+    subprocess.run(["chown", "-R", f"{uid}:{uid}", str(UID_CACHE)], check=True)
     return UID_CACHE
 
 
