@@ -18,8 +18,10 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ValidationError
+from omegaconf.errors import KeyValidationError, ValidationError
 
+from jointrl.envs.base import TIERS
+from jointrl.envs.splits import SPLITS
 from jointrl.model.config import LAYER_TYPES, QK_NORMS, SCORING_FUNCS, MoEConfig
 from jointrl.rl.losses.common import Aggregation, KLEstimator
 from jointrl.rl.losses.mismatch import MismatchMode
@@ -106,20 +108,9 @@ class KVDtype(enum.StrEnum):
     bfloat16 = "bfloat16"  # float32 full-attention models; not exact
 
 
-class ThinkingTier(enum.StrEnum):
-    """A task's reasoning tier (envs/base.TIERS), each with a token budget (``rollout.thinking_budget``)."""
-
-    low = "low"
-    high = "high"
-    max = "max"
-
-
-class Split(enum.StrEnum):
-    """Which of a domain's tasks a run reads (envs/splits.SPLITS)."""
-
-    train = "train"
-    heldout = "heldout"
-    all = "all"
+ThinkingTier = _choice("ThinkingTier", TIERS, "A task's reasoning tier (envs/base.TIERS), each with a token "
+                       "budget (``rollout.thinking_budget``).")
+Split = _choice("Split", SPLITS, "Which of a domain's tasks a run reads (envs/splits.SPLITS).")
 
 
 class PromptStyle(enum.StrEnum):
@@ -367,7 +358,7 @@ class LearnerConfig:
     lr_schedule: LRSchedule = LRSchedule.constant
     # the learner's process keeps the memory it frees for its next step (glibc mallopt: no unmap of large
     # blocks, no trim) instead of returning it to the OS and page-faulting it back in: a bench_moe step under
-    # learner.autocast took 6-9 K page faults, ~400 with it (rl/learner/worker.keep_freed_memory)
+    # learner.autocast took 6-9 K page faults, ~400 with it (rl/learner/setup.keep_freed_memory)
     keep_freed_memory: bool = True
 
     def __post_init__(self) -> None:
@@ -529,11 +520,19 @@ def _named(e: Exception) -> ValueError | None:
     """OmegaConf's validation error behind ``e`` (Hydra wraps an override's in its own) as a
     ValueError that names the key and the value and, for a choice, lists the allowed values."""
     err = e
-    while err is not None and not isinstance(err, ValidationError):
+    while err is not None and not isinstance(err, (ValidationError, KeyValidationError)):
         err = err.__cause__ or err.__context__
     if err is None:
         return None
-    choice = getattr(getattr(err, "child_node", None), "enum_type", None)
+    if isinstance(err, KeyValidationError) and err.full_key:  # a choice-keyed dict's key
+        keys = typing.get_args(err.ref_type)[:1]
+        allowed = [m.value for m in keys[0]] if keys and isinstance(keys[0], type) and issubclass(keys[0], enum.Enum) else None
+        where = err.full_key.rsplit(".", 1)[0]
+        return ValueError(f"config key {where!r} has key {err.key!r}, which is not allowed; allowed keys: {allowed}")
+    choice = getattr(err.child_node, "enum_type", None)
+    if choice is None:  # a list item or dict value: the container's element type
+        kinds = [a for a in typing.get_args(err.ref_type) if isinstance(a, type) and issubclass(a, enum.Enum)]
+        choice = kinds[-1] if kinds else None
     if err.full_key and choice is not None:
         return ValueError(f"config key {err.full_key!r} = {err.value!r} is not allowed; "
                           f"allowed values: {[m.value for m in choice]}")
