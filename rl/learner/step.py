@@ -89,10 +89,10 @@ def _logged_entropy(logits_BTV: torch.Tensor, temperature: float) -> torch.Tenso
 class TrainStep:
     """The update and the log-probs of one rank, under choices made once here."""
 
-    def __init__(self, cfg: Config, rank: RankSetup, objective: Objective, world_size: int) -> None:
+    def __init__(self, cfg: Config, setup: RankSetup, objective: Objective, world_size: int) -> None:
         lc = cfg.learner
-        self.lc, self.rank, self.obj, self.world_size = lc, rank, objective, world_size
-        self.engine = rank.engine
+        self.lc, self.setup, self.obj, self.world_size = lc, setup, objective, world_size
+        self.engine = setup.engine
         self.tok = ByteTokenizer()
         self.dtype = DTYPES[cfg.model.dtype]
         self.temperature = cfg.rollout.temperature or 1.0
@@ -104,7 +104,7 @@ class TrainStep:
                          else lambda: torch.autocast(device, dtype=DTYPES[lc.autocast]))
         # gated_dsa's indexer learns from its own KL (DeepSeek-V3.2's L_I): it never gets the policy's gradient
         self.train_indexer = lc.indexer_loss_coef > 0 and "gated_dsa" in self.engine.module.config.kinds
-        self.bias_rate = lc.router_bias_rate if rank.has_router_bias else 0.0
+        self.bias_rate = lc.router_bias_rate if setup.has_router_bias else 0.0
         self.steps_done = 0  # optimizer updates so far (restored with a checkpoint): the lr schedule's clock
 
     def train_step(self, shard: TrainBatch, num_tokens_global: int, num_seqs_global: int | None = None
@@ -117,7 +117,7 @@ class TrainStep:
             num_seqs_global = shard.num_loss_seqs
         norm = max(num_seqs_global if self.obj.per_sequence else num_tokens_global, 1) / self.world_size
         parts, load_LE, loss_sum, aux_sum = [], None, 0.0, 0.0
-        mbs = self._micro_batches(shard, self.rank.topk if shard.routed_experts is not None else None)
+        mbs = self._micro_batches(shard, self.setup.topk if shard.routed_experts is not None else None)
         for mb in mbs:
             with self.autocast():
                 fwd = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg, mb.replay,
@@ -137,7 +137,7 @@ class TrainStep:
             load_LE = fwd.expert_load_LE if load_LE is None else load_LE + fwd.expert_load_LE
         lr = self._set_lr()
         grad_norm = None
-        if self.rank.own_clip:
+        if self.setup.own_clip:
             grad_norm = clip_grad_norm([p for p in self.engine.module.parameters() if p.grad is not None], lc.grad_clip)
         self.engine.step()
         self.steps_done += 1
@@ -157,9 +157,9 @@ class TrainStep:
         learner_old = logp.detach()
         weight, mismatch = self.obj.correction(learner_old, mb.old_logprobs, mb.loss_mask, seq, mb.num_seqs)
         ref = None
-        if self.rank.ref_model is not None:
+        if self.setup.ref_model is not None:
             with torch.no_grad(), self.autocast():
-                ref_fwd = learner_forward(self.rank.ref_model, mb.input_ids, mb.pos, mb.seg, mb.replay,
+                ref_fwd = learner_forward(self.setup.ref_model, mb.input_ids, mb.pos, mb.seg, mb.replay,
                                           image_patches=mb.images, prefix=mb.prefix)
                 ref = logprobs_from_logits(ref_fwd.logits_BTV, mb.input_ids, self.temperature)
         terms = self.obj.estimator.token_terms(self.engine.module, fwd.hidden_BTH, mb)
@@ -180,13 +180,13 @@ class TrainStep:
     def _micro_batches(self, batch: TrainBatch, topk: tuple[int, int] | None) -> list[MicroBatch]:
         lc, pad = self.lc, self.tok.pad_id
         mbs = micro_batches(batch, lc.micro_batch_size, pad, self.dtype, max_tokens=lc.max_tokens_per_micro_batch,
-                            pack=lc.pack_sequences, topk=topk, image=self.rank.image,
-                            share_prefix=self.rank.share_prefix and topk is None)
+                            pack=lc.pack_sequences, topk=topk, image=self.setup.image,
+                            share_prefix=self.setup.share_prefix and topk is None)
         if lc.ep_size > 1:  # every rank of the expert-parallel group runs the same number of passes
             n = torch.tensor([len(mbs)])
             dist.all_reduce(n, op=dist.ReduceOp.MAX)
             empty = TrainBatch([[pad]], [[0]], [[0.0]], [0.0], [0.0], None if topk is None else [[None]])
-            mbs += [collate(empty, False, pad, self.dtype, topk, self.rank.image) for _ in range(int(n) - len(mbs))]
+            mbs += [collate(empty, False, pad, self.dtype, topk, self.setup.image) for _ in range(int(n) - len(mbs))]
         return mbs
 
     def _expert_load(self, load_LE: torch.Tensor | None) -> dict[str, float]:
