@@ -3,7 +3,7 @@
 One estimator per run, chosen from ``algo.name`` once (``build_estimator``), in two halves: the
 driver's ``select`` (which trajectories train, with what sequence-level advantage) and the
 learner's ``token_terms`` (the per-token advantages the loss sees and, for GAE, the critic's
-values and returns). ``GroupRelative`` does its work in ``select``; ``GAE`` in ``token_terms``,
+values, given by the learner, and the returns). ``GroupRelative`` does its work in ``select``; ``GAE`` in ``token_terms``,
 where the critic's values exist.
 
 Group-relative, under the failure rule of docs/architecture.md.
@@ -37,10 +37,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from jointrl.rl.config import AlgoConfig, Algorithm
-from jointrl.rl.learner.value_head import values
 from jointrl.rl.types import FinishReason, Trajectory
 
 
@@ -153,14 +152,14 @@ class GroupRelative:
     def select(self, trajs: list[Trajectory]) -> AdvantageResult:
         return grpo_advantages(normalize_rewards_by_domain(trajs) if self.by_domain else trajs, self.scale_by_std)
 
-    def token_terms(self, model: nn.Module, hidden_BTH: Tensor, mb: TokenBatch) -> TokenTerms:
+    def token_terms(self, mb: TokenBatch, values_BT: Tensor | None) -> TokenTerms:
         return TokenTerms(mb.adv)
 
 
 @dataclass(frozen=True, slots=True)
 class GAE:
     """PPO: every scored trajectory trains (no groups to drop or refill); in the learner, the critic's
-    values (``value_head``) of the tokens and GAE over each sequence's loss tokens."""
+    values of the tokens (``rl/learner/value_head.values``) and GAE over each sequence's loss tokens."""
 
     gamma: float = 1.0
     lam: float = 0.95
@@ -173,11 +172,12 @@ class GAE:
         kept = [t for t in scored if t.finish_reason != FinishReason.ENV_ERROR]
         return AdvantageResult(kept, [0.0] * len(kept), {"env_error": len(scored) - len(kept), "trajectories_kept": len(kept)})
 
-    def token_terms(self, model: nn.Module, hidden_BTH: Tensor, mb: TokenBatch) -> TokenTerms:
+    def token_terms(self, mb: TokenBatch, values_BT: Tensor | None) -> TokenTerms:
+        """``values_BT``: the critic's, with gradient (the value loss trains it; GAE reads them detached)."""
         if mb.rewards is None:
             raise ValueError("algo.name=ppo needs TrainBatch.rewards")
-        v_BT = values(model, hidden_BTH)
-        old_BT = v_BT.detach()
+        assert values_BT is not None, "GAE needs the critic's values (RankSetup attaches a value head)"
+        v_BT, old_BT = values_BT, values_BT.detach()
         adv_BT, ret_BT = torch.zeros_like(old_BT), torch.zeros_like(old_BT)
         for i in range(mb.num_seqs):
             sel = (mb.seg == i) & (mb.loss_mask > 0)

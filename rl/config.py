@@ -321,7 +321,7 @@ class EnvsConfig:
     sandbox: EnvSandboxConfig = field(default_factory=EnvSandboxConfig)
 
     def __post_init__(self) -> None:
-        from jointrl.envs.registry import DOMAINS
+        from jointrl.envs.registry import DOMAINS  # lazy: the registry imports every domain's module
 
         for name, d in self.domains.items():
             _check_choice("envs.domains", name, tuple(sorted(DOMAINS)))
@@ -470,7 +470,7 @@ class RecipeConfig:
             _check_positive(f"recipe.sft_demos.{name}", w)
         if self.grpo_temperature is not None:
             _check_positive("recipe.grpo_temperature", self.grpo_temperature)
-        from jointrl.envs.registry import DOMAINS
+        from jointrl.envs.registry import DOMAINS  # lazy: the registry imports every domain's module
         for domain in self.grpo_task_dirs:
             _check_choice("recipe.grpo_task_dirs", domain, tuple(DOMAINS))
         for domain, w in self.sft_domain_weights.items():
@@ -504,7 +504,7 @@ class Config:
     def __post_init__(self) -> None:
         _check_positive("checkpoint_every", self.checkpoint_every, allow_zero=True)
         if not self.envs.domains:  # checked here: the schema's EnvsConfig() is built empty
-            from jointrl.envs.registry import DOMAINS
+            from jointrl.envs.registry import DOMAINS  # lazy: the registry imports every domain's module
 
             raise ValueError("config key 'envs.domains' needs at least one domain; allowed: " + str(sorted(DOMAINS)))
         if self.learner.autocast is not None and self.model.dtype is not ModelDtype.float32:

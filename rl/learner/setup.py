@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from jointrl.kernels.cpu_extension import _libc
 from jointrl.rl.build import build_model
 from jointrl.rl.config import Config, ModelDtype
 from jointrl.rl.learner.checkpoint import load_deepspeed
@@ -55,8 +56,6 @@ def keep_freed_memory() -> bool:
     to the OS, each comes back as fresh pages, one fault per 4 KiB (bench_moe under ``learner.autocast``: 6-9 K
     faults a step, ~400 with this). The memory a step needs stays mapped between steps, as a caching allocator
     would keep it. → whether it took effect (False off glibc)."""
-    from jointrl.kernels.cpu_extension import _libc
-
     libc = _libc()
     if libc is None or not hasattr(libc, "mallopt"):
         return False

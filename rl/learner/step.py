@@ -32,6 +32,7 @@ from jointrl.rl.learner.batch import MicroBatch, TrainBatch, collate, logprobs_f
 from jointrl.rl.learner.forward import learner_forward, token_entropy
 from jointrl.rl.learner.objective import Objective
 from jointrl.rl.learner.setup import RankSetup
+from jointrl.rl.learner.value_head import values
 from jointrl.rl.losses import LossInputs
 
 
@@ -81,6 +82,10 @@ def _grad_entropy(logits_BTV: torch.Tensor, temperature: float) -> torch.Tensor:
     return token_entropy(logits_BTV, temperature)
 
 
+def _no_critic(model: torch.nn.Module, hidden_BTH: torch.Tensor) -> None:
+    return None
+
+
 @torch.no_grad()
 def _logged_entropy(logits_BTV: torch.Tensor, temperature: float) -> torch.Tensor:
     return token_entropy(logits_BTV.detach(), temperature)
@@ -99,6 +104,7 @@ class TrainStep:
         self.lr_at = LR_SCHEDULES[lc.lr_schedule]
         self.total_steps = cfg.algo.total_steps
         self.entropy = _grad_entropy if cfg.algo.entropy_coef else _logged_entropy
+        self.values = values if objective.estimator.needs_critic else _no_critic
         device = next(self.engine.module.parameters()).device.type
         self.autocast = (contextlib.nullcontext if lc.autocast is None
                          else lambda: torch.autocast(device, dtype=DTYPES[lc.autocast]))
@@ -162,7 +168,7 @@ class TrainStep:
                 ref_fwd = learner_forward(self.setup.ref_model, mb.input_ids, mb.pos, mb.seg, mb.replay,
                                           image_patches=mb.images, prefix=mb.prefix)
                 ref = logprobs_from_logits(ref_fwd.logits_BTV, mb.input_ids, self.temperature)
-        terms = self.obj.estimator.token_terms(self.engine.module, fwd.hidden_BTH, mb)
+        terms = self.obj.estimator.token_terms(mb, self.values(self.engine.module, fwd.hidden_BTH))
         inp = LossInputs(logp, self.obj.behaviour(learner_old, mb.old_logprobs), terms.adv_BT, mb.loss_mask, seq,
                          mb.num_seqs, norm, weight if self.obj.reweights else None, ref,
                          self.entropy(fwd.logits_BTV, self.temperature), terms.values_BT, terms.old_values_BT,

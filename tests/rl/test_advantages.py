@@ -34,7 +34,7 @@ def test_group_relative_estimator_selects_in_the_driver_and_passes_advantages_th
     by_domain = GroupRelative(scale_by_std=False, by_domain=True).select(trajs)  # a: +1, -1; b alone: 0
     assert by_domain.advantages == pytest.approx([1, -1, 0], abs=1e-5)
     adv_BT = torch.ones(1, 2)
-    assert GroupRelative().token_terms(None, None, SimpleNamespace(adv=adv_BT)).adv_BT is adv_BT
+    assert GroupRelative().token_terms(SimpleNamespace(adv=adv_BT), None).adv_BT is adv_BT
 
 
 def test_gae_estimator_keeps_every_scored_trajectory_and_runs_gae_per_sequence():
@@ -44,6 +44,7 @@ def test_gae_estimator_keeps_every_scored_trajectory_and_runs_gae_per_sequence()
     from torch import nn
 
     from jointrl.rl.advantages import GAE, token_gae
+    from jointrl.rl.learner.value_head import values
 
     trajs = [traj("a", 1), traj("a", 1), traj("a", 0, FinishReason.ENV_ERROR)]
     res = GAE().select(trajs)
@@ -54,7 +55,7 @@ def test_gae_estimator_keeps_every_scored_trajectory_and_runs_gae_per_sequence()
     # row 0 packs sequence 0 (tokens 0-2, loss on 1-2) and sequence 1 (tokens 3-5, loss on 4-5)
     mb = SimpleNamespace(seg=torch.tensor([[0, 0, 0, 1, 1, 1]]), loss_mask=torch.tensor([[0, 1, 1, 0, 1, 1]]),
                          rewards=torch.tensor([1.0, -1.0], dtype=torch.float64), num_seqs=2, adv=None)
-    terms = GAE(gamma=0.9, lam=0.8).token_terms(model, hidden_BTH, mb)
+    terms = GAE(gamma=0.9, lam=0.8).token_terms(mb, values(model, hidden_BTH))
     v_BT = model.value_head(hidden_BTH).squeeze(-1)
     v_BT = torch.cat([torch.zeros(1, 1, dtype=torch.float64), v_BT[:, :-1]], 1).detach()  # V of the state before t
     for seq, idx, reward in ((0, [1, 2], 1.0), (1, [4, 5], -1.0)):
