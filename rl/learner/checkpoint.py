@@ -64,8 +64,8 @@ class Checkpointer:
     def load(self, directory: str) -> int | None:
         """Load the latest checkpoint in ``directory``; the step it was saved at, or None. Saved by
         another ``num_ranks`` / ``ep_size``, or with ZeRO partitioning where this rank runs without
-        (or the other way round: one rank in fp32 runs ZeRO-0 since 2026-11-30, ZeRO-1 before): from
-        its portable copy."""
+        (or the other way round: a one-rank fp32 run is ZeRO-0, older one-rank checkpoints ZeRO-1):
+        from its portable copy."""
         if not os.path.exists(os.path.join(directory, "latest")):
             return None
         with open(os.path.join(directory, "latest")) as f:

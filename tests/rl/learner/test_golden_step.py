@@ -24,7 +24,7 @@ from jointrl.rl.types import Trajectory
 _PORT = [29950]
 GOLDEN_CONFIG = ["model.dtype=float64", "seed=0", "algo.entropy_coef=0.01", "learner.lr=0.01", "learner.eps=1.0",
                  "learner.grad_clip=1e6", "learner.micro_batch_size=3"]
-# measured once (2026-12-04) on the learner as split in issue 30; a change here must say why in its commit
+# measured on the learner as split in issue 30; a commit that changes them must say why
 GOLDEN = {"loss": 0.22871010946298695, "grad_norm": 2.285764953749313, "clip_frac": 0.14583333333333334,
           "weight_sum": 379.6858288098108, "update_sq": 0.00048562800557726385}
 
