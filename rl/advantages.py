@@ -1,5 +1,11 @@
 """Advantages: group-relative (GRPO/GSPO), GAE (PPO), and per-domain reward normalisation.
 
+One estimator per run, chosen from ``algo.name`` once (``build_estimator``), in two halves: the
+driver's ``select`` (which trajectories train, with what sequence-level advantage) and the
+learner's ``token_terms`` (the per-token advantages the loss sees and, for GAE, the critic's
+values, given by the learner, and the returns). ``GroupRelative`` does its work in ``select``; ``GAE`` in ``token_terms``,
+where the critic's values exist.
+
 Group-relative, under the failure rule of docs/architecture.md.
 
 For a group of samples of one task with rewards r_1..r_G::
@@ -25,13 +31,15 @@ or offset rewards does not dominate; ``env_error`` trajectories are left out of 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass, field
-
-import dataclasses
+from typing import Protocol
 
 import torch
+from torch import Tensor
 
+from jointrl.rl.config import AlgoConfig, Algorithm
 from jointrl.rl.types import FinishReason, Trajectory
 
 
@@ -109,3 +117,77 @@ def normalize_rewards_by_domain(trajs: list[Trajectory], eps: float = 1e-6) -> l
         out.append(dataclasses.replace(t, reward=(t.reward - mean) / (std + eps),
                                        reward_info={**t.reward_info, "raw_reward": t.reward}))
     return out
+
+
+class TokenBatch(Protocol):
+    """What ``token_terms`` reads of a learner micro-batch (``rl/learner/batch.MicroBatch``)."""
+
+    adv: Tensor  # [B, T] each sequence's advantage on its tokens
+    seg: Tensor  # [B, T] sequence index per token, -1 on padding
+    loss_mask: Tensor  # [B, T]
+    rewards: Tensor | None  # [num_seqs]
+    num_seqs: int
+
+
+@dataclass(frozen=True, slots=True)
+class TokenTerms:
+    """Per-token inputs of the loss from the estimator, all ``[B, T]``; values/returns only with a critic."""
+
+    adv_BT: Tensor
+    values_BT: Tensor | None = None
+    old_values_BT: Tensor | None = None
+    returns_BT: Tensor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRelative:
+    """GRPO / GSPO: ``grpo_advantages`` over the step's groups in the driver; the learner uses
+    each sequence's advantage on its tokens as is. Dropped groups are refilled."""
+
+    scale_by_std: bool = True
+    by_domain: bool = False  # standardise rewards per domain first
+    needs_critic = False
+    refills = True
+
+    def select(self, trajs: list[Trajectory]) -> AdvantageResult:
+        return grpo_advantages(normalize_rewards_by_domain(trajs) if self.by_domain else trajs, self.scale_by_std)
+
+    def token_terms(self, mb: TokenBatch, values_BT: Tensor | None) -> TokenTerms:
+        return TokenTerms(mb.adv)
+
+
+@dataclass(frozen=True, slots=True)
+class GAE:
+    """PPO: every scored trajectory trains (no groups to drop or refill); in the learner, the critic's
+    values of the tokens (``rl/learner/value_head.values``) and GAE over each sequence's loss tokens."""
+
+    gamma: float = 1.0
+    lam: float = 0.95
+    by_domain: bool = False
+    needs_critic = True
+    refills = False
+
+    def select(self, trajs: list[Trajectory]) -> AdvantageResult:
+        scored = normalize_rewards_by_domain(trajs) if self.by_domain else trajs
+        kept = [t for t in scored if t.finish_reason != FinishReason.ENV_ERROR]
+        return AdvantageResult(kept, [0.0] * len(kept), {"env_error": len(scored) - len(kept), "trajectories_kept": len(kept)})
+
+    def token_terms(self, mb: TokenBatch, values_BT: Tensor | None) -> TokenTerms:
+        """``values_BT``: the critic's, with gradient (the value loss trains it; GAE reads them detached)."""
+        if mb.rewards is None:
+            raise ValueError("algo.name=ppo needs TrainBatch.rewards")
+        assert values_BT is not None, "GAE needs the critic's values (RankSetup attaches a value head)"
+        v_BT, old_BT = values_BT, values_BT.detach()
+        adv_BT, ret_BT = torch.zeros_like(old_BT), torch.zeros_like(old_BT)
+        for i in range(mb.num_seqs):
+            sel = (mb.seg == i) & (mb.loss_mask > 0)
+            if sel.any():
+                adv_BT[sel], ret_BT[sel] = token_gae(mb.rewards[i], old_BT[sel], self.gamma, self.lam)
+        return TokenTerms(adv_BT, v_BT, old_BT, ret_BT)
+
+
+def build_estimator(algo: AlgoConfig) -> GroupRelative | GAE:
+    """``algo.name`` -> its estimator (PPO: GAE; every other algorithm: group-relative)."""
+    if algo.name is Algorithm.ppo:
+        return GAE(algo.gamma, algo.lam, algo.normalize_rewards_by_domain)
+    return GroupRelative(algo.scale_adv_by_std, algo.normalize_rewards_by_domain)

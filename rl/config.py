@@ -18,10 +18,146 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import KeyValidationError, ValidationError
 
+from jointrl.envs.base import TIERS
+from jointrl.envs.splits import SPLITS
 from jointrl.model.config import LAYER_TYPES, QK_NORMS, SCORING_FUNCS, MoEConfig
+from jointrl.rl.losses.common import Aggregation, KLEstimator
+from jointrl.rl.losses.mismatch import MismatchMode
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+# Every config choice is a StrEnum whose member names equal their values (OmegaConf reads a YAML
+# string as a member *name*), so a bad value fails at composition naming the key and the allowed
+# values, and a member still compares equal to its string. The losses' own choices live with their
+# math (``Aggregation``, ``KLEstimator`` in rl/losses/common.py; ``MismatchMode`` in mismatch.py).
+def _choice(name: str, values: tuple[str, ...], doc: str) -> type[enum.StrEnum]:
+    """A StrEnum ``name`` with one member per value (for choices whose list lives elsewhere)."""
+    cls = enum.StrEnum(name, {v: v for v in values}, module=__name__, qualname=name)
+    cls.__doc__ = doc
+    return cls
+
+
+LayerType = _choice("LayerType", LAYER_TYPES, "A decoder layer's attention kind (model/config.LAYER_TYPES).")
+ScoringFunc = _choice("ScoringFunc", SCORING_FUNCS, "The router's scoring function (model/config.SCORING_FUNCS).")
+QKNorm = _choice("QKNorm", QK_NORMS, "Where attention normalises q and k (model/config.QK_NORMS).")
+
+
+class ModelDtype(enum.StrEnum):
+    """The policy's weights and forward (learner and rollout): ``rl/build.DTYPES``."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float64 = "float64"  # exactness tests
+
+
+class DSAMode(enum.StrEnum):
+    """gated_dsa attention: the indexer's top-k keys (sparse), or every key (dense; a reference)."""
+
+    sparse = "sparse"
+    dense = "dense"
+
+
+class Algorithm(enum.StrEnum):
+    """``algo.name``: the policy loss (rl/losses/) and its advantage estimator (rl/advantages.py)."""
+
+    grpo = "grpo"  # group-relative advantages, token-level clipped ratio
+    gspo = "gspo"  # group-relative advantages, sequence-level ratio
+    ppo = "ppo"  # a critic and GAE
+    sft = "sft"  # `jointrl sft` on oracle transcripts (rl/sft.py); `jointrl train` refuses it
+
+
+class BehaviourLogprobs(enum.StrEnum):
+    """The ratio's denominator: the engine's sampled log-probs, or the learner's own before the update."""
+
+    rollout = "rollout"
+    learner = "learner"
+
+
+class RolloutBackend(enum.StrEnum):
+    engine = "engine"  # rl/rollout/llm_engine.py: paged KV, continuous batching
+    simple = "simple"  # the skeleton's SimpleSampler
+
+
+RolloutMode = _choice("RolloutMode", ("sync", "async"),
+                      "sync: each step's rollouts, then its learner step; async: the next steps' rollouts run "
+                      "while the learner trains (``rollout.async_steps_ahead``, ``rollout.max_staleness``).")
+
+
+class WeightTransport(enum.StrEnum):
+    ray = "ray"  # the object store
+    dist = "dist"  # torch.distributed broadcast (rl/weight_transport.py)
+
+
+class DistBackend(enum.StrEnum):
+    gloo = "gloo"  # CPU
+    nccl = "nccl"  # CUDA
+
+
+class LiveSessions(enum.StrEnum):
+    """What a weight update does to the engine's open sessions' KV caches."""
+
+    keep = "keep"
+    reprefill = "reprefill"
+
+
+class KVDtype(enum.StrEnum):
+    auto = "auto"  # the model's dtype
+    bfloat16 = "bfloat16"  # float32 full-attention models; not exact
+
+
+ThinkingTier = _choice("ThinkingTier", TIERS, "A task's reasoning tier (envs/base.TIERS), each with a token "
+                       "budget (``rollout.thinking_budget``).")
+Split = _choice("Split", SPLITS, "Which of a domain's tasks a run reads (envs/splits.SPLITS).")
+
+
+class PromptStyle(enum.StrEnum):
+    full = "full"  # each domain's own system prompt and tool descriptions
+    compact = "compact"  # one-line system prompt and tool descriptions, same tools and schemas
+
+
+class AutocastDtype(enum.StrEnum):
+    bfloat16 = "bfloat16"
+
+
+class LRSchedule(enum.StrEnum):
+    """The learning rate over a run's updates (rl/learner/step.py: ``LR_SCHEDULES``)."""
+
+    constant = "constant"
+    cosine = "cosine"  # lr -> 0 over algo.total_steps (HF's cosine schedule without warm-up)
+
+
+class PlacementStrategy(enum.StrEnum):
+    """Ray placement-group strategies (rl/placement.py)."""
+
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
+
+
+class LoggerMode(enum.StrEnum):
+    """wandb's ``mode``; ``disabled`` makes no wandb run at all."""
+
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+class DemoPolicy(enum.StrEnum):
+    """The scripted policies an SFT stage imitates (rl/sft.py)."""
+
+    oracle = "oracle"
+    wrong = "wrong"  # each family's plausible slip
+
+
+class DemoStyle(enum.StrEnum):
+    """A domain's style of demonstration (envs/code_repo/policies.py)."""
+
+    shell = "shell"
+    sed = "sed"
 
 
 def _check_choice(key: str, value: Any, allowed: tuple) -> None:
@@ -35,12 +171,6 @@ def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
 
 
 def _check_model(self: Any) -> None:
-    _check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float64"))
-    _check_choice("model.dsa_mode", self.dsa_mode, ("sparse", "dense"))
-    for kind in self.layer_types or ():
-        _check_choice("model.layer_types", kind, LAYER_TYPES)
-    _check_choice("model.scoring_func", self.scoring_func, SCORING_FUNCS)
-    _check_choice("model.qk_norm", self.qk_norm, QK_NORMS)
     try:  # MoEConfig checks the rest (shapes, ranges); its message names the field
         MoEConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(MoEConfig)})
     except ValueError as e:
@@ -50,11 +180,11 @@ def _check_model(self: Any) -> None:
 def _model_schema() -> type:
     """``ModelConfig``: ``name`` and ``dtype``, then every ``MoEConfig`` field with its default, so
     the Hydra schema never drifts from the model (YAML lists stand for ``layer_types``' tuple)."""
-    hints = typing.get_type_hints(MoEConfig)
-    fields = [("name", str, field(default="tiny_moe")), ("dtype", str, field(default="float32"))]
+    hints = typing.get_type_hints(MoEConfig) | {"layer_types": typing.Optional[list[LayerType]],
+                                                "scoring_func": ScoringFunc, "qk_norm": QKNorm, "dsa_mode": DSAMode}
+    fields = [("name", str, field(default="tiny_moe")), ("dtype", ModelDtype, field(default=ModelDtype.float32))]
     for f in dataclasses.fields(MoEConfig):
-        kind = typing.Optional[list[str]] if f.name == "layer_types" else hints[f.name]
-        fields.append((f.name, kind, field(default=f.default)))
+        fields.append((f.name, hints[f.name], field(default=f.default)))
     return dataclasses.make_dataclass(
         "ModelConfig", fields, namespace={"__post_init__": _check_model, "__module__": __name__,
                                           "__doc__": "MoE transformer shape: MoEConfig's fields (model/config.py)."})
@@ -65,49 +195,44 @@ ModelConfig = _model_schema()
 
 @dataclass
 class AlgoConfig:
-    name: str = "grpo"  # grpo | gspo | ppo (rl/losses/); sft: jointrl sft on oracle transcripts (rl/sft.py)
+    name: Algorithm = Algorithm.grpo
     total_steps: int = 4
     prompts_per_step: int = 4  # informative GRPO groups per step (zero-variance groups are refilled)
     group_size: int = 4  # samples per prompt
     max_refill_attempts: int = 2  # extra sampling rounds to replace dropped groups (0: never refill)
     clip_low: float = 0.2
     clip_high: float = 0.28
-    aggregation: str = "token_mean"  # token_mean | seq_mean | seq_sum (GSPO is always per sequence)
+    aggregation: Aggregation = Aggregation.token_mean  # (GSPO is always per sequence)
     scale_adv_by_std: bool = True
     normalize_rewards_by_domain: bool = False  # standardise rewards per domain before advantages
     kl_coef: float = 0.0  # KL to the initial policy; 0 builds no reference model
-    kl_estimator: str = "k3"
+    kl_estimator: KLEstimator = KLEstimator.k3
     entropy_coef: float = 0.0
     gamma: float = 1.0  # PPO / GAE
     lam: float = 0.95
     vf_coef: float = 0.5
     value_clip: float = 0.2
-    behaviour_logprobs: str = "rollout"  # old log-probs in the ratio: the engine's, or recomputed by the learner
-    mismatch: str = "none"  # train/rollout correction: none | tis | icepop | mis (needs behaviour_logprobs=learner)
+    behaviour_logprobs: BehaviourLogprobs = BehaviourLogprobs.rollout
+    mismatch: MismatchMode = MismatchMode.none  # train/rollout correction (needs behaviour_logprobs=learner)
     tis_cap: float = 2.0
     mismatch_low: float = 0.5
     mismatch_high: float = 2.0
 
     def __post_init__(self) -> None:
-        _check_choice("algo.name", self.name, ("grpo", "gspo", "ppo", "sft"))
-        _check_choice("algo.behaviour_logprobs", self.behaviour_logprobs, ("rollout", "learner"))
-        _check_choice("algo.aggregation", self.aggregation, ("token_mean", "seq_mean", "seq_sum"))
-        _check_choice("algo.kl_estimator", self.kl_estimator, ("k1", "k3"))
-        _check_choice("algo.mismatch", self.mismatch, ("none", "tis", "icepop", "mis"))
         for k in ("total_steps", "prompts_per_step"):
             _check_positive(f"algo.{k}", getattr(self, k))
         for k in ("kl_coef", "entropy_coef", "vf_coef", "value_clip", "max_refill_attempts"):
             _check_positive(f"algo.{k}", getattr(self, k), allow_zero=True)
         if self.group_size < 2:
             raise ValueError(f"config key 'algo.group_size' must be >= 2 for group-relative advantages, got {self.group_size}")
-        if self.mismatch != "none" and self.behaviour_logprobs != "learner":
+        if self.mismatch is not MismatchMode.none and self.behaviour_logprobs is not BehaviourLogprobs.learner:
             raise ValueError(f"config key 'algo.mismatch' = {self.mismatch!r} corrects learner-vs-rollout log-probs; "
                              "it needs algo.behaviour_logprobs=learner (with 'rollout' the ratio already is against the engine)")
 
 
 @dataclass
 class RolloutConfig:
-    backend: str = "engine"  # engine (rl/rollout/llm_engine.py) | simple (the skeleton's SimpleSampler)
+    backend: RolloutBackend = RolloutBackend.engine
     num_workers: int = 1
     max_batch: int = 64  # sequences decoded together
     max_tokens_per_turn: int = 96
@@ -116,10 +241,10 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     quantize_experts: bool = True  # push routed experts as MXFP4 (the rollout runs the quantized weights)
-    weight_transport: str = "ray"  # ray (object store) | dist (torch.distributed broadcast; rl/weight_transport.py)
-    weight_dist_backend: str = "gloo"  # dist transport: gloo (CPU) | nccl (CUDA)
+    weight_transport: WeightTransport = WeightTransport.ray
+    weight_dist_backend: DistBackend = DistBackend.gloo  # the dist transport's
     weight_bucket_mb: float = 32.0  # payload bound of one bucket of the push
-    mode: str = "sync"  # sync | async (the next steps' rollouts run while the learner trains)
+    mode: RolloutMode = RolloutMode.sync
     async_steps_ahead: int = 1  # async: steps whose rollouts may be in flight beyond the current one
     max_staleness: int = 1  # trajectories sampled more than this many versions before the trained policy are dropped
     thinking_budget: dict[str, Any] = field(default_factory=lambda: {"low": 32, "high": 64, "max": None})
@@ -128,25 +253,19 @@ class RolloutConfig:
     block_size: int = 16
     max_num_batched_tokens: int = 512  # tokens per forward (decodes + prefill chunks)
     session_ttl_s: float = 60.0  # idle sessions are evicted after this (and under memory pressure)
-    live_sessions: str = "keep"  # on a weight update: keep session caches, or reprefill
-    kv_dtype: str = "auto"  # KV cache dtype: auto (the model's) | bfloat16 (float32 full-attention models; not exact)
+    live_sessions: LiveSessions = LiveSessions.keep  # on a weight update
+    kv_dtype: KVDtype = KVDtype.auto
     batch_invariant: bool = False  # a seeded request's tokens independent of what shares its batch (exact replay)
 
     def __post_init__(self) -> None:
-        _check_choice("rollout.backend", self.backend, ("engine", "simple"))
-        _check_choice("rollout.live_sessions", self.live_sessions, ("keep", "reprefill"))
-        _check_choice("rollout.kv_dtype", self.kv_dtype, ("auto", "bfloat16"))
-        _check_choice("rollout.weight_transport", self.weight_transport, ("ray", "dist"))
-        _check_choice("rollout.weight_dist_backend", self.weight_dist_backend, ("gloo", "nccl"))
         _check_positive("rollout.weight_bucket_mb", self.weight_bucket_mb)
-        _check_choice("rollout.mode", self.mode, ("sync", "async"))
         _check_positive("rollout.async_steps_ahead", self.async_steps_ahead)
         _check_positive("rollout.max_staleness", self.max_staleness, allow_zero=True)
         for k in ("num_workers", "num_blocks", "block_size", "max_num_batched_tokens"):
             _check_positive(f"rollout.{k}", getattr(self, k))
         _check_positive("rollout.session_ttl_s", self.session_ttl_s, allow_zero=True)
         _check_positive("rollout.max_tokens_per_turn", self.max_tokens_per_turn)
-        if set(self.thinking_budget) != {"low", "high", "max"}:
+        if set(self.thinking_budget) != set(ThinkingTier):
             raise ValueError(f"config key 'rollout.thinking_budget' needs exactly the tiers ['low', 'high', 'max'], "
                              f"got {sorted(self.thinking_budget)}")
 
@@ -155,9 +274,9 @@ class RolloutConfig:
 class DomainConfig:
     weight: float = 1.0  # share of the joint batch
     task_dir: str | None = None  # None: the tasks shipped with the domain
-    tiers: dict[str, float] = field(default_factory=dict)  # override each task's tier by weight; {} keeps the task's own
+    tiers: dict[ThinkingTier, float] = field(default_factory=dict)  # override each task's tier by weight; {} keeps the task's own
     reward: dict[str, float] = field(default_factory=dict)  # override each task's reward weights; {} keeps them
-    split: str = "train"  # train | heldout | all (envs/splits.py); jointrl eval reads heldout
+    split: Split = Split.train  # jointrl eval reads heldout
 
 
 class SandboxBackend(enum.StrEnum):
@@ -212,21 +331,16 @@ class EnvsConfig:
     # full: each domain's own system prompt and tool descriptions; compact: a one-line system
     # prompt and one-line tool descriptions (terminal, code_repo, browser), same tools and schemas, for
     # small byte-level models that re-read the system turn with every token (docs/recipe.md)
-    prompt: str = "full"
+    prompt: PromptStyle = PromptStyle.full
     sandbox: EnvSandboxConfig = field(default_factory=EnvSandboxConfig)
 
     def __post_init__(self) -> None:
-        from jointrl.envs.registry import DOMAINS
-        from jointrl.envs.splits import SPLITS
+        from jointrl.envs.registry import DOMAINS  # lazy: the registry imports every domain's module
 
         for name, d in self.domains.items():
             _check_choice("envs.domains", name, tuple(sorted(DOMAINS)))
             _check_positive(f"envs.domains.{name}.weight", d.weight)
-            _check_choice(f"envs.domains.{name}.split", d.split, SPLITS)
-            for tier in d.tiers:
-                _check_choice(f"envs.domains.{name}.tiers", tier, ("low", "high", "max"))
         _check_positive("envs.num_workers", self.num_workers)
-        _check_choice("envs.prompt", self.prompt, ("full", "compact"))
         if self.command_timeout_s is not None:  # the old key wins where a config still sets it
             _check_positive("envs.command_timeout_s", self.command_timeout_s)
             self.sandbox.timeout_s = self.command_timeout_s
@@ -255,19 +369,17 @@ class LearnerConfig:
     router_bias_rate: float = 1e-3  # aux-loss-free balancing (DeepSeek-V3) for models with a router bias
     # the forward's matmuls (projections, routed experts) in this dtype under torch.autocast, weights, gradients
     # and the optimizer in the model's float32; router, norms, attention and logits stay float32 (null: off)
-    autocast: str | None = None
+    autocast: AutocastDtype | None = None
     # the learning rate over a run's algo.total_steps updates: constant, or cosine from lr to 0 (HF's
     # get_cosine_schedule_with_warmup without warm-up); a resumed run continues the schedule
-    lr_schedule: str = "constant"
+    lr_schedule: LRSchedule = LRSchedule.constant
     # the learner's process keeps the memory it frees for its next step (glibc mallopt: no unmap of large
     # blocks, no trim) instead of returning it to the OS and page-faulting it back in: a bench_moe step under
-    # learner.autocast took 6-9 K page faults, ~400 with it (rl/learner/worker.keep_freed_memory)
+    # learner.autocast took 6-9 K page faults, ~400 with it (rl/learner/setup.keep_freed_memory)
     keep_freed_memory: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("learner.zero_stage", self.zero_stage, (0, 1, 2))
-        _check_choice("learner.autocast", self.autocast, (None, "bfloat16"))
-        _check_choice("learner.lr_schedule", self.lr_schedule, ("constant", "cosine"))
         _check_positive("learner.num_ranks", self.num_ranks)
         _check_positive("learner.micro_batch_size", self.micro_batch_size, allow_zero=True)
         _check_positive("learner.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, allow_zero=True)
@@ -287,10 +399,9 @@ class ClusterConfig:
     # placement groups (rl/placement.py): one bundle per learner rank / rollout worker; GPU "auto" = 1 if the cluster has GPUs
     learner_bundle: dict[str, Any] = field(default_factory=lambda: {"CPU": 0.25})
     rollout_bundle: dict[str, Any] = field(default_factory=lambda: {"CPU": 0.25})
-    placement_strategy: str = "PACK"
+    placement_strategy: PlacementStrategy = PlacementStrategy.PACK
 
     def __post_init__(self) -> None:
-        _check_choice("cluster.placement_strategy", self.placement_strategy, ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
         for key in ("learner_bundle", "rollout_bundle"):
             for res, v in getattr(self, key).items():
                 if not (v == "auto" and res == "GPU") and not (isinstance(v, (int, float)) and v >= 0):
@@ -299,13 +410,10 @@ class ClusterConfig:
 
 @dataclass
 class LoggerConfig:
-    wandb_mode: str = "offline"
+    wandb_mode: LoggerMode = LoggerMode.offline
     project: str = "jointrl"
     dump_trajectories: bool = True
     table_rows: int = 4  # sampled transcripts per step in the wandb trajectory table (0: none)
-
-    def __post_init__(self) -> None:
-        _check_choice("logger.wandb_mode", self.wandb_mode, ("offline", "online", "disabled"))
 
 
 @dataclass
@@ -316,14 +424,13 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000  # 0: any free port (printed at start)
     model_name: str = "jointrl"
-    default_thinking_budget: str = "max"  # tier when a request names none
+    default_thinking_budget: ThinkingTier = ThinkingTier.max  # tier when a request names none
     default_max_tokens: int = 256  # per turn, when a request names none
     max_conversations: int = 1024  # token records kept (least recently used evicted)
     record_path: str | None = None  # JSONL of recorded Trajectories; None: no recording
     max_request_bytes: int = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        _check_choice("serve.default_thinking_budget", self.default_thinking_budget, ("low", "high", "max"))
         _check_positive("serve.default_max_tokens", self.default_max_tokens)
         _check_positive("serve.max_conversations", self.max_conversations)
         _check_positive("serve.port", self.port, allow_zero=True)
@@ -337,19 +444,19 @@ class RecipeConfig:
     sft_steps: int = 20
     sft_prompts_per_step: int = 8  # oracle transcripts per SFT step
     sft_lr: float = 3e-3
-    sft_lr_schedule: str = "constant"  # the SFT stage's learner.lr_schedule (constant | cosine: sft_lr -> 0)
+    sft_lr_schedule: LRSchedule = LRSchedule.constant  # the SFT stage's learner.lr_schedule (cosine: sft_lr -> 0)
     eval_k: int = 4  # samples per held-out task and tier
     eval_limit: int = 0  # held-out tasks per domain, the first by id (0: all)
-    eval_tiers: list[str] = field(default_factory=lambda: ["low"])
+    eval_tiers: list[ThinkingTier] = field(default_factory=lambda: [ThinkingTier.low])
     eval_every: int = 0  # GRPO steps between held-out evals of the saved checkpoints (0: only the last step)
     eval_init: bool = False  # also evaluate the untrained model (the curve's first point before SFT)
     # which scripted policy demonstrates each SFT task, by weight (rl/sft.py; jointrl sft reads it too):
     # {oracle: 1.0} imitates the oracles; {oracle: 0.5, wrong: 0.5} mixes in each family's plausible slip
-    sft_demos: dict[str, float] = field(default_factory=lambda: {"oracle": 1.0})
+    sft_demos: dict[DemoPolicy, float] = field(default_factory=lambda: {DemoPolicy.oracle: 1.0})
     # domain -> the style of its demonstrations: {code_repo: shell} plays code_repo's oracle_shell /
     # wrong_shell instead of oracle / wrong (the same edits from one bash call: envs/code_repo/policies.py),
     # {code_repo: sed} its oracle_sed / wrong_sed (the family's edit as one short sed -i; generated tasks)
-    sft_demo_style: dict[str, str] = field(default_factory=dict)
+    sft_demo_style: dict[str, DemoStyle] = field(default_factory=dict)
     # domain -> its weight in the SFT draw (rl/sft.demo_draws): each row's domain drawn by weight, then
     # that domain's next demonstration; {} (the default): every demonstration once per epoch, so each
     # domain gets its share of the demonstrations. Must weigh every domain that has demonstrations.
@@ -374,17 +481,13 @@ class RecipeConfig:
             _check_positive(f"recipe.{k}", getattr(self, k))
         for k in ("eval_limit", "eval_every", "sft_heldout_every", "sft_heldout_limit"):
             _check_positive(f"recipe.{k}", getattr(self, k), allow_zero=True)
-        _check_choice("recipe.sft_lr_schedule", self.sft_lr_schedule, ("constant", "cosine"))
-        for tier in self.eval_tiers:
-            _check_choice("recipe.eval_tiers", tier, ("low", "high", "max"))
         if not self.sft_demos or "oracle" not in self.sft_demos:
             raise ValueError(f"recipe.sft_demos must give the oracle a weight, got {dict(self.sft_demos)}")
         for name, w in self.sft_demos.items():
-            _check_choice("recipe.sft_demos", name, ("oracle", "wrong"))
             _check_positive(f"recipe.sft_demos.{name}", w)
         if self.grpo_temperature is not None:
             _check_positive("recipe.grpo_temperature", self.grpo_temperature)
-        from jointrl.envs.registry import DOMAINS
+        from jointrl.envs.registry import DOMAINS  # lazy: the registry imports every domain's module
         for domain in self.grpo_task_dirs:
             _check_choice("recipe.grpo_task_dirs", domain, tuple(DOMAINS))
         for domain, w in self.sft_domain_weights.items():
@@ -392,9 +495,8 @@ class RecipeConfig:
             _check_positive(f"recipe.sft_domain_weights.{domain}", w, allow_zero=True)
         if self.sft_domain_weights and not any(self.sft_domain_weights.values()):
             raise ValueError(f"recipe.sft_domain_weights must give some domain a weight > 0, got {dict(self.sft_domain_weights)}")
-        for domain, style in self.sft_demo_style.items():
+        for domain in self.sft_demo_style:
             _check_choice("recipe.sft_demo_style", domain, tuple(DOMAINS))
-            _check_choice(f"recipe.sft_demo_style.{domain}", style, ("shell", "sed"))
 
 
 @dataclass
@@ -419,10 +521,10 @@ class Config:
     def __post_init__(self) -> None:
         _check_positive("checkpoint_every", self.checkpoint_every, allow_zero=True)
         if not self.envs.domains:  # checked here: the schema's EnvsConfig() is built empty
-            from jointrl.envs.registry import DOMAINS
+            from jointrl.envs.registry import DOMAINS  # lazy: the registry imports every domain's module
 
             raise ValueError("config key 'envs.domains' needs at least one domain; allowed: " + str(sorted(DOMAINS)))
-        if self.learner.autocast is not None and self.model.dtype != "float32":
+        if self.learner.autocast is not None and self.model.dtype is not ModelDtype.float32:
             raise ValueError(f"config key 'learner.autocast' = {self.learner.autocast!r} needs model.dtype float32 "
                              f"(the weights autocast casts from), got model.dtype = {self.model.dtype!r}")
 
@@ -431,18 +533,50 @@ def register_schemas() -> None:
     ConfigStore.instance().store(name="config_schema", node=Config)
 
 
+def _named(e: Exception) -> ValueError | None:
+    """OmegaConf's validation error behind ``e`` (Hydra wraps an override's in its own) as a
+    ValueError that names the key and the value and, for a choice, lists the allowed values."""
+    err = e
+    while err is not None and not isinstance(err, (ValidationError, KeyValidationError)):
+        err = err.__cause__ or err.__context__
+    if err is None:
+        return None
+    if isinstance(err, KeyValidationError) and err.full_key:  # a choice-keyed dict's key
+        keys = typing.get_args(err.ref_type)[:1]
+        allowed = [m.value for m in keys[0]] if keys and isinstance(keys[0], type) and issubclass(keys[0], enum.Enum) else None
+        where = err.full_key.rsplit(".", 1)[0]
+        return ValueError(f"config key {where!r} has key {err.key!r}, which is not allowed; allowed keys: {allowed}")
+    choice = getattr(err.child_node, "enum_type", None)
+    if choice is None:  # a list item or dict value: the container's element type
+        kinds = [a for a in typing.get_args(err.ref_type) if isinstance(a, type) and issubclass(a, enum.Enum)]
+        choice = kinds[-1] if kinds else None
+    if err.full_key and choice is not None:
+        return ValueError(f"config key {err.full_key!r} = {err.value!r} is not allowed; "
+                          f"allowed values: {[m.value for m in choice]}")
+    what = str(err).splitlines()[0]
+    return ValueError(f"config key {err.full_key!r}: {what}" if err.full_key else f"{e}: {what}")
+
+
 def to_config(cfg: DictConfig) -> Config:
     """Hydra's composed DictConfig -> validated ``Config`` (raises ValueError naming the key)."""
     # Through a plain container, so keys added with Hydra's `+` are checked against the schema too.
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("hydra", None)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), plain))
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), plain))
+    except ValidationError as e:
+        raise (_named(e) or e) from None
 
 
 def load_config(overrides: list[str] = ()) -> Config:
     """Compose ``conf/config.yaml`` with Hydra-style overrides, outside of ``@hydra.main``."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
 
     register_schemas()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return to_config(compose(config_name="config", overrides=list(overrides)))
+        try:
+            composed = compose(config_name="config", overrides=list(overrides))
+        except ConfigCompositionException as e:
+            raise (_named(e) or e) from None
+        return to_config(composed)

@@ -36,7 +36,7 @@ from jointrl.model.hf_tokenizer import save_tokenizer
 from jointrl.model.moe_transformer import MoETransformer
 from jointrl.rl.build import build_model
 from jointrl.rl.config import Config, load_config
-from jointrl.rl.learner.value_head import VALUE_HEAD_PREFIX
+from jointrl.rl.learner.checkpoint import load_deepspeed
 from jointrl.rl.weight_sync import is_routed_expert
 
 FORMATS = ("hf", "mxfp4", "both")
@@ -51,30 +51,6 @@ def run_config(checkpoint: Path, overrides: list[str]) -> Config:
                                      OmegaConf.from_dotlist(overrides))
             return OmegaConf.to_object(merged)
     return load_config(overrides)
-
-
-def load_deepspeed(cfg: Config, checkpoint: str | Path) -> tuple[MoETransformer, int]:
-    """(policy, step) from a DeepSpeed checkpoint directory, expert-sharded or not."""
-    path = Path(checkpoint)
-    if (path / "latest").is_file():
-        path = path / (path / "latest").read_text().strip()
-    files = sorted(path.glob("mp_rank_*_model_states.pt")) or sorted(path.glob("ep_rank_*.pt"))
-    if not files:
-        raise ValueError(f"checkpoint {str(checkpoint)!r} has no DeepSpeed model states (latest, mp_rank_00_model_states.pt "
-                         "or ep_rank_000.pt)")
-    saved = [torch.load(f, map_location="cpu", weights_only=False) for f in files[:1]]
-    model = build_model(cfg)
-    want = model.state_dict()
-    first = {k: v for k, v in saved[0]["module"].items() if not k.startswith(VALUE_HEAD_PREFIX)}
-    sharded = [k for k, v in first.items() if k in want and v.shape != want[k].shape]
-    if sharded:  # expert parallelism: ranks 0..ep_size-1 hold consecutive expert slices
-        ep_size = want[sharded[0]].shape[0] // first[sharded[0]].shape[0]
-        saved += [torch.load(f, map_location="cpu", weights_only=False) for f in files[1:ep_size]]
-        for k in sharded:
-            first[k] = torch.cat([s["module"][k] for s in saved])
-    model.load_state_dict(first)
-    step = saved[0].get("step")
-    return model, int(step if step is not None else path.name.removeprefix("step_"))
 
 
 def export_hf(model: MoETransformer, out: str | Path) -> Path:

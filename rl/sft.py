@@ -39,7 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from jointrl.envs.registry import scripted_policy
 from jointrl.rewards.base import succeeded
-from jointrl.rl.config import Config, register_schemas, to_config
+from jointrl.rl.config import Algorithm, Config, register_schemas, to_config
 from jointrl.rl.eval import EvalSpec, eval_tasks, play
 from jointrl.rl.learner.batch import TrainBatch
 from jointrl.rl.learner.group import LearnerGroup
@@ -138,7 +138,7 @@ def sft_batch(trajs: list[Trajectory]) -> TrainBatch:
 
 def sft(cfg: Config) -> dict[str, float]:
     """``cfg.algo.total_steps`` SFT steps on the oracle transcripts; returns the last step's metrics."""
-    cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, name="sft"))
+    cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, name=Algorithm.sft))
     out_dir = Path(cfg.output_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.structured(cfg), out_dir / "config.yaml")

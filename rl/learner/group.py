@@ -8,7 +8,8 @@ import ray
 
 from jointrl.rl.config import Config
 from jointrl.rl.learner.batch import TrainBatch
-from jointrl.rl.learner.worker import LearnerWorker, merge_metrics
+from jointrl.rl.learner.step import merge_metrics
+from jointrl.rl.learner.worker import LearnerWorker
 
 
 def _free_port() -> int:

@@ -10,7 +10,7 @@ Adam's two moments (gathered from the ZeRO partitions with DeepSpeed's
 writes ``part_{r}.pt`` with its own experts' rows (and their first row: the tensor is rebuilt by
 concatenating the parts in row order); rank 0's part also holds every replicated tensor, so no
 rank ever holds more than its own share. ``topology.json`` names the writer's ``num_ranks`` /
-``ep_size`` / ZeRO stage. Without ZeRO (one rank, ``worker.zero_stage``) the optimizer is torch's
+``ep_size`` / ZeRO stage. Without ZeRO (one rank, ``setup.zero_stage``) the optimizer is torch's
 AdamW itself: the parameters are the masters and its state holds the moments (both float64 for
 a float64 model, and so in the file).
 

@@ -26,13 +26,13 @@ class Aggregation(enum.StrEnum):
     loss tokens of sequence i. Correction weights w never change the normalisers.
     """
 
-    TOKEN_MEAN = "token_mean"
-    SEQ_MEAN = "seq_mean"
-    SEQ_SUM = "seq_sum"
+    token_mean = "token_mean"
+    seq_mean = "seq_mean"
+    seq_sum = "seq_sum"
 
     @property
     def per_sequence(self) -> bool:
-        return self is not Aggregation.TOKEN_MEAN
+        return self is not Aggregation.token_mean
 
 
 class KLEstimator(enum.StrEnum):
@@ -42,8 +42,8 @@ class KLEstimator(enum.StrEnum):
     k3: r − log r − 1, r = π_ref / π_θ         (unbiased, >= 0; GRPO's choice)
     """
 
-    K1 = "k1"
-    K3 = "k3"
+    k1 = "k1"
+    k3 = "k3"
 
 
 @dataclass(slots=True)
@@ -103,17 +103,17 @@ def aggregate(loss_BT: Tensor, inp: LossInputs, agg: Aggregation) -> Tensor:
     if inp.weight_BT is not None:
         w_BT = w_BT * inp.weight_BT
     lw_BT = loss_BT * w_BT
-    if agg is Aggregation.TOKEN_MEAN:
+    if agg is Aggregation.token_mean:
         return lw_BT.sum() / inp.norm
     per_seq_S = inp.per_seq_sum(lw_BT)
-    if agg is Aggregation.SEQ_MEAN:
+    if agg is Aggregation.seq_mean:
         per_seq_S = per_seq_S / inp.seq_lengths()
     return per_seq_S.sum() / inp.norm
 
 
 def kl_per_token(logp_BT: Tensor, ref_logp_BT: Tensor, estimator: KLEstimator) -> Tensor:
     """``KLEstimator`` of KL(π_θ || π_ref) at each token (with gradient through ``logp_BT``)."""
-    if estimator is KLEstimator.K1:
+    if estimator is KLEstimator.k1:
         return logp_BT - ref_logp_BT
     log_r_BT = ref_logp_BT - logp_BT
     return torch.exp(log_r_BT) - log_r_BT - 1
@@ -143,7 +143,7 @@ class Regularizers:
     """
 
     kl_coef: float = 0.0
-    kl_estimator: KLEstimator = KLEstimator.K3
+    kl_estimator: KLEstimator = KLEstimator.k3
     entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:

@@ -46,7 +46,7 @@ def clipped_surrogate(inp: LossInputs, clip_low: float, clip_high: float) -> tup
 class GRPOLoss:
     clip_low: float = 0.2
     clip_high: float = 0.28
-    aggregation: Aggregation = Aggregation.TOKEN_MEAN
+    aggregation: Aggregation = Aggregation.token_mean
     regularizers: Regularizers = field(default_factory=Regularizers)
 
     def __post_init__(self) -> None:

@@ -62,6 +62,6 @@ class GSPOLoss:
                 "adv_min": masked_min(adv_S.detach(), has_tokens_S),
             }
         reg_BT = self.regularizers(torch.zeros_like(inp.logp_BT), inp, metrics)
-        loss = seq_loss + aggregate(reg_BT, inp, Aggregation.SEQ_MEAN) if reg_BT.requires_grad else seq_loss
+        loss = seq_loss + aggregate(reg_BT, inp, Aggregation.seq_mean) if reg_BT.requires_grad else seq_loss
         metrics["tokens"] = inp.tokens
         return loss, metrics

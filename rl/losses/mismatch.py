@@ -27,15 +27,15 @@ from jointrl.rl.losses.common import masked_max, masked_mean
 
 
 class MismatchMode(enum.StrEnum):
-    NONE = "none"
-    TIS = "tis"
-    ICEPOP = "icepop"
-    MIS = "mis"
+    none = "none"
+    tis = "tis"
+    icepop = "icepop"
+    mis = "mis"
 
 
 @dataclass(frozen=True, slots=True)
 class MismatchCorrection:
-    mode: MismatchMode = MismatchMode.NONE
+    mode: MismatchMode = MismatchMode.none
     tis_cap: float = 2.0
     low: float = 0.5
     high: float = 2.0
@@ -54,13 +54,13 @@ class MismatchCorrection:
             m_BT = mask_BT.to(learner_logp_BT.dtype)
             log_r_BT = (learner_logp_BT - rollout_logp_BT) * m_BT
             r_BT = log_r_BT.exp()
-            if self.mode is MismatchMode.TIS:
+            if self.mode is MismatchMode.tis:
                 w_BT = r_BT.clamp(max=self.tis_cap)
                 touched_BT = r_BT > self.tis_cap
-            elif self.mode is MismatchMode.ICEPOP:
+            elif self.mode is MismatchMode.icepop:
                 keep_BT = (r_BT >= self.low) & (r_BT <= self.high)
                 w_BT, touched_BT = keep_BT.to(m_BT.dtype), ~keep_BT
-            elif self.mode is MismatchMode.MIS:
+            elif self.mode is MismatchMode.mis:
                 flat = seq_BT.reshape(-1)
                 sum_S = torch.zeros(num_seqs, dtype=m_BT.dtype, device=m_BT.device).index_add_(0, flat, log_r_BT.reshape(-1))
                 len_S = torch.zeros(num_seqs, dtype=m_BT.dtype, device=m_BT.device).index_add_(0, flat, m_BT.reshape(-1))

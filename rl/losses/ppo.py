@@ -28,7 +28,7 @@ class PPOLoss:
     clip_high: float = 0.2
     value_clip: float = 0.2
     vf_coef: float = 0.5
-    aggregation: Aggregation = Aggregation.TOKEN_MEAN
+    aggregation: Aggregation = Aggregation.token_mean
     regularizers: Regularizers = field(default_factory=Regularizers)
 
     def __post_init__(self) -> None:

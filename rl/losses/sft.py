@@ -20,7 +20,7 @@ from jointrl.rl.losses.common import Aggregation, LossInputs, Regularizers, aggr
 
 @dataclass(frozen=True, slots=True)
 class SFTLoss:
-    aggregation: Aggregation = Aggregation.TOKEN_MEAN
+    aggregation: Aggregation = Aggregation.token_mean
     regularizers: Regularizers = field(default_factory=Regularizers)
 
     def __post_init__(self) -> None:

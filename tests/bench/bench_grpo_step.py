@@ -22,7 +22,7 @@ jointrl, in-process (one process holds the three real pieces, as a one-node user
 * rollout: ``LLMEngine.generate_batch`` (rl/rollout; engine settings from ``conf/rollout/engine``)
   over the 16 requests, the reward, ``grpo_advantages``, the ``TrainBatch``;
 * learner: ``LearnerWorker.train_step`` (rl/learner: DeepSpeed over gloo, one rank, where it runs
-  without ZeRO partitioning whatever ``learner.zero_stage`` says (``worker.zero_stage``);
+  without ZeRO partitioning whatever ``learner.zero_stage`` says (``setup.zero_stage``);
   micro-batches cut by ``learner.micro_batch_size`` / ``learner.max_tokens_per_micro_batch`` -- by
   default one here, 16 x 116 tokens -- a group's shared prompt forwarded once per micro-batch): the
   policy-gradient loss over all 16 sequences, one AdamW update of every weight;

@@ -1,5 +1,5 @@
 """Learner throughput: tokens/s of DeepSpeed RL steps on ``bench_moe`` (CPU, gloo; one rank runs
-without ZeRO partitioning, two ranks ZeRO-2: ``rl/learner/worker.zero_stage``).
+without ZeRO partitioning, two ranks ZeRO-2: ``rl/learner/setup.zero_stage``).
 
     python tests/bench/bench_learner.py [--steps 3] [--seqs 16] [--threads-per-rank 1]
 

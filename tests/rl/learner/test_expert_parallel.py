@@ -92,7 +92,7 @@ def test_two_ep_ranks_equal_one_rank(tmp_path, monkeypatch):
     init = build_model(cfg).state_dict()
     # with ZeRO's fp32 master weights like the two ranks (one rank runs without ZeRO: float64 updates),
     # so the second step starts from the same weights and its loss agrees to 1e-9
-    monkeypatch.setattr("jointrl.rl.learner.worker.zero_stage", lambda cfg, world_size: 1)
+    monkeypatch.setattr("jointrl.rl.learner.setup.zero_stage", lambda cfg, world_size: 1)
     single = LearnerWorker(cfg, 0, 1, "127.0.0.1", _port())
     for step, batch in enumerate(_batches()):
         m1 = single.train_step(batch, batch.num_loss_tokens, batch.num_loss_seqs)

@@ -7,7 +7,8 @@ import torch
 from jointrl.rl.build import build_model
 from jointrl.rl.config import load_config
 from jointrl.rl.learner.batch import TrainBatch, plan_micro_batches
-from jointrl.rl.learner.worker import LearnerWorker, clip_grad_norm
+from jointrl.rl.learner.step import clip_grad_norm
+from jointrl.rl.learner.worker import LearnerWorker
 
 _PORT = [29750]
 BASE = ["model.dtype=float64", "learner.eps=1.0", "learner.grad_clip=0.0"]
@@ -76,13 +77,13 @@ def test_every_objective_option_runs_through_deepspeed():
 
 
 def test_update_invariant_to_zero_stage_on_one_rank(monkeypatch):
-    """One rank: ZeRO-1 (what one rank ran before ``worker.zero_stage`` made it ZeRO-0; forced here)
+    """One rank: ZeRO-1 (what one rank ran before ``setup.zero_stage`` made it ZeRO-0; forced here)
     and ZeRO-0 (no all-reduce at all), which every ``learner.zero_stage`` now runs on one rank in
     fp32 / fp64, take the same update."""
-    import jointrl.rl.learner.worker as worker_mod
+    import jointrl.rl.learner.setup as setup_mod
 
     with monkeypatch.context() as m:
-        m.setattr(worker_mod, "zero_stage", lambda cfg, world_size: 1)
+        m.setattr(setup_mod, "zero_stage", lambda cfg, world_size: 1)
         ref_m, ref = _update("learner.micro_batch_size=3")
     for stage in (0, 1, 2):
         m, d = _update("learner.micro_batch_size=3", f"learner.zero_stage={stage}")

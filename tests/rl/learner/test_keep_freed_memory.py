@@ -1,4 +1,4 @@
-"""``learner.keep_freed_memory`` (rl/learner/worker.keep_freed_memory): a process that frees and allocates the
+"""``learner.keep_freed_memory`` (rl/learner/setup.keep_freed_memory): a process that frees and allocates the
 same large tensors every step stops page-faulting them back in."""
 
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 _PROBE = r"""
 import resource, sys, torch
 if sys.argv[1] == "keep":
-    from jointrl.rl.learner.worker import keep_freed_memory
+    from jointrl.rl.learner.setup import keep_freed_memory
     assert keep_freed_memory()
 for _ in range(3):  # warm up: the first allocation faults its pages in either way
     torch.ones(4 << 20)

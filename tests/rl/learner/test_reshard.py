@@ -2,7 +2,7 @@
 through ``LearnerGroup`` on real Ray actors, DeepSpeed and gloo: 2 ranks with ep_size 2 -> 1 rank,
 and back. The resumed fp32 master weights equal the saved ones bit for bit, and the next step takes
 the update the old topology took (up to fp32 summation order: Adam's moments came along); the one
-rank runs without ZeRO (float64 weights and moments, ``worker.zero_stage``), the two with ZeRO-2.
+rank runs without ZeRO (float64 weights and moments, ``setup.zero_stage``), the two with ZeRO-2.
 The group's rendezvous is rank 0's Ray node IP, not loopback."""
 
 import pytest
@@ -39,7 +39,7 @@ def _masters(group: LearnerGroup) -> dict[str, torch.Tensor]:
         from jointrl.rl.learner.expert_parallel import expert_row_offsets
 
         offsets = expert_row_offsets(worker.engine.module)
-        return {n: ((safe_get_full_fp32_param(p) if worker.zero_stage else p).detach().clone(), offsets.get(n))
+        return {n: ((safe_get_full_fp32_param(p) if worker.setup.zero_stage else p).detach().clone(), offsets.get(n))
                 for n, p in worker.engine.module.named_parameters()}
 
     parts = ray.get([w.__ray_call__.remote(local) for w in group.workers])  # collective: every rank at once

@@ -79,8 +79,8 @@ def _update(share: bool, *overrides):
     cfg = load_config([*BASE, *overrides])
     _PORT[0] += 1
     lw = LearnerWorker(cfg, 0, 1, "127.0.0.1", _PORT[0])
-    assert lw.share_prefix
-    lw.share_prefix = share
+    assert lw.setup.share_prefix
+    lw.setup.share_prefix = share
     init = build_model(cfg).state_dict()
     batch = _batch()
     m = lw.train_step(batch, batch.num_loss_tokens, batch.num_loss_seqs)

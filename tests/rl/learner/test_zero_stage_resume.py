@@ -1,4 +1,4 @@
-"""One rank in fp32 / fp64 runs ZeRO-0 (``worker.zero_stage``); before, it ran ZeRO-1. A checkpoint
+"""One rank in fp32 / fp64 runs ZeRO-0 (``setup.zero_stage``); before, it ran ZeRO-1. A checkpoint
 written under either resumes under the other (through the portable copy) and under its own: the
 weights and Adam's moments come along, so the next step takes the update the writer took (to the
 fp32 rounding of ZeRO's master weights)."""
@@ -8,9 +8,10 @@ import shutil
 import pytest
 import torch
 
-import jointrl.rl.learner.worker as worker_mod
+import jointrl.rl.learner.setup as setup_mod
 from jointrl.rl.config import load_config
-from jointrl.rl.learner.worker import LearnerWorker, zero_stage
+from jointrl.rl.learner.setup import zero_stage
+from jointrl.rl.learner.worker import LearnerWorker
 
 from .test_reshard import _batch  # the same ragged 4-sequence batch
 
@@ -21,7 +22,7 @@ OVERRIDES = ["model.dtype=float64", "learner.micro_batch_size=2", "learner.eps=1
 def _worker(monkeypatch, stage: int) -> LearnerWorker:
     """A one-rank learner running ZeRO-``stage`` (1: as every one-rank learner did before)."""
     if stage:
-        monkeypatch.setattr(worker_mod, "zero_stage", lambda cfg, world_size: stage)
+        monkeypatch.setattr(setup_mod, "zero_stage", lambda cfg, world_size: stage)
     else:
         monkeypatch.undo()
     _PORT[0] += 1
@@ -87,7 +88,7 @@ def test_bf16_without_zero_checkpoints_and_resumes(tmp_path, first, then):
         cfg = load_config(["model.dtype=bfloat16", "learner.micro_batch_size=2", "learner.grad_clip=0.0",
                            f"learner.zero_stage={stage}"])
         w = LearnerWorker(cfg, 0, 1, "127.0.0.1", _PORT[0])
-        assert w.zero_stage == stage
+        assert w.setup.zero_stage == stage
         return w
 
     a = worker(first)

@@ -66,9 +66,9 @@ def test_grpo_loss_by_hand():
 
 @pytest.mark.parametrize("agg, norm, expected", [
     # ratio 1 everywhere, so l_t = -A_i: seq 0 has two tokens at -1, seq 1 one token at +3
-    (Aggregation.TOKEN_MEAN, 3, (-1 - 1 + 3) / 3),   # / N_tok
-    (Aggregation.SEQ_MEAN, 2, (-1 + 3) / 2),         # per-sequence token means / N_seq
-    (Aggregation.SEQ_SUM, 2, (-2 + 3) / 2),          # per-sequence token sums / N_seq
+    (Aggregation.token_mean, 3, (-1 - 1 + 3) / 3),   # / N_tok
+    (Aggregation.seq_mean, 2, (-1 + 3) / 2),         # per-sequence token means / N_seq
+    (Aggregation.seq_sum, 2, (-2 + 3) / 2),          # per-sequence token sums / N_seq
 ])
 def test_aggregations_by_hand(agg, norm, expected):
     inp = inputs([[0.0, -1.0, -2.0], [0.0, -1.0, 0.0]], [[0.0, -1.0, -2.0], [0.0, -1.0, 0.0]],
@@ -78,8 +78,8 @@ def test_aggregations_by_hand(agg, norm, expected):
 
 
 @pytest.mark.parametrize("estimator, kl", [
-    (KLEstimator.K1, math.log(2)),                  # log pi - log pi_ref = log .5 - log .25
-    (KLEstimator.K3, 0.5 + math.log(2) - 1),         # r - log r - 1, r = pi_ref / pi = .5
+    (KLEstimator.k1, math.log(2)),                  # log pi - log pi_ref = log .5 - log .25
+    (KLEstimator.k3, 0.5 + math.log(2) - 1),         # r - log r - 1, r = pi_ref / pi = .5
 ])
 def test_kl_and_entropy_terms_by_hand(estimator, kl):
     # one trained token, A = 0 so only the regularisers remain: 0.1 * KL - 0.01 * H, H = 1.2

@@ -1,5 +1,6 @@
-"""The DeepSpeed learner (ZeRO-2 over gloo, one rank in this process) against the sampler
-and against the GRPO formula computed by hand."""
+"""``rl/learner/step.py``'s update and log-probs (DeepSpeed over gloo, one rank in this process)
+against the sampler and against the GRPO formula computed by hand; the lr schedule, autocast and
+gated_dsa's indexer loss."""
 
 import math
 
@@ -25,7 +26,7 @@ def learner(*overrides):
 
 @pytest.fixture(scope="module")
 def fp64_learner():
-    return learner()
+    return learner("rollout.quantize_experts=false")  # the push sends the weights as they are
 
 
 def test_learner_logprobs_equal_sampler_logprobs_fp64(fp64_learner):
@@ -36,7 +37,6 @@ def test_learner_logprobs_equal_sampler_logprobs_fp64(fp64_learner):
     with torch.no_grad():
         for p in sampler.model.parameters():
             p.add_(0.1)  # the push must overwrite every weight
-    cfg.rollout.quantize_experts = False
     sampler.update_weights(1, lw.weight_bundle(1))
     prompts = [[257, 10, 20, 30, 259], [257, 99, 259], [257, 1, 2, 3, 4, 5, 6, 7, 259]]
     outs = sampler.generate_batch(prompts, [SamplingParams(max_tokens=12, seed=s, max_think_tokens=4) for s in range(3)])

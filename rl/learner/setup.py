@@ -1,0 +1,155 @@
+"""A learner rank's construction: the process group, the model (its critic, expert shards and
+reference copy), the optimizer and the DeepSpeed engine, and the choices a step runs under.
+
+ZeRO-1/2 partitions optimizer state (and gradients) across ranks. With ``learner.ep_size > 1``
+each layer's routed experts are sharded over the expert-parallel group (``expert_parallel.py``;
+all-to-all dispatch) and DeepSpeed reduces expert gradients over the expert-data-parallel group;
+everything else is replicated. Precision: the forward and the loss run in the model's dtype
+(float64 in exactness tests), but ZeRO's optimizer keeps fp32 master weights, so updates land
+with fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from jointrl.kernels.cpu_extension import _libc
+from jointrl.rl.build import build_model
+from jointrl.rl.config import Config, ModelDtype
+from jointrl.rl.learner.checkpoint import load_deepspeed
+from jointrl.rl.learner.expert_parallel import shard_experts
+from jointrl.rl.learner.forward import check_packable
+from jointrl.rl.learner.objective import Objective
+from jointrl.rl.learner.value_head import attach_value_head
+
+
+def zero_stage(cfg: Config, world_size: int) -> int:
+    """The ZeRO stage DeepSpeed runs. One rank has nothing to partition: in fp32 / fp64 it runs
+    ZeRO-0 whatever ``learner.zero_stage`` says (the same update, to fp32 rounding: tested; ZeRO-1/2
+    would keep a flat fp32 copy of every weight and gradient and copy each micro-batch's gradients
+    into it, ~0.1-0.2 CPU-s per bench_moe step); in bf16 ZeRO-1 (its fp32 master weights), ZeRO-2
+    included. Checkpoints load across the two (``portable_checkpoint``)."""
+    stage = cfg.learner.zero_stage
+    if world_size == 1:
+        return 1 if cfg.model.dtype is ModelDtype.bfloat16 and stage else 0
+    return stage
+
+
+def own_clip(cfg: Config, world_size: int) -> bool:
+    """One rank under ZeRO-0 in fp32 / fp64: the learner clips the gradient norm itself (``clip_grad_norm``:
+    torch's foreach kernels, the same rule: g *= min(1, clip / (‖g‖ + 1e-6))), instead of
+    DeepSpeed's per-parameter loop, its one-rank all-reduce of the norm, and its missing norm in
+    ``get_global_grad_norm``. More ranks average gradients inside ``engine.step()``, after any clip here."""
+    return (world_size == 1 and zero_stage(cfg, world_size) == 0 and cfg.learner.grad_clip > 0
+            and cfg.model.dtype is not ModelDtype.bfloat16)
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc's malloc keep freed memory for reuse in this process: blocks up to 32 MiB come from the heap
+    instead of their own mmap (unmapped again on free), and up to 1 GiB free at the heap's top is kept instead
+    of trimmed. A learner step allocates and frees the same large activations and gradients every time; returned
+    to the OS, each comes back as fresh pages, one fault per 4 KiB (bench_moe under ``learner.autocast``: 6-9 K
+    faults a step, ~400 with this). The memory a step needs stays mapped between steps, as a caching allocator
+    would keep it. → whether it took effect (False off glibc)."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallopt"):
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
+
+
+def deepspeed_config(cfg: Config, world_size: int) -> dict:
+    """DeepSpeed's config, at ``zero_stage(cfg, world_size)``. Gradient accumulation is the
+    caller's (``managed_gradient_accumulation: false``): one ``step()`` per RL step."""
+    lc = cfg.learner
+    return {
+        "train_micro_batch_size_per_gpu": max(lc.micro_batch_size, 1),
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": 0.0 if own_clip(cfg, world_size) else lc.grad_clip,
+        "zero_optimization": {"stage": zero_stage(cfg, world_size), "overlap_comm": False, "contiguous_gradients": True,
+                              "reduce_scatter": True},
+        "bf16": {"enabled": cfg.model.dtype is ModelDtype.bfloat16},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+@dataclass
+class RankSetup:
+    """A constructed rank: its engine and what its steps decide from the model and config once."""
+
+    engine: object  # deepspeed.DeepSpeedEngine
+    ref_model: nn.Module | None  # the initial policy, frozen (KL term); None when algo.kl_coef = 0
+    zero_stage: int
+    own_clip: bool
+    topk: tuple[int, int]  # (MoE layers, experts per token): the shape of a replayed route
+    image: tuple[int, int] | None  # (image token id, patch dim): screenshot slots, None without
+    has_router_bias: bool
+    share_prefix: bool  # a group's shared prompt forwarded once per micro-batch (forward.py)
+
+
+def join_process_group(rank: int, world_size: int, master_addr: str, master_port: int) -> None:
+    """DeepSpeed's process group over the learner ranks (gloo on CPU, NCCL on GPU)."""
+    import deepspeed
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+
+
+def setup_rank(cfg: Config, rank: int, world_size: int, objective: Objective) -> RankSetup:
+    """Build the model (from ``cfg.checkpoint``'s weights when set; the optimizer starts fresh), its
+    critic when the estimator needs one, the reference copy, the expert shards, AdamW and the engine."""
+    import deepspeed
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    lc, algo = cfg.learner, cfg.algo
+    if lc.keep_freed_memory:
+        keep_freed_memory()
+    model = build_model(cfg)
+    if cfg.checkpoint:
+        model.load_state_dict(load_deepspeed(cfg, cfg.checkpoint)[0].state_dict())
+    if lc.pack_sequences:
+        check_packable(model.config)
+    ref_model = None
+    if algo.kl_coef > 0:  # KL to the initial policy; nothing is built when the KL term is off
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        if lc.fake_quant_experts:  # the same function as the initial policy (kept whole: no all-to-all)
+            shard_experts(ref_model, 1, 0, fake_quant=True)
+    if lc.ep_size > 1 or lc.fake_quant_experts:
+        shard_experts(model, lc.ep_size, rank % lc.ep_size, fake_quant=lc.fake_quant_experts)
+    if objective.estimator.needs_critic:
+        attach_value_head(model)
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad], "name": "dense"}]
+    if lc.ep_size > 1:
+        groups = split_params_into_different_moe_groups_for_optimizer(groups)
+    opt = torch.optim.AdamW(groups, lr=lc.lr, betas=tuple(lc.betas), eps=lc.eps, weight_decay=lc.weight_decay, fused=True)
+    stage = zero_stage(cfg, world_size)
+    if rank == 0 and stage != lc.zero_stage:
+        print(f"learner: {world_size} rank(s) in {cfg.model.dtype} run ZeRO-{stage}, not learner.zero_stage="
+              f"{lc.zero_stage} (nothing to partition on one rank: rl/learner/setup.zero_stage)", flush=True)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=deepspeed_config(cfg, world_size))
+    if world_size == 1 and stage == 0:  # its all-reduce over one rank flattens and copies back every gradient
+        engine.enable_backward_allreduce = False
+    mc = model.config
+    image = (mc.image_token_id, mc.image_patch_dim) if mc.image_patch_dim else None
+    has_router_bias = any(getattr(m, "e_score_correction_bias", None) is not None for m in model.modules())
+    # A shared prompt (a GRPO group's; an SFT micro-batch's common system prompt) forwarded once for
+    # all rows that continue it: the same update up to float summation order, where the rows are
+    # neither packed nor recomputed (checkpointing), nor expert-parallel, and no critic values
+    # prompt tokens. Full attention (forward._forward_shared) counts a prompt's tokens once, so
+    # not with the balance loss or the router-bias update; hybrid models (prefix_cache) weight
+    # them by their rows. Tested against the unshared step.
+    counts_once = set(mc.kinds) == {"full"}
+    share_prefix = (image is None and not objective.estimator.needs_critic and not lc.pack_sequences
+                    and not lc.gradient_checkpointing and lc.ep_size == 1
+                    and not (counts_once and (lc.aux_loss_coef or (has_router_bias and lc.router_bias_rate > 0))))
+    return RankSetup(engine, ref_model, stage, own_clip(cfg, world_size), (mc.num_moe_layers, mc.num_experts_per_tok),
+                     image, has_router_bias, share_prefix)
