@@ -55,6 +55,7 @@ def save_qwen3_moe(directory: Path, vocab_size: int, seed: int = 0, **shape) -> 
               num_key_value_heads=1, head_dim=64, intermediate_size=64, moe_intermediate_size=32,
               num_experts=4, num_experts_per_tok=2, max_position_embeddings=4096, tie_word_embeddings=False,
               pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    max_shard_size = shape.pop("max_shard_size", "5GB")
     kw.update(shape)
     torch.manual_seed(seed)
     hf = Qwen3MoeForCausalLM(Qwen3MoeConfig(**kw)).eval()
@@ -64,7 +65,7 @@ def save_qwen3_moe(directory: Path, vocab_size: int, seed: int = 0, **shape) -> 
                 p.uniform_(0.5, 1.5)
             elif name.endswith("mlp.gate.weight"):
                 p.normal_(0.0, 0.5)
-    hf.save_pretrained(str(directory))
+    hf.save_pretrained(str(directory), max_shard_size=max_shard_size)
     return directory
 
 
