@@ -1,5 +1,5 @@
 """Hugging Face checkpoints: `load_hf` reads Qwen3-MoE, Mixtral, OLMoE and kimi_linear directories; `save_hf`
-writes `tiny_moe`-shaped models as plain Qwen3-MoE (local files only, no hub).
+writes `tiny_moe`-shaped models as plain Qwen3-MoE, sharded with an index (local files only, no hub).
 
 A directory is what `transformers.AutoModelForCausalLM.from_pretrained(dir)` reads: `config.json`
 plus `model.safetensors` (or sharded `model.safetensors.index.json`). Per architecture:
@@ -26,6 +26,7 @@ import json
 import mmap
 import re
 from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -169,20 +170,66 @@ def _kimi_linear_config(d: dict[str, Any]) -> MoEConfig:
     return MoEConfig(**fields)
 
 
-def save_hf(model: MoETransformer, directory: str | Path) -> Path:
-    """Write `config.json` + `model.safetensors` (the model's dtype; tied lm_head stored once).
+SHARD_BYTES = 4 << 30  # save_hf's default shard payload bound (transformers' default is 5 GB)
+
+
+def save_hf(model: MoETransformer, directory: str | Path, max_shard_bytes: int = SHARD_BYTES,
+            tensors: Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]] | None = None,
+            config_extra: dict[str, Any] | None = None) -> Path:
+    """Write `config.json` + sharded safetensors with `model.safetensors.index.json` (the model's
+    dtype; tied lm_head stored once). Tensors go to disk shard by shard: at most one shard's
+    tensors (each at most `max_shard_bytes`, unless one tensor alone is larger) are held at once.
+
+    `tensors(name, tensor)`: what to store for one state-dict entry (default: itself); the MXFP4
+    export stores routed experts as per-expert packed tensors through it. `config_extra` is
+    merged into config.json (e.g. `quantization_config`).
 
     Only Qwen3-MoE-shaped configs: `MoEConfig.to_hf_dict` names any field Qwen3-MoE cannot hold."""
     out = Path(directory)
     config = model.config.to_hf_dict()
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        del state["lm_head.weight"]
+    state = model.state_dict()
     config["dtype"] = str(state["model.embed_tokens.weight"].dtype).removeprefix("torch.")
+    config.update(config_extra or {})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    each = tensors or (lambda name, t: [(name, t)])
+    items = ((k, v.detach().to("cpu").contiguous()) for name, t in state.items()
+             if not (model.config.tie_word_embeddings and name == "lm_head.weight") for k, v in each(name, t))
+    write_shards(items, out, max_shard_bytes)
     return out
+
+
+def write_shards(items: Iterable[tuple[str, torch.Tensor]], out: Path, max_shard_bytes: int) -> list[str]:
+    """Write `(name, tensor)`s in order into `model-0000i-of-0000n.safetensors` files of at most
+    `max_shard_bytes` each plus `model.safetensors.index.json` (transformers' layout); returns the
+    shard names. Earlier single-file or sharded weights in `out` are removed first."""
+    for old in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:
+        old.unlink(missing_ok=True)
+    names: list[str] = []
+    weight_map: dict[str, int] = {}
+    shard: dict[str, torch.Tensor] = {}
+    size = total = 0
+
+    def flush() -> None:
+        nonlocal shard, size
+        if shard:
+            names.append(f"model-{len(names) + 1:05d}.partial.safetensors")
+            save_file(shard, out / names[-1], metadata={"format": "pt"})
+            shard, size = {}, 0
+
+    for name, t in items:
+        n = t.numel() * t.element_size()
+        if shard and size + n > max_shard_bytes:
+            flush()
+        shard[name], size, total = t, size + n, total + n
+        weight_map[name] = len(names)
+    flush()
+    final = [f"model-{i + 1:05d}-of-{len(names):05d}.safetensors" for i in range(len(names))]
+    for partial, name in zip(names, final, strict=True):
+        (out / partial).rename(out / name)
+    index = {"metadata": {"total_size": total}, "weight_map": {k: final[i] for k, i in weight_map.items()}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return final
 
 
 def load_hf(directory: str | Path, dtype: torch.dtype | None = None, device: torch.device | str | None = None,

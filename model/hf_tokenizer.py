@@ -29,6 +29,7 @@ the tool instructions, so a prompt with tools tokenizes differently in HF than i
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -139,6 +140,22 @@ def chat_template_jinja() -> str:
         "{%- endfor -%}"
         "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n<think>' -}}{%- endif -%}"
     )
+
+
+# A checkpoint's tokenizer, chat template and generation settings (what export copies as they came).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "generation_config.json")
+
+
+def copy_tokenizer(source: str | Path, directory: str | Path) -> list[str]:
+    """Copy ``TOKENIZER_FILES`` present in ``source`` into ``directory`` byte for byte; returns their names."""
+    src, out = Path(source), Path(directory)
+    if not (src / "tokenizer.json").is_file():
+        raise ValueError(f"tokenizer: {str(src)!r} has no tokenizer.json to copy")
+    copied = [name for name in TOKENIZER_FILES if (src / name).is_file()]
+    for name in copied:
+        shutil.copyfile(src / name, out / name)
+    return copied
 
 
 def save_tokenizer(directory: str | Path) -> Path:
