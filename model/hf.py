@@ -233,7 +233,7 @@ def write_shards(items: Iterable[tuple[str, torch.Tensor]], out: Path, max_shard
 
 
 def load_hf(directory: str | Path, dtype: torch.dtype | None = None, device: torch.device | str | None = None,
-            ep_rank: int = 0, ep_size: int = 1) -> MoETransformer:
+            ep_rank: int = 0, ep_size: int = 1, config: MoEConfig | None = None) -> MoETransformer:
     """Load a Qwen3-MoE, Mixtral, OLMoE or (all-KDA) kimi_linear checkpoint directory; `dtype` None keeps the stored dtype.
 
     Streams: the model is built on the meta device, each tensor is then allocated once in its
@@ -246,12 +246,15 @@ def load_hf(directory: str | Path, dtype: torch.dtype | None = None, device: tor
     (ep_rank+1)·E/ep_size)` (the other experts are never read); the model then runs only under
     `rl/learner/expert_parallel.shard_experts`.
 
+    `config`: build with this instead of config.json's (the run's, whose shape `model/pretrained.fill_shape`
+    took from config.json; it may differ in training knobs such as `router_aux_loss_coef`).
+
     Raises ValueError naming an unsupported model_type or config field, missing/unexpected keys or
     a mis-shaped tensor.
     """
     src = Path(directory)
     raw = json.loads((src / "config.json").read_text())
-    config = config_from_hf(raw)
+    config = config_from_hf(raw) if config is None else config
     E = config.num_experts
     if ep_size < 1 or not 0 <= ep_rank < ep_size or E % ep_size:
         raise ValueError(f"load_hf: ep_rank={ep_rank}, ep_size={ep_size}: ep_size must divide num_experts={E}")

@@ -20,6 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from jointrl.model.config import LAYER_TYPES, QK_NORMS, SCORING_FUNCS, MoEConfig
+from jointrl.model.pretrained import fill_shape
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -35,6 +36,15 @@ def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
 
 
 def _check_model(self: Any) -> None:
+    shape = [f.name for f in dataclasses.fields(MoEConfig)]
+    if self.path is not None:  # model=hf: unset shape fields come from the checkpoint (model/pretrained.py)
+        for k, v in fill_shape({k: getattr(self, k) for k in shape}, self.path, self.tokenizer).items():
+            setattr(self, k, list(v) if k == "layer_types" and v is not None else v)
+    elif self.tokenizer is not None:
+        raise ValueError("config key 'model.tokenizer' needs model.path (the checkpoint it belongs to)")
+    unset = [f.name for f in dataclasses.fields(MoEConfig) if getattr(self, f.name) is None and f.default is not None]
+    if unset:
+        raise ValueError(f"config key 'model.{unset[0]}' is unset; set it, or model.path to read it from a checkpoint")
     _check_choice("model.dtype", self.dtype, ("float32", "bfloat16", "float64"))
     _check_choice("model.dsa_mode", self.dsa_mode, ("sparse", "dense"))
     for kind in self.layer_types or ():
@@ -52,12 +62,14 @@ def _model_schema() -> type:
     the Hydra schema never drifts from the model (YAML lists stand for ``layer_types``' tuple)."""
     hints = typing.get_type_hints(MoEConfig)
     fields = [("name", str, field(default="tiny_moe")), ("dtype", str, field(default="float32"))]
-    for f in dataclasses.fields(MoEConfig):
-        kind = typing.Optional[list[str]] if f.name == "layer_types" else hints[f.name]
+    for f in dataclasses.fields(MoEConfig):  # Optional: model=hf leaves them unset (None), filled from model.path
+        kind = typing.Optional[list[str]] if f.name == "layer_types" else typing.Optional[hints[f.name]]
         fields.append((f.name, kind, field(default=f.default)))
+    # A Hugging Face checkpoint to start from (weights, shape, tokenizer, chat template); tokenizer: another dir's.
+    fields += [("path", typing.Optional[str], field(default=None)), ("tokenizer", typing.Optional[str], field(default=None))]
     return dataclasses.make_dataclass(
         "ModelConfig", fields, namespace={"__post_init__": _check_model, "__module__": __name__,
-                                          "__doc__": "MoE transformer shape: MoEConfig's fields (model/config.py)."})
+                                          "__doc__": "MoE transformer shape: MoEConfig's fields (model/config.py); path: start from a checkpoint."})
 
 
 ModelConfig = _model_schema()
