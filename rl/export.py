@@ -168,9 +168,11 @@ def main(argv: list[str] | None = None) -> Path:
     if fmt not in FORMATS:
         raise SystemExit(f"jointrl export: format={fmt!r} is not allowed; allowed values: {list(FORMATS)}")
     checkpoint, out = Path(mine["checkpoint"]), Path(mine["out"])
-    model, step = load_deepspeed(run_config(checkpoint, overrides), checkpoint)
+    cfg = run_config(checkpoint, overrides)
+    model, step = load_deepspeed(cfg, checkpoint)
+    tokenizer = cfg.model.tokenizer or cfg.model.path  # the run started from a checkpoint: its tokenizer
     targets = {"hf": [("hf", out)], "mxfp4": [("mxfp4", out)], "both": [("hf", out / "hf"), ("mxfp4", out / "mxfp4")]}
     for kind, d in targets[fmt]:
-        export_hf(model, d) if kind == "hf" else export_mxfp4(model, d, step)
+        export_hf(model, d, tokenizer) if kind == "hf" else export_mxfp4(model, d, step, tokenizer)
         print(f"exported step {step} ({kind}) -> {d}", flush=True)
     return out
