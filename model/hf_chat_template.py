@@ -100,6 +100,15 @@ class HFChatTemplate:
         assert with_prompt.startswith(without), "the generation prompt is not a suffix"
         return self.tok.encode_with_specials(with_prompt[len(without):])
 
+    def assistant_turn(self, m: Message) -> list[int]:
+        """The ids a model writes for assistant message ``m`` after the generation prompt, through
+        the end token: the template's rendering of it after a one-message history."""
+        history = [Message(role="user", content="hi")]
+        prompt = self.render(history)
+        full = self.render(history + [m], add_generation_prompt=False)
+        assert full[:len(prompt)] == prompt, "checked at load (check_prefix_property)"
+        return full[len(prompt): full.index(self.tok.im_end_id, len(prompt)) + 1]
+
     def continuation(self, messages: list[Message], add_generation_prompt: bool = True) -> list[int]:
         """Ids that follow a generated assistant turn (which ends at ``tok.im_end_id``): the
         template's text after that end token up to and including the next generation prompt."""

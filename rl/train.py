@@ -24,7 +24,7 @@ import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from jointrl.model.tokenizer import ByteTokenizer
+from jointrl.model.tokenizer import Tokenizer
 from jointrl.rewards.base import succeeded
 from jointrl.rl.advantages import AdvantageResult, grpo_advantages, normalize_rewards_by_domain
 from jointrl.rl.config import Config, register_schemas, to_config
@@ -39,8 +39,6 @@ from jointrl.rl.rollout.worker import RolloutWorker
 from jointrl.rl.tracking import RunTracker
 from jointrl.rl.types import FinishReason, Task, Trajectory
 from jointrl.rl.weight_transport import WeightPush
-
-THINK_ID, THINK_END_ID = ByteTokenizer().think_id, ByteTokenizer().think_end_id
 
 
 def train(cfg: Config) -> dict[str, float]:
@@ -104,7 +102,7 @@ def train(cfg: Config) -> dict[str, float]:
         router.revive.remote(push.live)
         t3 = time.perf_counter()
         metrics = _step_metrics(trajs, adv.stats, learner_metrics, sampler, groups,
-                                {"rollout": t1 - t0, "learner": t2 - t1, "push": t3 - t2})
+                                {"rollout": t1 - t0, "learner": t2 - t1, "push": t3 - t2}, tracker.tok)
         metrics.update({f"weight_sync/{k}_s": v for k, v in push_times.items()})
         metrics["weight_sync/retries"] = float(push.retries)
         if learner_metrics:
@@ -193,7 +191,7 @@ def _drop_stale(trajs: list[Trajectory], policy_version: int, max_staleness: int
 
 
 def _step_metrics(trajs: list[Trajectory], adv_stats: dict, learner_metrics: dict, sampler: JointSampler,
-                  groups: list, times: dict[str, float]) -> dict[str, float]:
+                  groups: list, times: dict[str, float], tok: Tokenizer) -> dict[str, float]:
     ok = [t for t in trajs if t.finish_reason != FinishReason.ENV_ERROR]
     calls = sum(t.num_tool_calls for t in ok)
     sampled = sum(t.num_sampled for t in ok)
@@ -225,7 +223,7 @@ def _step_metrics(trajs: list[Trajectory], adv_stats: dict, learner_metrics: dic
         m[f"finish/{reason}"] = sum(t.finish_reason == reason for t in trajs)
     for tier in sorted({t.tier for t in ok}):
         ts = [t for t in ok if t.tier == tier]
-        m[f"thinking_tokens/{tier}"] = sum(_thinking_tokens(t) for t in ts) / len(ts)
+        m[f"thinking_tokens/{tier}"] = sum(_thinking_tokens(t, tok) for t in ts) / len(ts)
     for d, share in sampler.realized_mix(groups).items():
         m[f"mix/{d}"] = share  # realized, beside the configured target
     for d, share in sampler.target_mix.items():
@@ -233,12 +231,12 @@ def _step_metrics(trajs: list[Trajectory], adv_stats: dict, learner_metrics: dic
     return m
 
 
-def _thinking_tokens(t: Trajectory) -> int:
-    """Sampled tokens inside ``<think>...</think>`` (the template opens ``<think>`` every turn)."""
+def _thinking_tokens(t: Trajectory, tok: Tokenizer) -> int:
+    """Sampled tokens inside ``<think>...</think>`` (opened by the template or by the model)."""
     inside, n = False, 0
-    for tok, m in zip(t.token_ids, t.loss_mask):
-        if tok in (THINK_ID, THINK_END_ID):
-            inside = tok == THINK_ID
+    for i, m in zip(t.token_ids, t.loss_mask):
+        if i in (tok.think_id, tok.think_end_id):
+            inside = i == tok.think_id
         elif inside and m:
             n += 1
     return n

@@ -35,9 +35,8 @@ from pathlib import Path
 import torch
 
 from jointrl.model.routing import update_router_bias
-from jointrl.model.tokenizer import ByteTokenizer
 from jointrl.rl.advantages import token_gae
-from jointrl.rl.build import DTYPES, build_model
+from jointrl.rl.build import DTYPES, build_model, build_tokenizer
 from jointrl.rl.config import Config
 from jointrl.rl.learner.batch import MicroBatch, TrainBatch, collate, logprobs_from_logits, micro_batches
 from jointrl.rl.learner.expert_parallel import expert_row_offsets, shard_experts
@@ -165,7 +164,7 @@ class LearnerWorker:
         lc, algo = cfg.learner, cfg.algo
         if lc.keep_freed_memory:
             keep_freed_memory()
-        self.tok = ByteTokenizer()
+        self.tok = build_tokenizer(cfg)  # its pad id pads micro-batches
         self.loss_fn, self.mismatch = build_loss(cfg), build_mismatch(cfg)
         self.is_ppo = algo.name == "ppo"
         self.dtype = DTYPES[cfg.model.dtype]
