@@ -40,6 +40,8 @@ def _check_model(self: Any) -> None:
     if self.path is not None:  # model=hf: unset shape fields come from the checkpoint (model/pretrained.py)
         for k, v in fill_shape({k: getattr(self, k) for k in shape}, self.path, self.tokenizer).items():
             setattr(self, k, list(v) if k == "layer_types" and v is not None else v)
+    elif self.name == "hf":
+        raise ValueError("config key 'model.path' is unset; model=hf starts from a checkpoint: model.path=DIR")
     elif self.tokenizer is not None:
         raise ValueError("config key 'model.tokenizer' needs model.path (the checkpoint it belongs to)")
     unset = [f.name for f in dataclasses.fields(MoEConfig) if getattr(self, f.name) is None and f.default is not None]

@@ -49,6 +49,8 @@ def _copy(src, dst, drop=(), config=None):
 
 
 def test_bad_model_paths_fail_fast_with_one_line(qwen3_dir, tmp_path):
+    with pytest.raises(ValueError, match="'model.path' is unset"):
+        load_config(["model=hf"])
     cases = {
         tmp_path / "nope": "is not a directory",
         _copy(qwen3_dir, tmp_path / "notok", drop=("tokenizer.json",)): "has no tokenizer.json",
