@@ -57,14 +57,14 @@ def chunked_logprobs(hidden_BTH: torch.Tensor, weight_VH: torch.Tensor, ids_BT: 
     ids_N = ids_BT[:, 1:].reshape(-1)
     grad = torch.is_grad_enabled() and (hidden_BTH.requires_grad or weight_VH.requires_grad)
     logps, ents = [], []
-    for lo in range(0, h_NH.shape[0], chunk):
+    for lo in range(0, max(h_NH.shape[0], 1), chunk):  # an empty chunk for T = 1 keeps the result in the graph
         args = (h_NH[lo:lo + chunk], weight_VH, ids_N[lo:lo + chunk], temperature, entropy)
         lp, h = checkpoint(_chunk, *args, use_reentrant=False) if grad else _chunk(*args)
         logps.append(lp)
         ents.append(h)
     dtype = compute_dtype(hidden_BTH.dtype)
     zero = torch.zeros(B, 1, dtype=dtype, device=hidden_BTH.device)
-    logp_BT = torch.cat([zero, torch.cat(logps).view(B, T - 1)], 1) if T > 1 else zero
+    logp_BT = torch.cat([zero, torch.cat(logps).view(B, T - 1)], 1)
     if not entropy:
         return logp_BT, None
-    return logp_BT, (torch.cat([zero, torch.cat(ents).view(B, T - 1)], 1) if T > 1 else zero)
+    return logp_BT, torch.cat([zero, torch.cat(ents).view(B, T - 1)], 1)

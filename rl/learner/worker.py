@@ -40,7 +40,8 @@ from jointrl.rl.build import DTYPES, build_model, build_tokenizer
 from jointrl.rl.config import Config
 from jointrl.rl.learner.batch import MicroBatch, TrainBatch, collate, logprobs_from_logits, micro_batches
 from jointrl.rl.learner.expert_parallel import expert_row_offsets, shard_experts
-from jointrl.rl.learner.forward import check_packable, learner_forward, token_entropy
+from jointrl.rl.learner.forward import check_packable, learner_forward
+from jointrl.rl.learner.logprobs import chunked_logprobs
 from jointrl.rl.learner.objective import build_loss, build_mismatch
 from jointrl.rl.learner.value_head import VALUE_HEAD_PREFIX, attach_value_head, values
 from jointrl.rl.losses import LossInputs
@@ -254,9 +255,12 @@ class LearnerWorker:
         for mb in mbs:
             with self._autocast():
                 fwd = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg, mb.replay,
-                                      lc.gradient_checkpointing, mb.images, mb.prefix, indexer_loss=train_indexer)
-            logp = logprobs_from_logits(fwd.logits_BTV, mb.input_ids, self.temperature)
-            inp = self._loss_inputs(mb, fwd, logp, norm)
+                                      lc.gradient_checkpointing, mb.images, mb.prefix, indexer_loss=train_indexer,
+                                      logits=False)
+            # in chunks over the tokens: no [B, T, V] logits (learner/logprobs.py)
+            logp, entropy = chunked_logprobs(fwd.hidden_BTH, self.engine.module.lm_head.weight, mb.input_ids,
+                                             self.temperature, entropy=True)
+            inp = self._loss_inputs(mb, fwd, logp, entropy, norm)
             loss, m = self.loss_fn(inp)
             if lc.aux_loss_coef:
                 loss = loss + lc.aux_loss_coef * fwd.aux_loss * mb.num_seqs / max(len(shard), 1)
@@ -305,19 +309,15 @@ class LearnerWorker:
             return contextlib.nullcontext()
         return torch.autocast(next(self.engine.module.parameters()).device.type, dtype=DTYPES[dtype])
 
-    def _loss_inputs(self, mb: MicroBatch, fwd, logp: torch.Tensor, norm: float) -> LossInputs:
+    def _loss_inputs(self, mb: MicroBatch, fwd, logp: torch.Tensor, entropy: torch.Tensor, norm: float) -> LossInputs:
         algo = self.cfg.algo
         seq = mb.seg.clamp(min=0)
         old = logp.detach() if algo.behaviour_logprobs == "learner" else mb.old_logprobs
         weight = None
         if algo.mismatch != "none":
             weight, _ = self.mismatch(logp.detach(), mb.old_logprobs, mb.loss_mask, seq, mb.num_seqs)
-        entropy = None
-        if algo.entropy_coef:
-            entropy = token_entropy(fwd.logits_BTV, self.temperature)
-        else:
-            with torch.no_grad():
-                entropy = token_entropy(fwd.logits_BTV.detach(), self.temperature)
+        if not algo.entropy_coef:
+            entropy = entropy.detach()
         ref = None
         if self.ref_model is not None:
             with torch.no_grad(), self._autocast():

@@ -32,8 +32,9 @@ def test_chunked_equals_full_logits_in_float64(temperature, chunk):
 
 
 def test_no_entropy_and_one_token_rows():
-    hidden, weight = torch.randn(2, 1, 4), torch.randn(9, 4)
+    hidden, weight = torch.randn(2, 1, 4, requires_grad=True), torch.randn(9, 4)
     lp, h = chunked_logprobs(hidden, weight, torch.zeros(2, 1, dtype=torch.long))
     assert h is None and torch.equal(lp, torch.zeros(2, 1))
+    assert lp.grad_fn is not None  # a padding micro-batch's loss still backpropagates (DeepSpeed needs a graph)
     with pytest.raises(ValueError, match="chunk must be >= 1"):
         chunked_logprobs(hidden, weight, torch.zeros(2, 1, dtype=torch.long), chunk=0)
