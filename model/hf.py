@@ -17,7 +17,8 @@ load (a `full_attention` layer is a ValueError naming `layer_types`).
 transformers 5.x holds experts fused (`mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I])
 but `save_pretrained` writes the hub's per-expert layout (`experts.{e}.{gate,up,down}_proj.weight`,
 Mixtral's `experts.{e}.w1/w3/w2`); both load. A config field we do not implement is a ValueError
-naming it; so are missing, unexpected or mis-shaped tensors. MXFP4 export is a later issue.
+naming it; so are missing, unexpected or mis-shaped tensors. MXFP4 export: `rl/export.py`, through
+`save_hf`'s `tensors` hook.
 """
 
 from __future__ import annotations

@@ -126,7 +126,10 @@ def _first_difference(a: list[int], b: list[int]) -> int:
 
 def _fail(tpl: HFChatTemplate, what: str, ours: list[int], theirs: list[int]) -> None:
     i = _first_difference(ours, theirs)
-    ctx = lambda ids: repr(tpl.tok.decode(ids[max(0, i - 8): i + 8]))  # noqa: E731
+
+    def ctx(ids: list[int]) -> str:
+        return repr(tpl.tok.decode(ids[max(0, i - 8): i + 8]))
+
     raise ValueError(f"chat template: {what} at token {i} (ours {ctx(ours)}, the template's {ctx(theirs)}); "
                      "the agent loop appends generated tokens and continuations, so the template must render "
                      "a conversation as their concatenation")
