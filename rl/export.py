@@ -23,7 +23,6 @@ model card) states the scale rule. ``both``: ``<out>/hf`` and ``<out>/mxfp4``.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 

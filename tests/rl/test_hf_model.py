@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from jointrl.envs.base import Message
 from jointrl.rl.build import build_model, build_template, build_tokenizer
