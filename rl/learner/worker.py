@@ -38,7 +38,7 @@ from jointrl.model.routing import update_router_bias
 from jointrl.rl.advantages import token_gae
 from jointrl.rl.build import DTYPES, build_model, build_tokenizer
 from jointrl.rl.config import Config
-from jointrl.rl.learner.batch import MicroBatch, TrainBatch, collate, logprobs_from_logits, micro_batches
+from jointrl.rl.learner.batch import MicroBatch, TrainBatch, collate, micro_batches
 from jointrl.rl.learner.expert_parallel import expert_row_offsets, shard_experts
 from jointrl.rl.learner.forward import check_packable, learner_forward
 from jointrl.rl.learner.logprobs import chunked_logprobs
@@ -322,8 +322,9 @@ class LearnerWorker:
         if self.ref_model is not None:
             with torch.no_grad(), self._autocast():
                 ref_fwd = learner_forward(self.ref_model, mb.input_ids, mb.pos, mb.seg, mb.replay, image_patches=mb.images,
-                                         prefix=mb.prefix)
-                ref = logprobs_from_logits(ref_fwd.logits_BTV, mb.input_ids, self.temperature)
+                                         prefix=mb.prefix, logits=False)
+                ref, _ = chunked_logprobs(ref_fwd.hidden_BTH, self.ref_model.lm_head.weight, mb.input_ids,
+                                          self.temperature)
         adv = mb.adv
         v = old_v = ret = None
         if self.is_ppo:
@@ -372,9 +373,9 @@ class LearnerWorker:
         out = []
         for mb in self._micro_batches(batch, None):
             with self._autocast():
-                logits_BTV = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg,
-                                             image_patches=mb.images).logits_BTV
-            lp = logprobs_from_logits(logits_BTV, mb.input_ids, self.temperature)
+                hidden_BTH = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg,
+                                             image_patches=mb.images, logits=False).hidden_BTH
+            lp, _ = chunked_logprobs(hidden_BTH, self.engine.module.lm_head.weight, mb.input_ids, self.temperature)
             for b in range(lp.shape[0]):
                 for i in sorted(set(mb.seg[b][mb.seg[b] >= 0].tolist())):
                     out.append(lp[b][mb.seg[b] == i].tolist())
