@@ -61,6 +61,11 @@ class ChatTemplate:
             return self._turn(m.role, slots + self.tok.encode(m.content))
         raise ValueError(f"message role must be one of system/user/assistant/tool, got {m.role!r}")
 
+    def assistant_turn(self, m: Message) -> list[int]:
+        """The ids a model writes for assistant message ``m`` after the generation prompt, through
+        ``<|im_end|>``: its canonical rendering (what a scripted policy emits)."""
+        return self.encode_message(m)[len(self.generation_prompt()):-1]
+
     def generation_prompt(self) -> list[int]:
         t = self.tok
         return [t.im_start_id, *t.encode("assistant\n"), t.think_id]

@@ -1,5 +1,5 @@
 """Hugging Face checkpoints: `load_hf` reads Qwen3-MoE, Mixtral, OLMoE and kimi_linear directories; `save_hf`
-writes `tiny_moe`-shaped models as plain Qwen3-MoE (local files only, no hub).
+writes `tiny_moe`-shaped models as plain Qwen3-MoE, sharded with an index (local files only, no hub).
 
 A directory is what `transformers.AutoModelForCausalLM.from_pretrained(dir)` reads: `config.json`
 plus `model.safetensors` (or sharded `model.safetensors.index.json`). Per architecture:
@@ -17,18 +17,21 @@ load (a `full_attention` layer is a ValueError naming `layer_types`).
 transformers 5.x holds experts fused (`mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I])
 but `save_pretrained` writes the hub's per-expert layout (`experts.{e}.{gate,up,down}_proj.weight`,
 Mixtral's `experts.{e}.w1/w3/w2`); both load. A config field we do not implement is a ValueError
-naming it; so are missing, unexpected or mis-shaped tensors. MXFP4 export is a later issue.
+naming it; so are missing, unexpected or mis-shaped tensors. MXFP4 export: `rl/export.py`, through
+`save_hf`'s `tensors` hook.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import re
 from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from jointrl.model.config import _HF_IGNORED_KEYS, MoEConfig
 from jointrl.model.moe_transformer import MoETransformer
@@ -168,106 +171,233 @@ def _kimi_linear_config(d: dict[str, Any]) -> MoEConfig:
     return MoEConfig(**fields)
 
 
-def _fuse_kda_conv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """kimi_linear's `q_conv1d`, `k_conv1d`, `v_conv1d` [NK, 1, W] → our `conv1d` [3NK, 1, W] (q, k, v)."""
-    convs: dict[str, dict[str, torch.Tensor]] = {}
-    out: dict[str, torch.Tensor] = {}
-    for key, tensor in state.items():
-        m = _CONV.match(key)
-        if m is None:
-            out[key] = tensor
-        else:
-            convs.setdefault(m[1], {})[m[2]] = tensor
-    for prefix, parts in convs.items():
-        if set(parts) != {"q", "k", "v"}:
-            raise ValueError(f"{prefix}: q/k/v_conv1d weights are incomplete")
-        out[f"{prefix}.conv1d.weight"] = torch.cat((parts["q"], parts["k"], parts["v"]))
-    return out
+SHARD_BYTES = 4 << 30  # save_hf's default shard payload bound (transformers' default is 5 GB)
 
 
-def save_hf(model: MoETransformer, directory: str | Path) -> Path:
-    """Write `config.json` + `model.safetensors` (the model's dtype; tied lm_head stored once).
+def save_hf(model: MoETransformer, directory: str | Path, max_shard_bytes: int = SHARD_BYTES,
+            tensors: Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]] | None = None,
+            config_extra: dict[str, Any] | None = None) -> Path:
+    """Write `config.json` + sharded safetensors with `model.safetensors.index.json` (the model's
+    dtype; tied lm_head stored once). Tensors go to disk shard by shard: at most one shard's
+    tensors (each at most `max_shard_bytes`, unless one tensor alone is larger) are held at once.
+
+    `tensors(name, tensor)`: what to store for one state-dict entry (default: itself); the MXFP4
+    export stores routed experts as per-expert packed tensors through it. `config_extra` is
+    merged into config.json (e.g. `quantization_config`).
 
     Only Qwen3-MoE-shaped configs: `MoEConfig.to_hf_dict` names any field Qwen3-MoE cannot hold."""
     out = Path(directory)
     config = model.config.to_hf_dict()
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        del state["lm_head.weight"]
+    state = model.state_dict()
     config["dtype"] = str(state["model.embed_tokens.weight"].dtype).removeprefix("torch.")
+    config.update(config_extra or {})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    each = tensors or (lambda name, t: [(name, t)])
+    items = ((k, v.detach().to("cpu").contiguous()) for name, t in state.items()
+             if not (model.config.tie_word_embeddings and name == "lm_head.weight") for k, v in each(name, t))
+    write_shards(items, out, max_shard_bytes)
     return out
 
 
-def load_hf(directory: str | Path, dtype: torch.dtype | None = None,
-            device: torch.device | str | None = None) -> MoETransformer:
+def write_shards(items: Iterable[tuple[str, torch.Tensor]], out: Path, max_shard_bytes: int) -> list[str]:
+    """Write `(name, tensor)`s in order into `model-0000i-of-0000n.safetensors` files of at most
+    `max_shard_bytes` each plus `model.safetensors.index.json` (transformers' layout); returns the
+    shard names. Earlier single-file or sharded weights in `out` are removed first."""
+    for old in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:
+        old.unlink(missing_ok=True)
+    names: list[str] = []
+    weight_map: dict[str, int] = {}
+    shard: dict[str, torch.Tensor] = {}
+    size = total = 0
+
+    def flush() -> None:
+        nonlocal shard, size
+        if shard:
+            names.append(f"model-{len(names) + 1:05d}.partial.safetensors")
+            save_file(shard, out / names[-1], metadata={"format": "pt"})
+            shard, size = {}, 0
+
+    for name, t in items:
+        n = t.numel() * t.element_size()
+        if shard and size + n > max_shard_bytes:
+            flush()
+        shard[name], size, total = t, size + n, total + n
+        weight_map[name] = len(names)
+    flush()
+    final = [f"model-{i + 1:05d}-of-{len(names):05d}.safetensors" for i in range(len(names))]
+    for partial, name in zip(names, final, strict=True):
+        (out / partial).rename(out / name)
+    index = {"metadata": {"total_size": total}, "weight_map": {k: final[i] for k, i in weight_map.items()}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return final
+
+
+def load_hf(directory: str | Path, dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+            ep_rank: int = 0, ep_size: int = 1, config: MoEConfig | None = None) -> MoETransformer:
     """Load a Qwen3-MoE, Mixtral, OLMoE or (all-KDA) kimi_linear checkpoint directory; `dtype` None keeps the stored dtype.
 
-    Raises ValueError naming an unsupported model_type or config field, or missing/unexpected keys.
+    Streams: the model is built on the meta device, each tensor is then allocated once in its
+    final dtype and device, and filled tensor by tensor from the `*.safetensors` files (read
+    through `safe_open`, which maps them), so peak anonymous memory is about one copy of the
+    weights plus the largest tensor read. Per-expert hub tensors go straight into their rows of
+    the fused `gate_up_proj` / `down_proj`.
+
+    `ep_size > 1`: the routed experts hold only this rank's rows `[ep_rank·E/ep_size,
+    (ep_rank+1)·E/ep_size)` (the other experts are never read); the model then runs only under
+    `rl/learner/expert_parallel.shard_experts`.
+
+    `config`: build with this instead of config.json's (the run's, whose shape `model/pretrained.fill_shape`
+    took from config.json; it may differ in training knobs such as `router_aux_loss_coef`).
+
+    Raises ValueError naming an unsupported model_type or config field, missing/unexpected keys or
+    a mis-shaped tensor.
     """
     src = Path(directory)
     raw = json.loads((src / "config.json").read_text())
-    config = config_from_hf(raw)
-    state = _read_safetensors(src)
-    for pattern, replacement in _KEY_REWRITES.get(raw.get("model_type"), []):
-        state = {pattern.sub(replacement, k): v for k, v in state.items()}
-    state = _fuse_kda_conv(_fuse_per_expert(state))
-    if config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-        if "model.embed_tokens.weight" in state:
-            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    config = config_from_hf(raw) if config is None else config
+    E = config.num_experts
+    if ep_size < 1 or not 0 <= ep_rank < ep_size or E % ep_size:
+        raise ValueError(f"load_hf: ep_rank={ep_rank}, ep_size={ep_size}: ep_size must divide num_experts={E}")
+    lo, n_local = ep_rank * E // ep_size, E // ep_size
+    shards = shard_files(src)
+    rewrites = _KEY_REWRITES.get(raw.get("model_type"), [])
     with torch.device("meta"):
         model = MoETransformer(config)
-    expected = set(model.state_dict())
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or unexpected:
-        raise ValueError(f"checkpoint {src} does not match MoEConfig: missing {missing}, unexpected {unexpected}")
-    for key, shape in ((k, v.shape) for k, v in model.state_dict().items()):
-        if state[key].shape != shape:
-            raise ValueError(f"checkpoint {src}: {key} has shape {tuple(state[key].shape)}, expected {tuple(shape)}")
     if dtype is None:
-        dtype = state["model.embed_tokens.weight"].dtype
-    # The selection bias stays at least float32 (see TopKRouter._apply), as transformers keeps it.
-    state = {k: v.to(device=device, dtype=torch.promote_types(dtype, torch.float32)
-                     if k.endswith("e_score_correction_bias") else dtype) for k, v in state.items()}
-    model.load_state_dict(state, strict=True, assign=True)
+        dtype = _stored_dtype(shards)
+    targets = _materialise(model, dtype, device, n_local)
+    filled = dict.fromkeys(targets, 0)
+    unexpected: list[str] = []
+    for shard in shards:
+        with SafetensorsFile(shard) as f:
+            for key in f.keys():
+                name = key
+                for pattern, replacement in rewrites:
+                    name = pattern.sub(replacement, name)
+                if config.tie_word_embeddings and name == "lm_head.weight":
+                    continue
+                place = _place(name, targets, config.moe_intermediate_size, lo, n_local)
+                if place is None:
+                    unexpected.append(name)
+                    continue
+                dest, index, rows = place
+                if rows is None:
+                    continue  # another rank's expert
+                t = f.get(key)[rows]
+                view = targets[dest][index]
+                if t.shape != view.shape:
+                    raise ValueError(f"checkpoint {src}: {key} has shape {tuple(t.shape)}, expected {tuple(view.shape)}")
+                view.copy_(t)
+                filled[dest] += t.numel()
+    missing = sorted(k for k, n in filled.items() if n != targets[k].numel())
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {src} does not match MoEConfig: missing {missing}, unexpected {sorted(unexpected)}")
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model
 
 
-def _read_safetensors(src: Path) -> dict[str, torch.Tensor]:
+def shard_files(src: Path) -> list[Path]:
+    """The checkpoint's safetensors files: the index's shards in name order, else `model.safetensors`."""
     index = src / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        state: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            state.update(load_file(src / shard))
-        return state
+        return [src / s for s in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
     single = src / "model.safetensors"
     if not single.exists():
         raise ValueError(f"no model.safetensors or model.safetensors.index.json in {src}")
-    return load_file(single)
+    return [single]
 
 
-def _fuse_per_expert(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`experts.{e}.gate/up/down_proj.weight` → `experts.gate_up_proj` [E, 2I, H] (gate rows first)
-    and `experts.down_proj` [E, H, I]; other keys unchanged."""
-    groups: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
-    fused: dict[str, torch.Tensor] = {}
-    for key, tensor in state.items():
-        m = _PER_EXPERT.match(key)
-        if m is None:
-            fused[key] = tensor
+def _stored_dtype(shards: list[Path]) -> torch.dtype:
+    for shard in shards:
+        with SafetensorsFile(shard) as f:
+            if "model.embed_tokens.weight" in f.keys():
+                return f.get("model.embed_tokens.weight").dtype
+    raise ValueError(f"no model.embed_tokens.weight in {[s.name for s in shards]}")
+
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
+class SafetensorsFile:
+    """One `.safetensors` file, mapped privately: `get(key)` is a tensor viewing the mapped
+    bytes (no copy; pages are read from the file when touched and count as file-backed, not
+    anonymous, memory). Views must not outlive the `with` block."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> "SafetensorsFile":
+        with open(self.path, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            self.header = {k: v for k, v in json.loads(fh.read(n)).items() if k != "__metadata__"}
+            self.start = 8 + n
+            self.map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.map.close()
+
+    def keys(self) -> list[str]:
+        return list(self.header)
+
+    def get(self, key: str) -> torch.Tensor:
+        info = self.header[key]
+        if info["dtype"] not in _DTYPES:
+            raise ValueError(f"{self.path}: {key} has dtype {info['dtype']}, which load_hf does not read")
+        dtype, (a, b) = _DTYPES[info["dtype"]], info["data_offsets"]
+        if a == b:
+            return torch.empty(info["shape"], dtype=dtype)
+        flat = torch.frombuffer(self.map, dtype=dtype, count=(b - a) // dtype.itemsize, offset=self.start + a)
+        return flat.view(info["shape"])
+
+
+def _materialise(model: MoETransformer, dtype: torch.dtype, device, n_local: int) -> dict[str, torch.Tensor]:
+    """Replace every meta parameter/buffer by an empty tensor (routed experts: `n_local` rows);
+    returns state-dict name -> tensor (tied `lm_head.weight` left out)."""
+    targets: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if model.config.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        shape = list(t.shape)
+        if name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+            shape[0] = n_local
+        # The selection bias stays at least float32 (see TopKRouter._apply), as transformers keeps it.
+        kind = torch.promote_types(dtype, torch.float32) if name.endswith("e_score_correction_bias") else dtype
+        new = torch.empty(shape, dtype=kind, device=device)
+        module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        if isinstance(t, torch.nn.Parameter):
+            setattr(module, attr, torch.nn.Parameter(new, requires_grad=t.requires_grad))
         else:
-            groups.setdefault(m[1], {}).setdefault(m[3], {})[int(m[2])] = tensor
-    for prefix, parts in groups.items():
-        n = len(parts.get("gate", {}))
-        if any(sorted(parts.get(p, {})) != list(range(n)) for p in ("gate", "up", "down")):
-            raise ValueError(f"{prefix}: per-expert gate/up/down weights are incomplete")
-        fused[f"{prefix}.gate_up_proj"] = torch.stack(
-            [torch.cat((parts["gate"][e], parts["up"][e])) for e in range(n)])
-        fused[f"{prefix}.down_proj"] = torch.stack([parts["down"][e] for e in range(n)])
-    return fused
+            module._buffers[attr] = new
+        targets[name] = new
+    return targets
+
+
+def _place(name: str, targets: dict[str, torch.Tensor], inter: int, lo: int, n_local: int):
+    """Where checkpoint tensor `name` goes: (param, index into it, rows to read) -- rows None: not
+    this rank's expert; slice(None): the whole tensor. None: no such parameter."""
+    m = _PER_EXPERT.match(name)
+    if m is not None:
+        e = int(m[2]) - lo
+        if not 0 <= e < n_local:
+            return f"{m[1]}.down_proj", (), None
+        part = {"gate": (slice(0, inter),), "up": (slice(inter, 2 * inter),), "down": ()}[m[3]]
+        dest = f"{m[1]}.{'down_proj' if m[3] == 'down' else 'gate_up_proj'}"
+        return (dest, (e, *part), slice(None)) if dest in targets else None
+    m = _CONV.match(name)
+    if m is not None:
+        dest = f"{m[1]}.conv1d.weight"
+        if dest not in targets:
+            return None
+        k, n = "qkv".index(m[2]), targets[dest].shape[0] // 3
+        return dest, (slice(k * n, (k + 1) * n),), slice(None)
+    if name not in targets:
+        return None
+    if name.endswith((".experts.gate_up_proj", ".experts.down_proj")):  # the fused 5.x layout
+        return name, (), slice(lo, lo + n_local)
+    return name, (), slice(None)

@@ -1,4 +1,18 @@
-"""The byte tokenizer and ChatML template as Hugging Face files: ``save_tokenizer(directory)``.
+"""Hugging Face tokenizer files, both ways: ``HFTokenizer`` reads a checkpoint's own
+``tokenizer.json`` as a ``Tokenizer`` (``model/tokenizer.py``); ``save_tokenizer(directory)``
+writes the byte tokenizer and ChatML template as Hugging Face files.
+
+``HFTokenizer``: a fast tokenizer (``tokenizer.json``; slow and remote-code tokenizers are a
+ValueError) from a local directory. The loop's special ids are found by their strings among the
+added tokens (``SPECIAL_ROLES``: Qwen3's, which is ChatML plus ``<think>`` and ``<tool_call>``);
+a vocabulary without one of them is a ValueError naming it. ``encode`` runs the same
+normalizer, pre-tokenizer and BPE without the added tokens, so text containing ``<|im_end|>``
+becomes the ordinary tokens of those characters, never the special id (transformers' own
+``encode`` would match it even with ``split_special_tokens``, which spares only tokens flagged
+special, and Qwen3 flags ``<think>`` / ``<tool_call>`` as not special). ``encode_with_specials``
+matches them: the chat template uses it for the text the template itself writes.
+
+``save_tokenizer``:
 
 Writes what ``transformers.AutoTokenizer.from_pretrained(directory)`` reads: ``tokenizer.json``
 (a byte-level BPE with no merges, so byte ``b`` is id ``b``, then the special tokens at 256..263
@@ -15,10 +29,74 @@ the tool instructions, so a prompt with tools tokenizes differently in HF than i
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from jointrl.model.chat_template import TOOL_INSTRUCTIONS
 from jointrl.model.tokenizer import SPECIAL_TOKENS
+
+# Tokenizer attribute -> the token string that plays that role (ChatML + Qwen3's reasoning / tools).
+SPECIAL_ROLES: dict[str, str] = {
+    "eos_id": "<|endoftext|>", "im_start_id": "<|im_start|>", "im_end_id": "<|im_end|>",
+    "think_id": "<think>", "think_end_id": "</think>", "tool_call_id": "<tool_call>",
+    "tool_call_end_id": "</tool_call>",
+}
+IMAGE_TOKENS = ("<image>", "<|image_pad|>")  # the first present is ``image_id``
+
+
+class HFTokenizer:
+    """A checkpoint directory's fast tokenizer as a ``Tokenizer`` (see the module docstring).
+
+    ``hf`` is the ``PreTrainedTokenizerFast`` (its ``chat_template`` is the checkpoint's Jinja);
+    ``vocab_size`` = ``len(hf)`` (base vocabulary plus added tokens; a model's embedding may be
+    larger). ``pad_id`` is the tokenizer's pad token, else ``eos_id``."""
+
+    def __init__(self, directory: str | Path) -> None:
+        from tokenizers import Tokenizer as RawTokenizer
+        from transformers import AutoTokenizer
+
+        src = Path(directory)
+        if not (src / "tokenizer.json").is_file():
+            raise ValueError(f"tokenizer: {str(src)!r} has no tokenizer.json (a fast Hugging Face tokenizer is needed)")
+        self.hf = AutoTokenizer.from_pretrained(str(src), local_files_only=True, trust_remote_code=False)
+        if not self.hf.is_fast:
+            raise ValueError(f"tokenizer: {str(src)!r} loads as a slow tokenizer; a tokenizer.json one is needed")
+        self.special_ids: dict[str, int] = dict(self.hf.get_added_vocab())
+        missing = [t for t in SPECIAL_ROLES.values() if t not in self.special_ids]
+        if missing:
+            raise ValueError(f"tokenizer: {str(src)!r} lacks the special token(s) {missing} the agent loop needs "
+                             f"(as added tokens of tokenizer.json)")
+        for attr, text in SPECIAL_ROLES.items():
+            setattr(self, attr, self.special_ids[text])
+        self.image_id: int | None = next((self.special_ids[t] for t in IMAGE_TOKENS if t in self.special_ids), None)
+        self.pad_id: int = self.hf.pad_token_id if self.hf.pad_token_id is not None else self.eos_id
+        self.vocab_size: int = len(self.hf)
+        self.id_to_special = {i: t for t, i in self.special_ids.items()}
+        raw = json.loads(self.hf.backend_tokenizer.to_str())
+        raw["added_tokens"] = []
+        self._plain = RawTokenizer.from_str(json.dumps(raw))
+        self._full = self.hf.backend_tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        """Plain text -> ids; never a special id (the added tokens are not matched)."""
+        ids = self._plain.encode(text, add_special_tokens=False).ids
+        assert not any(i in self.id_to_special for i in ids), "a special id from plain text"
+        return ids
+
+    def encode_with_specials(self, text: str) -> list[int]:
+        """Text the chat template wrote -> ids, special-token strings becoming their ids."""
+        return self._full.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """Ids -> text, special tokens by their strings (left out with ``skip_special``). A model's
+        embedding may have more rows than the tokenizer has tokens (Qwen3: 151,936 and 151,669);
+        such ids can be sampled and decode to nothing."""
+        ids = list(ids)
+        if any(i < 0 for i in ids):
+            raise ValueError(f"token id {min(ids)} is negative")
+        ids = [i for i in ids if i < self.vocab_size and not (skip_special and i in self.id_to_special)]
+        return self.hf.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -62,6 +140,22 @@ def chat_template_jinja() -> str:
         "{%- endfor -%}"
         "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n<think>' -}}{%- endif -%}"
     )
+
+
+# A checkpoint's tokenizer, chat template and generation settings (what export copies as they came).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "generation_config.json")
+
+
+def copy_tokenizer(source: str | Path, directory: str | Path) -> list[str]:
+    """Copy ``TOKENIZER_FILES`` present in ``source`` into ``directory`` byte for byte; returns their names."""
+    src, out = Path(source), Path(directory)
+    if not (src / "tokenizer.json").is_file():
+        raise ValueError(f"tokenizer: {str(src)!r} has no tokenizer.json to copy")
+    copied = [name for name in TOKENIZER_FILES if (src / name).is_file()]
+    for name in copied:
+        shutil.copyfile(src / name, out / name)
+    return copied
 
 
 def save_tokenizer(directory: str | Path) -> Path:

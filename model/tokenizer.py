@@ -1,13 +1,19 @@
-"""Byte-level tokenizer with the chat template's special tokens (no download, works offline).
+"""The ``Tokenizer`` protocol the loop reads, and the byte-level tokenizer that implements it
+(no download, works offline).
 
-Ids 0..255 are raw bytes; the special tokens follow. ``encode`` never produces a special
-id: text that *contains* ``<|im_end|>`` or ``<tool_call>`` is encoded as its plain bytes.
-Only the chat template (``jointrl.model.chat_template``) places special ids.
+``Tokenizer``: ids <-> text plus the special ids the agent loop, parser, engine and learner
+need. Two implementations: ``ByteTokenizer`` (here) and ``HFTokenizer`` (``model/hf_tokenizer.py``,
+a checkpoint's own ``tokenizer.json``). Both keep one contract: ``encode`` never produces a
+special id, so text that *contains* ``<|im_end|>`` or ``<tool_call>`` is encoded as plain
+text; only the chat template places special ids.
+
+ByteTokenizer: ids 0..255 are raw bytes; the special tokens follow.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
 
 SPECIAL_TOKENS: tuple[str, ...] = (
     "<|endoftext|>",  # padding / end of document
@@ -21,14 +27,41 @@ SPECIAL_TOKENS: tuple[str, ...] = (
 )
 
 
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the loop needs of a tokenizer. The ids name roles, not strings: ``im_start_id`` /
+    ``im_end_id`` open and end a turn (``im_end_id`` is the engine's stop token), ``think_id`` /
+    ``think_end_id`` open and close reasoning, ``tool_call_id`` / ``tool_call_end_id`` wrap one
+    call's JSON, ``eos_id`` ends a document, ``pad_id`` pads batches, ``image_id`` is an image slot
+    (None where the vocabulary has none). ``special_ids`` maps every special token's string to
+    its id. ``encode(text)`` never returns an id in ``special_ids``' values."""
+
+    vocab_size: int
+    special_ids: dict[str, int]
+    pad_id: int
+    eos_id: int
+    im_start_id: int
+    im_end_id: int
+    think_id: int
+    think_end_id: int
+    tool_call_id: int
+    tool_call_end_id: int
+    image_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str: ...
+
+
 class ByteTokenizer:
-    """``vocab_size`` = 256 + len(SPECIAL_TOKENS) = 264."""
+    """``vocab_size`` = 256 + len(SPECIAL_TOKENS) = 264; a ``Tokenizer``."""
 
     def __init__(self) -> None:
         self.special_ids: dict[str, int] = {t: 256 + i for i, t in enumerate(SPECIAL_TOKENS)}
         self.id_to_special: dict[int, str] = {i: t for t, i in self.special_ids.items()}
         self.vocab_size = 256 + len(SPECIAL_TOKENS)
-        self.pad_id = self.special_ids["<|endoftext|>"]
+        self.pad_id = self.eos_id = self.special_ids["<|endoftext|>"]
+        self.image_id: int | None = self.special_ids["<image>"]
         self.im_start_id = self.special_ids["<|im_start|>"]
         self.im_end_id = self.special_ids["<|im_end|>"]
         self.think_id = self.special_ids["<think>"]

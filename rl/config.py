@@ -25,6 +25,7 @@ from jointrl.envs.splits import SPLITS
 from jointrl.model.config import LAYER_TYPES, QK_NORMS, SCORING_FUNCS, MoEConfig
 from jointrl.rl.losses.common import Aggregation, KLEstimator
 from jointrl.rl.losses.mismatch import MismatchMode
+from jointrl.model.pretrained import fill_shape
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -171,6 +172,17 @@ def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
 
 
 def _check_model(self: Any) -> None:
+    shape = [f.name for f in dataclasses.fields(MoEConfig)]
+    if self.path is not None:  # model=hf: unset shape fields come from the checkpoint (model/pretrained.py)
+        for k, v in fill_shape({k: getattr(self, k) for k in shape}, self.path, self.tokenizer).items():
+            setattr(self, k, list(v) if k == "layer_types" and v is not None else v)
+    elif self.name == "hf":
+        raise ValueError("config key 'model.path' is unset; model=hf starts from a checkpoint: model.path=DIR")
+    elif self.tokenizer is not None:
+        raise ValueError("config key 'model.tokenizer' needs model.path (the checkpoint it belongs to)")
+    unset = [f.name for f in dataclasses.fields(MoEConfig) if getattr(self, f.name) is None and f.default is not None]
+    if unset:
+        raise ValueError(f"config key 'model.{unset[0]}' is unset; set it, or model.path to read it from a checkpoint")
     try:  # MoEConfig checks the rest (shapes, ranges); its message names the field
         MoEConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(MoEConfig)})
     except ValueError as e:
@@ -183,11 +195,13 @@ def _model_schema() -> type:
     hints = typing.get_type_hints(MoEConfig) | {"layer_types": typing.Optional[list[LayerType]],
                                                 "scoring_func": ScoringFunc, "qk_norm": QKNorm, "dsa_mode": DSAMode}
     fields = [("name", str, field(default="tiny_moe")), ("dtype", ModelDtype, field(default=ModelDtype.float32))]
-    for f in dataclasses.fields(MoEConfig):
-        fields.append((f.name, hints[f.name], field(default=f.default)))
+    for f in dataclasses.fields(MoEConfig):  # Optional: model=hf leaves them unset (None), filled from model.path
+        fields.append((f.name, typing.Optional[hints[f.name]], field(default=f.default)))
+    # A Hugging Face checkpoint to start from (weights, shape, tokenizer, chat template); tokenizer: another dir's.
+    fields += [("path", typing.Optional[str], field(default=None)), ("tokenizer", typing.Optional[str], field(default=None))]
     return dataclasses.make_dataclass(
         "ModelConfig", fields, namespace={"__post_init__": _check_model, "__module__": __name__,
-                                          "__doc__": "MoE transformer shape: MoEConfig's fields (model/config.py)."})
+                                          "__doc__": "MoE transformer shape: MoEConfig's fields (model/config.py); path: start from a checkpoint."})
 
 
 ModelConfig = _model_schema()

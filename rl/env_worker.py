@@ -18,6 +18,8 @@ import ray
 from jointrl.envs.base import Task
 from jointrl.envs.registry import make_env
 from jointrl.model.chat_template import ChatTemplate
+from jointrl.model.hf_chat_template import HFChatTemplate
+from jointrl.rl.build import build_template
 from jointrl.rl.agent_loop import AgentConfig, run_episode_with_retries
 from jointrl.rl.image_inputs import ImageInputs
 from jointrl.rl.config import Config
@@ -32,12 +34,12 @@ def sampling_params(cfg: Config, tier: str, seed: int | None) -> SamplingParams:
                           top_k=rc.top_k, seed=seed, max_think_tokens=rc.thinking_budget[tier])
 
 
-def episode_setup(cfg: Config) -> tuple[ChatTemplate, AgentConfig]:
+def episode_setup(cfg: Config) -> tuple[ChatTemplate | HFChatTemplate, AgentConfig]:
     """The chat template and agent-loop settings of a run's episodes (training and eval alike).
     A model with image input (``model.image_patch_dim`` > 0) gets image-mode observations'
     screenshots as patches in its ``<image>`` slots (``rl/image_inputs.py``)."""
     images = ImageInputs.for_patch_dim(cfg.model.image_patch_dim)
-    template = ChatTemplate(image_tokens=images.num_tokens if images else 0)
+    template = build_template(cfg, image_tokens=images.num_tokens if images else 0)
     return template, AgentConfig(max_context=cfg.rollout.max_context, episode_timeout_s=cfg.envs.episode_timeout_s,
                                  max_env_retries=cfg.envs.max_env_retries, images=images)
 

@@ -44,6 +44,7 @@ from jointrl.envs.registry import load_tasks, make_env, scripted_policy
 from jointrl.envs.splits import SPLITS
 from jointrl.rewards.base import succeeded
 from jointrl.rl.agent_loop import run_episode_with_retries
+from jointrl.rl.build import build_template
 from jointrl.rl.config import Config, load_config
 from jointrl.rl.env_worker import episode_setup, sampling_params
 from jointrl.rl.rollout.engine import RolloutEngine
@@ -232,5 +233,6 @@ def main(argv: list[str] | None = None) -> dict:
     policy, engine_for = mine.get("policy", "model"), None
     if policy != "model":  # a scripted policy through the same episodes: the ceiling (oracle) or a floor
         cfg = scripted_limits(cfg)
-        engine_for = lambda task, _: ScriptedEngine(scripted_policy(task, policy))  # noqa: E731
+        template = build_template(cfg)  # the run's (a checkpoint's own with model.path)
+        engine_for = lambda task, _: ScriptedEngine(scripted_policy(task, policy), template)  # noqa: E731
     return evaluate(cfg, spec, Path(mine.get("out", Path(cfg.output_dir) / "eval")), engine_for, policy)

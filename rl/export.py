@@ -7,10 +7,12 @@ expert order. The model's shape comes from the run's ``config.yaml`` (the driver
 beside ``checkpoints/``), else from ``conf/`` and the overrides given.
 
 ``hf``: ``transformers``-loadable safetensors through the model's exporters (``model/hf.save_hf``
-for Qwen3-MoE shapes, ``model/hf_hybrid.save_hybrid`` -- remote code -- for hybrids) plus the
-tokenizer and chat template (``model/hf_tokenizer.py``).
+for Qwen3-MoE shapes: shards of at most 4 GB plus ``model.safetensors.index.json``, written shard
+by shard; ``model/hf_hybrid.save_hybrid`` -- remote code -- for hybrids) plus the tokenizer and
+chat template: the run's ``model.path`` checkpoint's own files, copied, else the byte
+tokenizer's (``model/hf_tokenizer.py``).
 
-``mxfp4``: the same directory, but every routed expert is stored per expert in the
+``mxfp4``: the same directory (sharded alike), but every routed expert is stored per expert in the
 compressed-tensors ``mxfp4-pack-quantized`` layout (``experts.{e}.{gate,up,down}_proj``
 ``.weight_packed`` uint8 ``[out, in/2]``, low nibble first, and ``.weight_scale`` E8M0 uint8
 ``[out, in/32]``), quantized by ``kernels.mxfp4`` with ``rollout``'s scale rule (the push's:
@@ -21,18 +23,16 @@ model card) states the scale rule. ``both``: ``<out>/hf`` and ``<out>/mxfp4``.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
-from safetensors.torch import load_file, save_file
 
 from jointrl.kernels.mxfp4 import quantize_mxfp4
-from jointrl.model.hf import save_hf
+from jointrl.model.hf import SHARD_BYTES, save_hf
 from jointrl.model.hf_hybrid import save_hybrid
-from jointrl.model.hf_tokenizer import save_tokenizer
+from jointrl.model.hf_tokenizer import copy_tokenizer, save_tokenizer
 from jointrl.model.moe_transformer import MoETransformer
 from jointrl.rl.build import build_model
 from jointrl.rl.config import Config, load_config
@@ -53,38 +53,48 @@ def run_config(checkpoint: Path, overrides: list[str]) -> Config:
     return load_config(overrides)
 
 
-def export_hf(model: MoETransformer, out: str | Path) -> Path:
-    """Safetensors + config (+ remote code for hybrids) + tokenizer and chat template."""
+def export_hf(model: MoETransformer, out: str | Path, tokenizer_dir: str | Path | None = None,
+              tensors=None, config_extra: dict | None = None, max_shard_bytes: int = SHARD_BYTES) -> Path:
+    """Sharded safetensors + index + config (``model/hf.save_hf``; remote code and one file for
+    hybrids) + the tokenizer and chat template: copied from ``tokenizer_dir`` (the checkpoint the
+    run started from, ``model.path``) when given, else the byte tokenizer's (``model/hf_tokenizer``)."""
     out = Path(out)
-    hybrid = any(kind != "full" for kind in model.config.kinds)
-    (save_hybrid if hybrid else save_hf)(model, out)
-    save_tokenizer(out)
+    if any(kind != "full" for kind in model.config.kinds):
+        if tensors is not None:
+            raise ValueError("MXFP4 export of hybrid models is not supported")
+        save_hybrid(model, out)
+    else:
+        save_hf(model, out, max_shard_bytes, tensors, config_extra)
+    if tokenizer_dir is not None:
+        copy_tokenizer(tokenizer_dir, out)
+    else:
+        save_tokenizer(out)
     return out
 
 
-def export_mxfp4(model: MoETransformer, out: str | Path, step: int) -> Path:
-    """``export_hf``, then routed experts replaced by their per-expert MXFP4 packing."""
-    out = export_hf(model, out)
-    dense = load_file(out / "model.safetensors")
-    state: dict[str, torch.Tensor] = {}
-    for name, t in dense.items():
-        if not is_routed_expert(name, t):
-            state[name] = t
-            continue
-        blocks, scales = quantize_mxfp4(t, SCALE_RULE)  # along the input dim, as the push does
-        prefix, kind = name.rsplit(".", 1)  # ...mlp.experts, gate_up_proj | down_proj
-        parts = {"down_proj": (0, t.shape[1])} if kind == "down_proj" else \
-            {"gate_proj": (0, t.shape[1] // 2), "up_proj": (t.shape[1] // 2, t.shape[1])}
-        for e in range(t.shape[0]):
-            for proj, (lo, hi) in parts.items():
-                state[f"{prefix}.{e}.{proj}.weight_packed"] = blocks[e, lo:hi].contiguous()
-                state[f"{prefix}.{e}.{proj}.weight_scale"] = scales[e, lo:hi].contiguous()
-    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
-    config = json.loads((out / "config.json").read_text())
-    config["quantization_config"] = quantization_config()
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+def export_mxfp4(model: MoETransformer, out: str | Path, step: int, tokenizer_dir: str | Path | None = None,
+                 max_shard_bytes: int = SHARD_BYTES) -> Path:
+    """``export_hf`` with routed experts stored as their per-expert MXFP4 packing, shard by shard."""
+    out = export_hf(model, out, tokenizer_dir, _mxfp4_tensors, {"quantization_config": quantization_config()},
+                    max_shard_bytes)
     (out / "README.md").write_text(MODEL_CARD.format(step=step, rule=SCALE_RULE))
     return out
+
+
+def _mxfp4_tensors(name: str, t: torch.Tensor):
+    """One state-dict entry as stored: itself, or a routed expert tensor as per-expert
+    ``weight_packed`` / ``weight_scale`` (quantized along the input dim, as the push does)."""
+    if not is_routed_expert(name, t):
+        yield name, t
+        return
+    blocks, scales = quantize_mxfp4(t.detach().to("cpu"), SCALE_RULE)
+    prefix, kind = name.rsplit(".", 1)  # ...mlp.experts, gate_up_proj | down_proj
+    parts = {"down_proj": (0, t.shape[1])} if kind == "down_proj" else \
+        {"gate_proj": (0, t.shape[1] // 2), "up_proj": (t.shape[1] // 2, t.shape[1])}
+    for e in range(t.shape[0]):
+        for proj, (lo, hi) in parts.items():
+            yield f"{prefix}.{e}.{proj}.weight_packed", blocks[e, lo:hi]
+            yield f"{prefix}.{e}.{proj}.weight_scale", scales[e, lo:hi]
 
 
 def quantization_config() -> dict:
@@ -131,9 +141,11 @@ def main(argv: list[str] | None = None) -> Path:
     if fmt not in FORMATS:
         raise SystemExit(f"jointrl export: format={fmt!r} is not allowed; allowed values: {list(FORMATS)}")
     checkpoint, out = Path(mine["checkpoint"]), Path(mine["out"])
-    model, step = load_deepspeed(run_config(checkpoint, overrides), checkpoint)
+    cfg = run_config(checkpoint, overrides)
+    model, step = load_deepspeed(cfg, checkpoint)
+    tokenizer = cfg.model.tokenizer or cfg.model.path  # the run started from a checkpoint: its tokenizer
     targets = {"hf": [("hf", out)], "mxfp4": [("mxfp4", out)], "both": [("hf", out / "hf"), ("mxfp4", out / "mxfp4")]}
     for kind, d in targets[fmt]:
-        export_hf(model, d) if kind == "hf" else export_mxfp4(model, d, step)
+        export_hf(model, d, tokenizer) if kind == "hf" else export_mxfp4(model, d, step, tokenizer)
         print(f"exported step {step} ({kind}) -> {d}", flush=True)
     return out

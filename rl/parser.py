@@ -1,7 +1,9 @@
 """Strict parser for one generated assistant turn, in token space.
 
 A turn is ``{reasoning} </think> {text} <tool_call>{json}</tool_call> ... <|im_end|>`` (the
-generation prompt already opened ``<think>``). Special tokens are recognised by id only, so
+byte template's generation prompt already opened ``<think>``; a turn that opens it itself, as
+Qwen3's does, starts with ``<think>``, which is skipped). The ids are the ``Tokenizer``'s
+(``model/tokenizer.py``: the byte tokenizer or a checkpoint's). Special tokens are recognised by id only, so
 ``<tool_call>`` typed as plain bytes is text, and a ``<tool_call>`` id *inside* the thinking
 is not a call. Parsing is strict (no JSON repair): a malformed call becomes a
 ``CallError`` that the agent loop returns to the model as an error observation. Whether a
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from jointrl.envs.base import ToolCall
-from jointrl.model.tokenizer import ByteTokenizer
+from jointrl.model.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +40,11 @@ class ParsedTurn:
         return sum(isinstance(c, CallError) for c in self.calls)
 
 
-def parse_turn(ids: list[int], tok: ByteTokenizer) -> ParsedTurn:
+def parse_turn(ids: list[int], tok: Tokenizer) -> ParsedTurn:
     ended = bool(ids) and ids[-1] == tok.im_end_id
     body = ids[:-1] if ended else ids
+    if body and body[0] == tok.think_id:
+        body = body[1:]
     if tok.think_end_id not in body:
         return ParsedTurn(reasoning=tok.decode(body), content="", ended=ended)
     cut = body.index(tok.think_end_id)

@@ -39,6 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from jointrl.envs.registry import scripted_policy
 from jointrl.rewards.base import succeeded
+from jointrl.rl.build import build_template
 from jointrl.rl.config import Algorithm, Config, register_schemas, to_config
 from jointrl.rl.eval import EvalSpec, eval_tasks, play
 from jointrl.rl.learner.batch import TrainBatch
@@ -102,7 +103,9 @@ def oracle_transcripts(cfg: Config, limit: int = 0, split: str = "train",
     oracle that did not solve its task, a slip that did not end with a stop)."""
     spec = EvalSpec(tiers=("low",), k=1, split=split, limit=limit)
     policy = (lambda task_id: demo_policy(cfg, task_id)) if mixed else (lambda task_id: "oracle")  # noqa: E731
-    demo = lambda task, _: ScriptedEngine(scripted_policy(task, policy_name(cfg, task.domain, policy(task.id))))  # noqa: E731
+    template = build_template(cfg)  # the run's (a checkpoint's own with model.path)
+    demo = lambda task, _: ScriptedEngine(scripted_policy(task, policy_name(cfg, task.domain, policy(task.id))),  # noqa: E731
+                                          template)
     trajs = asyncio.run(play(cfg, eval_tasks(cfg, spec), spec, demo))
     kept = [t for t in trajs if (succeeded(t.reward_info) if policy(t.task_id) == "oracle"
                                  else t.finish_reason == FinishReason.STOP)]

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import asdict
 from pathlib import Path
 
-from jointrl.model.tokenizer import ByteTokenizer
+from jointrl.rl.build import build_tokenizer
 from jointrl.rl.config import Config
 from jointrl.rl.types import Trajectory
 
@@ -26,7 +26,7 @@ class RunTracker:
         self.traj_dir = out_dir / "trajectories"
         self.traj_dir.mkdir(parents=True, exist_ok=True)
         self.run = None
-        self.tok = ByteTokenizer()
+        self.tok = build_tokenizer(cfg)
         if cfg.logger.wandb_mode != "disabled":
             import wandb
 

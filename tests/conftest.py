@@ -2,3 +2,82 @@ import os
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("WANDB_SILENT", "true")
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+QWEN3_TEMPLATE = Path(__file__).parent / "assets" / "qwen3_chat_template.jinja"
+# Qwen3's added tokens in its order; like Qwen3, <think> / <tool_call> / <tool_response> are not
+# flagged special (their strings in text are still matched by transformers' own encode).
+QWEN3_ADDED = (("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
+               ("<tool_call>", False), ("</tool_call>", False), ("<tool_response>", False),
+               ("</tool_response>", False), ("<think>", False), ("</think>", False))
+_CORPUS = [
+    "The user asks for the file list; I should call the shell tool and read its output.",
+    'Run {"name": "run_shell", "arguments": {"command": "ls -la /workspace"}} and wait.',
+    "def main():\n    print('hello world')\n    return 0\n",
+    "Reasoning: the tests fail because the function was renamed; rename it back and rerun.",
+    "Answer: 42. The total of the ledger is computed from the rows of the table.",
+    "<tool_response>\nfile.txt\nmain.py\n</tool_response> Thanks, that looks right.",
+]
+
+
+def save_qwen3_tokenizer(directory: Path, merges: int = 300) -> Path:
+    """A byte-level BPE trained here on a small corpus (~``merges`` merges) with Qwen3's added
+    tokens appended after the base vocabulary and a Qwen3-style chat template
+    (``assets/qwen3_chat_template.jinja``), saved as a fast tokenizer."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=256 + merges, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in QWEN3_ADDED])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   model_max_length=1 << 17)
+    fast.chat_template = QWEN3_TEMPLATE.read_text()
+    fast.save_pretrained(str(directory))
+    return directory
+
+
+def save_qwen3_moe(directory: Path, vocab_size: int, seed: int = 0, **shape) -> Path:
+    """A random ``Qwen3MoeForCausalLM`` (transformers' class) saved with ``save_pretrained``; q/k-norm
+    and router weights randomised so they matter. ``shape`` overrides the tiny default."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    kw = dict(vocab_size=vocab_size, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=64, intermediate_size=64, moe_intermediate_size=32,
+              num_experts=4, num_experts_per_tok=2, max_position_embeddings=4096, tie_word_embeddings=False,
+              pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    max_shard_size = shape.pop("max_shard_size", "5GB")
+    kw.update(shape)
+    torch.manual_seed(seed)
+    hf = Qwen3MoeForCausalLM(Qwen3MoeConfig(**kw)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, 0.5)
+    hf.save_pretrained(str(directory), max_shard_size=max_shard_size)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def qwen3_dir(tmp_path_factory) -> Path:
+    """A tiny random Qwen3-MoE (head_dim 64) with a BPE tokenizer and Qwen3-style chat template."""
+    d = save_qwen3_tokenizer(tmp_path_factory.mktemp("qwen3"))
+    vocab = len(json.loads((d / "tokenizer.json").read_text())["model"]["vocab"]) + len(QWEN3_ADDED)
+    return save_qwen3_moe(d, vocab_size=(vocab + 63) // 64 * 64)
+
+
+@pytest.fixture(scope="session")
+def qwen3_files():
+    """(save_qwen3_tokenizer, save_qwen3_moe): for tests that need their own directory."""
+    return save_qwen3_tokenizer, save_qwen3_moe

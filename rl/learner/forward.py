@@ -180,7 +180,7 @@ def _split_parts(t_NhD: torch.Tensor, G: int, P: int, B: int, S: int) -> tuple[t
 def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor, seg_BT: torch.Tensor,
                     replay_BTLk: torch.Tensor | None = None, grad_checkpoint: bool = False,
                     image_patches: torch.Tensor | None = None, prefix: SharedPrefix | None = None,
-                    indexer_loss: bool = False) -> LearnerForward:
+                    indexer_loss: bool = False, logits: bool = True) -> LearnerForward:
     """Forward ``ids_BT`` with RoPE positions ``pos_BT`` and sequence ids ``seg_BT`` (-1 = padding).
 
     ``replay_BTLk`` [B, T, L_moe, k]: routing replay (the rollout's experts; valid ids everywhere).
@@ -188,6 +188,8 @@ def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     ``prefix``: the rows continue these shared prompts (``MicroBatch.prefix``; none of the above).
     ``indexer_loss``: also return gated_dsa's indexer loss (``model.dsa.indexer_loss``; None
     without gated_dsa layers).
+    ``logits=False``: skip the head (``logits_BTV`` None) for ``learner/logprobs.chunked_logprobs``,
+    which reads ``hidden_BTH`` (shared prefixes compute their logits regardless).
     """
     if prefix is not None:
         if replay_BTLk is not None or grad_checkpoint or image_patches is not None:
@@ -213,7 +215,7 @@ def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     x_BTH, probs, ids = run_layers(backbone, x_BTH, batch, replay_BTLk, grad_checkpoint)
     indexer_losses = list(batch.indexer_losses or ())  # before a checkpointed backward appends its recomputed ones
     hidden_BTH = backbone.norm(x_BTH)
-    logits_BTV = _head(model, hidden_BTH)
+    logits_BTV = _head(model, hidden_BTH) if logits else None
     real_N = real_BT.reshape(-1)
     aux = load_balancing_loss(probs, ids, cfg.num_experts, real_N)
     with torch.no_grad():

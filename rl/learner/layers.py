@@ -22,7 +22,7 @@ from jointrl.model.attention import AttentionBatch
 class LearnerForward:
     """What a learner forward returns for B rows of T tokens."""
 
-    logits_BTV: torch.Tensor
+    logits_BTV: torch.Tensor | None  # None when asked not to (logits=False: the caller reads hidden_BTH in chunks)
     hidden_BTH: torch.Tensor  # after the final norm (a value head reads this)
     topk_ids_BTLk: torch.Tensor  # experts each token was sent to (the replayed ones under replay), L = MoE layers
     aux_loss: torch.Tensor  # load-balancing loss over real tokens (unweighted)

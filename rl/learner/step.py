@@ -25,11 +25,11 @@ import torch
 import torch.distributed as dist
 
 from jointrl.model.routing import update_router_bias
-from jointrl.model.tokenizer import ByteTokenizer
-from jointrl.rl.build import DTYPES
+from jointrl.rl.build import DTYPES, build_tokenizer
 from jointrl.rl.config import Config, LRSchedule
-from jointrl.rl.learner.batch import MicroBatch, TrainBatch, collate, logprobs_from_logits, micro_batches
-from jointrl.rl.learner.forward import learner_forward, token_entropy
+from jointrl.rl.learner.batch import MicroBatch, TrainBatch, collate, micro_batches
+from jointrl.rl.learner.forward import learner_forward
+from jointrl.rl.learner.logprobs import chunked_logprobs
 from jointrl.rl.learner.objective import Objective
 from jointrl.rl.learner.setup import RankSetup
 from jointrl.rl.learner.value_head import values
@@ -78,17 +78,8 @@ LR_SCHEDULES: dict[LRSchedule, Callable[[float, int, int], float]] = {
     LRSchedule.constant: constant_lr, LRSchedule.cosine: cosine_lr}
 
 
-def _grad_entropy(logits_BTV: torch.Tensor, temperature: float) -> torch.Tensor:
-    return token_entropy(logits_BTV, temperature)
-
-
 def _no_critic(model: torch.nn.Module, hidden_BTH: torch.Tensor) -> None:
     return None
-
-
-@torch.no_grad()
-def _logged_entropy(logits_BTV: torch.Tensor, temperature: float) -> torch.Tensor:
-    return token_entropy(logits_BTV.detach(), temperature)
 
 
 class TrainStep:
@@ -98,12 +89,12 @@ class TrainStep:
         lc = cfg.learner
         self.lc, self.setup, self.obj, self.world_size = lc, setup, objective, world_size
         self.engine = setup.engine
-        self.tok = ByteTokenizer()
+        self.tok = build_tokenizer(cfg)  # its pad id pads micro-batches
         self.dtype = DTYPES[cfg.model.dtype]
         self.temperature = cfg.rollout.temperature or 1.0
         self.lr_at = LR_SCHEDULES[lc.lr_schedule]
         self.total_steps = cfg.algo.total_steps
-        self.entropy = _grad_entropy if cfg.algo.entropy_coef else _logged_entropy
+        self.entropy_grad = bool(cfg.algo.entropy_coef)  # else the entropy is only logged (detached)
         self.values = values if objective.estimator.needs_critic else _no_critic
         device = next(self.engine.module.parameters()).device.type
         self.autocast = (contextlib.nullcontext if lc.autocast is None
@@ -127,9 +118,12 @@ class TrainStep:
         for mb in mbs:
             with self.autocast():
                 fwd = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg, mb.replay,
-                                      lc.gradient_checkpointing, mb.images, mb.prefix, indexer_loss=self.train_indexer)
-            logp = logprobs_from_logits(fwd.logits_BTV, mb.input_ids, self.temperature)
-            inp, mismatch = self._loss_inputs(mb, fwd, logp, norm)
+                                      lc.gradient_checkpointing, mb.images, mb.prefix, indexer_loss=self.train_indexer,
+                                      logits=False)
+            # in chunks over the tokens: no [B, T, V] logits (learner/logprobs.py)
+            logp, entropy = chunked_logprobs(fwd.hidden_BTH, self.engine.module.lm_head.weight, mb.input_ids,
+                                             self.temperature, entropy=True)
+            inp, mismatch = self._loss_inputs(mb, fwd, logp, entropy if self.entropy_grad else entropy.detach(), norm)
             loss, m = self.obj.loss(inp)
             if lc.aux_loss_coef:
                 loss = loss + lc.aux_loss_coef * fwd.aux_loss * mb.num_seqs / max(len(shard), 1)
@@ -157,7 +151,8 @@ class TrainStep:
         metrics["time_s"] = time.perf_counter() - t0
         return metrics
 
-    def _loss_inputs(self, mb: MicroBatch, fwd, logp: torch.Tensor, norm: float) -> tuple[LossInputs, dict[str, float]]:
+    def _loss_inputs(self, mb: MicroBatch, fwd, logp: torch.Tensor, entropy: torch.Tensor, norm: float
+                     ) -> tuple[LossInputs, dict[str, float]]:
         """The loss's inputs for one micro-batch, and the mismatch metrics (the correction runs once)."""
         seq = mb.seg.clamp(min=0)
         learner_old = logp.detach()
@@ -166,12 +161,13 @@ class TrainStep:
         if self.setup.ref_model is not None:
             with torch.no_grad(), self.autocast():
                 ref_fwd = learner_forward(self.setup.ref_model, mb.input_ids, mb.pos, mb.seg, mb.replay,
-                                          image_patches=mb.images, prefix=mb.prefix)
-                ref = logprobs_from_logits(ref_fwd.logits_BTV, mb.input_ids, self.temperature)
+                                          image_patches=mb.images, prefix=mb.prefix, logits=False)
+                ref, _ = chunked_logprobs(ref_fwd.hidden_BTH, self.setup.ref_model.lm_head.weight, mb.input_ids,
+                                          self.temperature)
         terms = self.obj.estimator.token_terms(mb, self.values(self.engine.module, fwd.hidden_BTH))
         inp = LossInputs(logp, self.obj.behaviour(learner_old, mb.old_logprobs), terms.adv_BT, mb.loss_mask, seq,
                          mb.num_seqs, norm, weight if self.obj.reweights else None, ref,
-                         self.entropy(fwd.logits_BTV, self.temperature), terms.values_BT, terms.old_values_BT,
+                         entropy, terms.values_BT, terms.old_values_BT,
                          terms.returns_BT)
         return inp, mismatch
 
@@ -221,9 +217,9 @@ class TrainStep:
         out = []
         for mb in self._micro_batches(batch, None):
             with self.autocast():
-                logits_BTV = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg,
-                                             image_patches=mb.images).logits_BTV
-            lp = logprobs_from_logits(logits_BTV, mb.input_ids, self.temperature)
+                hidden_BTH = learner_forward(self.engine.module, mb.input_ids, mb.pos, mb.seg,
+                                             image_patches=mb.images, logits=False).hidden_BTH
+            lp, _ = chunked_logprobs(hidden_BTH, self.engine.module.lm_head.weight, mb.input_ids, self.temperature)
             for b in range(lp.shape[0]):
                 for i in sorted(set(mb.seg[b][mb.seg[b] >= 0].tolist())):
                     out.append(lp[b][mb.seg[b] == i].tolist())

@@ -204,6 +204,8 @@ class LLMEngine:
             seq.token_ids.append(token)
             if token == self.tok.think_end_id:
                 seq.in_think = False
+            elif token == self.tok.think_id:  # a template that lets the model open <think> (Qwen3)
+                seq.in_think = True
             elif seq.in_think:
                 seq.think_used += 1
             if token in seq.stops and not forced[i]:

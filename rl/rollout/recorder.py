@@ -162,16 +162,24 @@ class ConversationStore:
         return best, best_rank[1]
 
     def _render_ends(self, messages: list[Message], tools: list[ToolSpec]) -> list[int | None]:
-        return [len(self.template.render(messages[: i + 1], tools, add_generation_prompt=False)) - 1
-                for i in range(len(messages))]
+        full = self.template.render(messages, tools)
+        return self._ends(full, 0, [self.template.render(messages[: i + 1], tools, add_generation_prompt=False)
+                                    for i in range(len(messages))])
 
     def _continuation_ends(self, cut: int, messages: list[Message]) -> list[int | None]:
-        # continuation = "\n" + encode(m)... where encode(m) ends with <|im_end|> "\n": each message
-        # ends len(encode(m)) after the previous one.
-        ends: list[int | None] = []
-        for m in messages:
-            cut += len(self.template.encode_message(m))
-            ends.append(cut)
+        full = self.template.continuation(messages)
+        return self._ends(full, cut, [self.template.continuation(messages[: i + 1], add_generation_prompt=False)
+                                      for i in range(len(messages))])
+
+    def _ends(self, full: list[int], base: int, prefixes: list[list[int]]) -> list[int | None]:
+        """Message i ends just past the last end token of ``prefixes[i]`` (the messages up to i
+        rendered alone), if that rendering is a prefix of ``full``; else None (not reusable: a
+        template that renders a message differently when more follow, e.g. Qwen3's grouped tool
+        responses)."""
+        im_end, ends = self.template.tok.im_end_id, []
+        for ids in prefixes:
+            end = len(ids) - ids[::-1].index(im_end) if im_end in ids else None
+            ends.append(base + end if end is not None and ids[:end] == full[:end] else None)
         return ends
 
     # -- a generated turn: record it ---------------------------------------------------------

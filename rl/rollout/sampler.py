@@ -170,6 +170,8 @@ class SimpleSampler:
         out.sampled.append(sampled)
         if token == self.tok.think_end_id:
             row.in_think = False
+        elif token == self.tok.think_id:  # a template that lets the model open <think> (Qwen3)
+            row.in_think = True
         elif row.in_think:
             row.think_used += 1
         if token in row.stops and sampled:

@@ -1,8 +1,10 @@
 """``ScriptedEngine``: a ``RolloutEngine`` that plays a scripted policy instead of a model.
 
 Each call to ``generate`` emits the next scripted assistant turn, rendered by the chat
-template exactly as a model would have to write it (``<think>`` is already open in the
-prompt, so a turn is ``{reasoning}</think>{text}<tool_call>...</tool_call><|im_end|>``).
+template exactly as a model would have to write it (the template's ``assistant_turn``: with
+the byte template ``<think>`` is already open in the prompt, so a turn is
+``{reasoning}</think>{text}<tool_call>...</tool_call><|im_end|>``; a checkpoint's template
+writes its own form, e.g. Qwen3's ``<think>\n...</think>\n\n<tool_call>\n{...}\n</tool_call>``).
 Used to replay every task's oracle, no-op and plausible-but-wrong policies through the real
 template, parser, agent loop and sandbox; log-probs are 0 (a deterministic policy). A prompt
 that does not extend the previous one starts a new episode, and the script starts over (so
@@ -11,17 +13,17 @@ an episode retried on a fresh env replays the same policy).
 
 from __future__ import annotations
 
-import json
-
-from jointrl.envs.base import ToolCall
+from jointrl.envs.base import Message, ToolCall
 from jointrl.model.chat_template import ChatTemplate
+from jointrl.model.hf_chat_template import HFChatTemplate
 from jointrl.rl.types import GenerationOutput, SamplingParams
 
 Turn = list[ToolCall] | list[int]  # tool calls to render, or raw token ids (to script malformed output)
 
 
 class ScriptedEngine:
-    def __init__(self, turns: list[Turn], template: ChatTemplate | None = None, reasoning: str = "") -> None:
+    def __init__(self, turns: list[Turn], template: ChatTemplate | HFChatTemplate | None = None,
+                 reasoning: str = "") -> None:
         self.template = template or ChatTemplate()
         self.turns, self.reasoning = list(turns), reasoning
         self.prompts: list[list[int]] = []  # what the engine was shown, per turn
@@ -37,11 +39,8 @@ class ScriptedEngine:
         self._version = version
 
     def render_turn(self, calls: list[ToolCall]) -> list[int]:
-        t = self.template.tok
-        ids = [*t.encode(self.reasoning), t.think_end_id]
-        for c in calls:
-            ids += [t.tool_call_id, *t.encode(json.dumps({"name": c.name, "arguments": c.arguments})), t.tool_call_end_id]
-        return ids + [t.im_end_id]
+        """The template's canonical assistant turn with these calls (``assistant_turn``)."""
+        return self.template.assistant_turn(Message(role="assistant", reasoning=self.reasoning, tool_calls=calls))
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, image_patches=None) -> GenerationOutput:
         if not self.prompts or prompt_ids[: len(self.prompts[-1])] != self.prompts[-1]:

@@ -37,8 +37,8 @@ import torch
 from aiohttp import web
 from omegaconf import DictConfig
 
-from jointrl.model.chat_template import ChatTemplate
 from jointrl.model.moe_transformer import MoETransformer
+from jointrl.rl.build import build_template
 from jointrl.rl.config import Config, register_schemas, to_config
 from jointrl.rl.rollout import anthropic_api, openai_api
 from jointrl.rl.rollout.chat import ChatService, RequestError, ServiceLimits
@@ -88,7 +88,7 @@ def build_engine(cfg: Config, checkpoint: str | None) -> RolloutEngine:
 class PolicyServer:
     def __init__(self, engine: RolloutEngine, cfg: Config) -> None:
         sc = cfg.serve
-        self.engine, self.cfg, self.template = engine, cfg, ChatTemplate()
+        self.engine, self.cfg, self.template = engine, cfg, build_template(cfg)
         self.tiers: dict[str, int | None] = dict(cfg.rollout.thinking_budget)
         self.store = ConversationStore(self.template, sc.max_conversations, sc.record_path)
         limits = ServiceLimits(max_context=cfg.rollout.max_context, default_max_tokens=sc.default_max_tokens,

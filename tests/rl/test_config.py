@@ -56,7 +56,7 @@ def test_model_schema_matches_the_model_config():
     from jointrl.rl.build import model_config
     from jointrl.rl.config import ModelConfig
 
-    schema = {f.name for f in fields(ModelConfig)} - {"name", "dtype"}
+    schema = {f.name for f in fields(ModelConfig)} - {"name", "dtype", "path", "tokenizer"}
     assert schema == {f.name for f in fields(MoEConfig)}
     assert model_config(load_config()) == MoEConfig.preset("tiny_moe")
 

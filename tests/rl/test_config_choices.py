@@ -15,7 +15,7 @@ from jointrl.rl.config import CONF_DIR, Config, Split, ThinkingTier, load_config
 
 # The free-text fields: names, paths, addresses. Anything else typed ``str`` would be a choice
 # decided by string comparison somewhere; a new one must be a StrEnum or be added here on purpose.
-FREE_TEXT = {"model.name", "envs.domains.*.task_dir", "envs.sandbox.rootfs", "cluster.ray_address", "logger.project",
+FREE_TEXT = {"model.name", "model.path", "model.tokenizer", "envs.domains.*.task_dir", "envs.sandbox.rootfs", "cluster.ray_address", "logger.project",
              "serve.host", "serve.model_name", "serve.record_path", "checkpoint", "run_name", "output_dir"}
 # Values a choice needs beside it to pass the cross-field checks (``__post_init__``).
 COMPANIONS = {("algo.mismatch", m): {"algo.behaviour_logprobs": "learner"} for m in ("tis", "icepop", "mis")}
@@ -116,8 +116,10 @@ def _group_options() -> list[str]:
 
 
 @pytest.mark.parametrize("option", _group_options())
-def test_every_group_option_composes(option):
-    cfg = load_config([option])
+def test_every_group_option_composes(option, request):
+    # model=hf starts from a checkpoint directory: the tiny Qwen3-MoE the test session builds
+    extra = [f"model.path={request.getfixturevalue('qwen3_dir')}"] if option == "model=hf" else []
+    cfg = load_config([option, *extra])
     assert isinstance(cfg, Config)
 
 

@@ -93,7 +93,8 @@ def test_mxfp4_export_dequantizes_to_exactly_the_rollout_engines_weights(run_dir
     scheme = qc.config_groups["group_0"]
     assert qc.format == "mxfp4-pack-quantized" and scheme.weights.group_size == 32
     assert "Scale rule: `floor`" in (tmp_path / "README.md").read_text()
-    stored = load_file(tmp_path / "model.safetensors")
+    shards = set(json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"].values())
+    stored = {k: v for shard in shards for k, v in load_file(tmp_path / shard).items()}
     checked = 0
     for name, weight in ran.items():
         if not is_routed_expert(name, weight):

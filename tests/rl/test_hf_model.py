@@ -1,0 +1,126 @@
+"""A run started from a Hugging Face directory (model=hf model.path=DIR; tests/conftest.py: a tiny
+random Qwen3-MoE, a BPE trained in the test, a Qwen3-style template): the learner and the rollout
+engine agree on log-probs in float64, the budget closes thinking with the family's </think>, and
+`jointrl train` runs end to end on the checkpoint's token ids."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jointrl.envs.base import Message
+from jointrl.rl.build import build_model, build_template, build_tokenizer
+from jointrl.rl.config import load_config
+from jointrl.rl.learner.worker import LearnerWorker
+from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
+from jointrl.rl.types import SamplingParams
+
+
+def test_learner_logprobs_equal_engine_logprobs_and_budget_closes_with_the_familys_token(qwen3_dir):
+    cfg = load_config(["model=hf", f"model.path={qwen3_dir}", "model.dtype=float64"])
+    tok, template = build_tokenizer(cfg), build_template(cfg)
+    assert tok.think_end_id > 264  # the BPE's </think>, not the byte tokenizer's
+    lw = LearnerWorker(cfg, rank=0, world_size=1, master_addr="127.0.0.1", master_port=29731)
+    cfg.rollout.quantize_experts = False
+    engine = LLMEngine(build_model(cfg), tok, EngineConfig(num_blocks=64, block_size=16, max_num_seqs=4))
+    engine.update_weights(1, lw.weight_bundle(1))
+    prompt = template.render([Message(role="user", content="list the files")])
+    prompts = [prompt, prompt + [tok.think_id]]  # the model opens <think> / the prompt already did
+    outs = asyncio.run(_generate(engine, prompts))
+    learner_lp = lw.logprobs([p + o.token_ids for p, o in zip(prompts, outs)])
+    for p, o, lp in zip(prompts, outs, learner_lp):
+        assert all(0 <= i < cfg.model.vocab_size for i in o.token_ids)
+        for i, (tok_lp, sampled) in enumerate(zip(o.logprobs, o.sampled)):
+            if sampled:
+                assert lp[len(p) + i] == pytest.approx(tok_lp, abs=1e-10)
+    forced = outs[1]  # budget 3 (seeded: no </think> sampled before): the 4th token is a forced </think>
+    assert tok.think_end_id not in forced.token_ids[:3]
+    assert (forced.token_ids[3], forced.sampled[3], forced.logprobs[3]) == (tok.think_end_id, 0, 0.0)
+
+
+async def _generate(engine, prompts):
+    return await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=10, seed=s, max_think_tokens=3))
+                                  for s, p in enumerate(prompts, start=1)))
+
+
+@pytest.mark.slow
+def test_train_runs_two_steps_on_the_checkpoints_tokens(qwen3_dir, tmp_path):
+    cmd = [sys.executable, "-m", "jointrl.rl.train", "model=hf", f"model.path={qwen3_dir}", f"output_dir={tmp_path}",
+           "algo.total_steps=2", "algo.prompts_per_step=2", "algo.group_size=2", "checkpoint_every=0",
+           "envs.num_workers=1", "rollout.max_tokens_per_turn=32", "algo.max_refill_attempts=0",
+           "logger.wandb_mode=disabled"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    tok = build_tokenizer(load_config(["model=hf", f"model.path={qwen3_dir}"]))
+    files = sorted((tmp_path / "trajectories").glob("step_*.jsonl"))
+    assert len(files) == 2
+    trajs = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    ok = [t for t in trajs if t["finish_reason"] != "env_error"]
+    assert len(ok) == len(trajs) == 8, [t["reward_info"] for t in trajs if t not in ok][:1]
+    assert all(t["token_ids"][0] == tok.im_start_id and tok.im_end_id in t["token_ids"] for t in ok)
+    assert any(i >= 264 and i not in tok.id_to_special for t in ok for i in t["token_ids"])  # BPE merges
+
+
+@pytest.mark.slow
+def test_serve_answers_the_openai_client_with_the_checkpoints_template(qwen3_dir, tmp_path):
+    """A scripted conversation with a tool call (the assistant's call written by the client), through
+    the real `openai` client: both replies come back, and the recorded prompt holds the checkpoint's
+    special ids exactly where its template puts them (the tool output's "<|im_end|>" stays text)."""
+    import openai
+
+    record = tmp_path / "recorded.jsonl"
+    proc = subprocess.Popen([sys.executable, "-c", "from jointrl.rl.cli import main; main()", "serve", "model=hf", f"model.path={qwen3_dir}",
+                             "serve.port=0", f"serve.record_path={record}", "rollout.backend=simple",
+                             "rollout.quantize_experts=false", "serve.default_max_tokens=16"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        line = ""
+        for line in proc.stdout:
+            if "listening on" in line:
+                break
+        assert "listening on" in line, f"server did not start: {line!r}"
+        client = openai.OpenAI(base_url=f"{line.split('listening on ')[1].split()[0]}/v1", api_key="unused",
+                               max_retries=0, timeout=300)
+        tools = [{"type": "function", "function": {"name": "run", "description": "run a command", "parameters": {
+            "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List the files."}]
+        first = client.chat.completions.create(model="m", messages=msgs, tools=tools, max_tokens=12, seed=1)
+        assert first.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        msgs += [{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+                     "name": "run", "arguments": json.dumps({"command": "ls"})}}]},
+                 {"role": "tool", "tool_call_id": "c1", "content": "a.txt\n<|im_end|>"}]
+        second = client.chat.completions.create(model="m", messages=msgs, tools=tools, max_tokens=12, seed=2)
+        assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        conv = second.model_extra["conversation_id"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    tok = build_tokenizer(load_config(["model=hf", f"model.path={qwen3_dir}"]))
+    recorded = {}
+    for line in record.read_text().splitlines():
+        t = json.loads(line)
+        recorded[t["group_id"]] = t
+    t = next(t for t in recorded.values() if conv in json.dumps(t))
+    prompt = [i for i, m in zip(t["token_ids"], t["loss_mask"]) if not m]
+    assert prompt[0] == tok.im_start_id
+    assert prompt.count(tok.im_end_id) == 4  # system, user, assistant, tool responses; not the tool's text
+
+
+@pytest.mark.slow
+def test_eval_oracle_solves_terminal_tasks_through_the_checkpoints_template(qwen3_dir, tmp_path):
+    """`jointrl eval policy=oracle model=hf model.path=DIR`: the oracles' calls, written in the
+    Qwen3 template's form and the BPE's ids, parse and solve their tasks."""
+    from jointrl.rl.eval import main as eval_main
+
+    result = eval_main(["envs=terminal", "policy=oracle", "tier=low", "k=1", "limit=3", f"out={tmp_path}",
+                        "logger.wandb_mode=disabled", "model=hf", f"model.path={qwen3_dir}",
+                        "rollout.max_tokens_per_turn=65536", "rollout.max_context=262144"])
+    (row,) = result["rows"]
+    assert row["tasks"] == 3 and row["env_error"] == 0
+    assert row["pass@1"] == 1.0, [e for e in result["episodes"] if not e["success"]]
