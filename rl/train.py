@@ -24,7 +24,6 @@ import hydra
 import ray
 from omegaconf import DictConfig, OmegaConf
 
-from jointrl.model.tokenizer import ByteTokenizer
 from jointrl.rewards.base import succeeded
 from jointrl.rl.advantages import AdvantageResult, grpo_advantages, normalize_rewards_by_domain
 from jointrl.rl.config import Config, register_schemas, to_config
@@ -39,8 +38,6 @@ from jointrl.rl.rollout.worker import RolloutWorker
 from jointrl.rl.tracking import RunTracker
 from jointrl.rl.types import FinishReason, Task, Trajectory
 from jointrl.rl.weight_transport import WeightPush
-
-THINK_ID, THINK_END_ID = ByteTokenizer().think_id, ByteTokenizer().think_end_id
 
 
 def train(cfg: Config) -> dict[str, float]:
@@ -234,14 +231,8 @@ def _step_metrics(trajs: list[Trajectory], adv_stats: dict, learner_metrics: dic
 
 
 def _thinking_tokens(t: Trajectory) -> int:
-    """Sampled tokens inside ``<think>...</think>`` (the template opens ``<think>`` every turn)."""
-    inside, n = False, 0
-    for tok, m in zip(t.token_ids, t.loss_mask):
-        if tok in (THINK_ID, THINK_END_ID):
-            inside = tok == THINK_ID
-        elif inside and m:
-            n += 1
-    return n
+    """Sampled reasoning tokens, as the turns counted them (``rl/rollout/turn.generate_turn``)."""
+    return t.think_tokens
 
 
 register_schemas()

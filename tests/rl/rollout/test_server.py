@@ -157,7 +157,7 @@ def test_recorded_conversation_equals_the_agent_loop(server, policy):
 
     cfg = load_config(OVERRIDES)
     engine = build_engine(cfg, str(policy))
-    params = SamplingParams(max_tokens=256, temperature=0.5, seed=seed, max_think_tokens=None)
+    params = SamplingParams(max_tokens=256, temperature=0.5, seed=seed)
 
     async def go():
         try:
