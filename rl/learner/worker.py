@@ -234,7 +234,7 @@ class LearnerWorker:
             n = torch.tensor([len(mbs)])
             dist.all_reduce(n, op=dist.ReduceOp.MAX)
             empty = TrainBatch([[self.tok.pad_id]], [[0]], [[0.0]], [0.0], [0.0],
-                               None if topk is None else [[None]])
+                               None if topk is None else [torch.full((1, *topk), -1)])  # -1: no recorded routes
             mbs += [collate(empty, False, self.tok.pad_id, self.dtype, topk, self.image) for _ in range(int(n) - len(mbs))]
         return mbs
 
