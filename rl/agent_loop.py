@@ -109,8 +109,9 @@ async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: Cha
         traj.logprobs += [0.0] * len(cont)
         traj.policy_version += [-1] * len(cont)
     traj.finish_reason = finish
-    if traj.routed_experts is not None:  # -1 rows for the tokens no forward took as input
-        traj.routed_experts, _ = merge_routes(traj.routed_experts, 0, traj.routed_experts[:0], len(traj.token_ids))
+    if traj.routed_experts is not None:  # a -1 row for each token no forward took as input (the last)
+        routes = traj.routed_experts
+        traj.routed_experts = torch.cat([routes, routes.new_full((len(traj.token_ids) - len(routes), *routes.shape[1:]), -1)])
     episode = Episode(messages=traj.messages, final_answer=answer, verify_sandbox=getattr(env, "verify_sandbox", None),
                       num_turns=traj.num_turns, num_tool_errors=traj.num_tool_errors, finished=ended)
     t0 = time.perf_counter()
@@ -143,8 +144,9 @@ def _record_routes(traj: Trajectory, out: GenerationOutput) -> None:
     under); positions the engine has not run yet stay -1 until a later turn's prefill."""
     if out.routed_experts is None:
         return
-    known = traj.routed_experts if traj.routed_experts is not None else out.routed_experts[:0]
-    traj.routed_experts, start = merge_routes(known, 0, out.routed_experts, out.routed_from)
+    if traj.routed_experts is None:
+        traj.routed_experts = out.routed_experts[:0]  # no position recorded yet
+    traj.routed_experts, start = merge_routes(traj.routed_experts, 0, out.routed_experts, out.routed_from)
     assert start == 0
 
 
