@@ -111,7 +111,8 @@ async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: Cha
     traj.finish_reason = finish
     if traj.routed_experts is not None:  # a -1 row for each token no forward took as input (the last)
         routes = traj.routed_experts
-        traj.routed_experts = torch.cat([routes, routes.new_full((len(traj.token_ids) - len(routes), *routes.shape[1:]), -1)])
+        missing = routes.new_full((len(traj.token_ids) - len(routes), *routes.shape[1:]), -1)
+        traj.routed_experts = torch.cat([routes, missing])
     episode = Episode(messages=traj.messages, final_answer=answer, verify_sandbox=getattr(env, "verify_sandbox", None),
                       num_turns=traj.num_turns, num_tool_errors=traj.num_tool_errors, finished=ended)
     t0 = time.perf_counter()

@@ -121,7 +121,9 @@ class SimpleSampler:
         out = self.model(ids_BS, position_ids=pos_BS, attention_mask=mask_BS, cache=cache,
                          image_patches=self._patches(prompts, images or [None] * B))
         logits_BV = out.logits[:, -1]
-        routes = [[out.topk_ids[b, S - len(p):].to(ROUTE_DTYPE)] for b, p in enumerate(prompts)] if self.record_routes else None
+        routes = None  # per row: route chunks [n, L, k], the prompt's then one per step that fed a token
+        if self.record_routes:
+            routes = [[out.topk_ids[b, S - len(p):].to(ROUTE_DTYPE)] for b, p in enumerate(prompts)]
         next_pos_B = pos_BS[:, -1] + 1
         for _ in range(max(sp.max_tokens for sp in params)):
             step_ids = [self._pick(row, logits_BV[b], outs[b]) if not row.done else pad for b, row in enumerate(rows)]

@@ -96,7 +96,6 @@ def _join(first: GenerationOutput, rest: GenerationOutput) -> GenerationOutput:
         routes, start = merge_routes(first.routed_experts, first.routed_from, routes, start)
     elif first.routed_experts is not None:
         routes, start = first.routed_experts, first.routed_from
+    version = first.policy_version if first.policy_version >= 0 else rest.policy_version
     return GenerationOutput(first.token_ids + rest.token_ids, first.logprobs + rest.logprobs,
-                            first.sampled + rest.sampled, rest.finish_reason,
-                            first.policy_version if first.token_ids and first.policy_version >= 0 else rest.policy_version,
-                            routes, start, first.think_tokens)
+                            first.sampled + rest.sampled, rest.finish_reason, version, routes, start, first.think_tokens)

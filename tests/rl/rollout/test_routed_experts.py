@@ -81,7 +81,8 @@ def test_jsonl_round_trip_is_exact_and_compact(model, tmp_path):
 
 
 @pytest.mark.parametrize("t", [torch.tensor([[[0, 3], [-1, 32767]]], dtype=torch.int16),
-                               torch.arange(24, dtype=torch.uint8).reshape(2, 3, 4), torch.zeros(0, 2, 2, dtype=torch.int16)])
+                               torch.arange(24, dtype=torch.uint8).reshape(2, 3, 4),
+                               torch.zeros(0, 2, 2, dtype=torch.int16)])
 def test_tensor_json_keeps_dtype_shape_and_values(t):
     back = tensor_from_json(json.loads(json.dumps(tensor_to_json(t))))
     assert back.dtype == t.dtype and back.shape == t.shape and torch.equal(back, t)

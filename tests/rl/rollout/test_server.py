@@ -2,7 +2,7 @@
 
 The served policy is ``tiny_moe`` overfit on one calculator conversation (``calc_policy.py``),
 so greedy decoding calls tools deterministically: two parallel ``calc`` calls, one call, then
-the answer. Under the ``low`` tier (8 thinking tokens here) the engine forces ``</think>``
+the answer. Under the ``low`` tier (8 thinking tokens here) the turn (``generate_turn``) forces ``</think>``
 after 8 tokens and the policy, trained on that too, still completes the conversation.
 """
 
