@@ -2,12 +2,15 @@
 
     ids = template.render(env.reset(task), env.tools)        # loss_mask 0
     repeat up to task.max_turns:
-        out = engine.generate(ids, params)                   # loss_mask = out.sampled
+        out = generate_turn(engine, ids, params, budget)     # loss_mask = out.sampled (0: a forced </think>)
         parse the turn's tool calls (strict), run each through env.step (or an error observation)
         ids += template.continuation(tool turns)             # loss_mask 0
     reward = weighted reward modules over the final state (fresh verification sandbox)
 
-The learner trains on exactly these ids: text the model produced is never re-tokenized.
+The learner trains on exactly these ids: text the model produced is never re-tokenized. The
+thinking budget of the task's tier (``AgentConfig.thinking_budget``) is enforced by
+``rl/rollout/turn.generate_turn``, the one place that enforces it for every backend; its
+sampled reasoning tokens add up in ``Trajectory.think_tokens``.
 Infrastructure failures (``EnvError``, a crashed sandbox, any unexpected exception) are retried on a fresh env by
 ``run_episode_with_retries``; the policy's own failures (bad calls, length, turn limit,
 timeout) are results, scored and kept (docs/architecture.md, "Failures").
@@ -29,7 +32,8 @@ from jointrl.rewards.base import Episode, combine
 from jointrl.rl.image_inputs import ImageInputs
 from jointrl.rl.parser import CallError, parse_turn
 from jointrl.rl.rollout.engine import RolloutEngine
-from jointrl.rl.types import FinishReason, SamplingParams, Trajectory
+from jointrl.rl.rollout.turn import generate_turn
+from jointrl.rl.types import FinishReason, GenerationOutput, SamplingParams, Trajectory, merge_routes
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,14 @@ class AgentConfig:
     max_env_retries: int = 2
     # screenshots as model inputs: the template's image_tokens must equal images.num_tokens
     images: ImageInputs | None = None
+    # sampled thinking tokens per turn, by task tier (None: unlimited); empty: unlimited for every tier
+    thinking_budget: dict[str, int | None] = dataclasses.field(default_factory=dict)
+
+    def think_budget(self, tier: str) -> int | None:
+        if self.thinking_budget and tier not in self.thinking_budget:
+            raise ValueError(f"task tier {tier!r} has no thinking budget; AgentConfig.thinking_budget has "
+                             f"{sorted(self.thinking_budget)}")
+        return self.thinking_budget.get(tier)
 
 
 async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: ChatTemplate,
@@ -55,6 +67,7 @@ async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: Cha
                       group_id=group_id, tier=task.tier, messages=list(messages))
     _add_patches(traj, template, cfg, messages)
     finish, answer, ended = FinishReason.TOOL_LIMIT, None, False
+    budget = cfg.think_budget(task.tier)
     for _ in range(task.max_turns):
         room = cfg.max_context - len(traj.token_ids)
         if room <= 0:
@@ -64,10 +77,9 @@ async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: Cha
             finish = FinishReason.TIMEOUT
             break
         turn_params = dataclasses.replace(params, max_tokens=min(params.max_tokens, room))
-        if traj.image_patches is not None and len(traj.image_patches):
-            out = await engine.generate(traj.token_ids, turn_params, image_patches=traj.image_patches)
-        else:
-            out = await engine.generate(traj.token_ids, turn_params)
+        images = traj.image_patches if traj.image_patches is not None and len(traj.image_patches) else None
+        out = await generate_turn(engine, traj.token_ids, turn_params, budget, tok, images)
+        traj.think_tokens += out.think_tokens
         traj.token_ids += out.token_ids
         traj.loss_mask += out.sampled
         traj.logprobs += out.logprobs
@@ -97,8 +109,10 @@ async def run_episode(env: Env, engine: RolloutEngine, task: Task, template: Cha
         traj.logprobs += [0.0] * len(cont)
         traj.policy_version += [-1] * len(cont)
     traj.finish_reason = finish
-    if traj.routed_experts is not None:
-        traj.routed_experts += [None] * (len(traj.token_ids) - len(traj.routed_experts))
+    if traj.routed_experts is not None:  # a -1 row for each token no forward took as input (the last)
+        routes = traj.routed_experts
+        missing = routes.new_full((len(traj.token_ids) - len(routes), *routes.shape[1:]), -1)
+        traj.routed_experts = torch.cat([routes, missing])
     episode = Episode(messages=traj.messages, final_answer=answer, verify_sandbox=getattr(env, "verify_sandbox", None),
                       num_turns=traj.num_turns, num_tool_errors=traj.num_tool_errors, finished=ended)
     t0 = time.perf_counter()
@@ -126,18 +140,15 @@ def _add_patches(traj: Trajectory, template: ChatTemplate, cfg: AgentConfig, mes
     traj.image_patches = torch.cat(rows)
 
 
-def _record_routes(traj: Trajectory, out) -> None:
+def _record_routes(traj: Trajectory, out: GenerationOutput) -> None:
     """Keep each token's first recorded routes (the ones its sampled successors were scored
-    under); positions the engine has not run yet stay None until a later turn's prefill."""
+    under); positions the engine has not run yet stay -1 until a later turn's prefill."""
     if out.routed_experts is None:
         return
     if traj.routed_experts is None:
-        traj.routed_experts = []
-    routes = traj.routed_experts
-    routes += [None] * (len(traj.token_ids) - len(routes))
-    for pos, r in enumerate(out.routed_experts, start=out.routed_from):
-        if routes[pos] is None:
-            routes[pos] = r
+        traj.routed_experts = out.routed_experts[:0]  # no position recorded yet
+    traj.routed_experts, start = merge_routes(traj.routed_experts, 0, out.routed_experts, out.routed_from)
+    assert start == 0
 
 
 async def _run_calls(env: Env, calls, traj: Trajectory) -> tuple[list[Message], Observation | None]:

@@ -28,20 +28,22 @@ from jointrl.rl.rollout.router import RoutedEngineClient
 from jointrl.rl.types import SamplingParams, Trajectory
 
 
-def sampling_params(cfg: Config, tier: str, seed: int | None) -> SamplingParams:
+def sampling_params(cfg: Config, seed: int | None) -> SamplingParams:
     rc = cfg.rollout
     return SamplingParams(max_tokens=rc.max_tokens_per_turn, temperature=rc.temperature, top_p=rc.top_p,
-                          top_k=rc.top_k, seed=seed, max_think_tokens=rc.thinking_budget[tier])
+                          top_k=rc.top_k, seed=seed)
 
 
 def episode_setup(cfg: Config) -> tuple[ChatTemplate | HFChatTemplate, AgentConfig]:
     """The chat template and agent-loop settings of a run's episodes (training and eval alike).
     A model with image input (``model.image_patch_dim`` > 0) gets image-mode observations'
-    screenshots as patches in its ``<image>`` slots (``rl/image_inputs.py``)."""
+    screenshots as patches in its ``<image>`` slots (``rl/image_inputs.py``). Each episode's
+    thinking budget is its task tier's ``rollout.thinking_budget`` (the agent loop enforces it)."""
     images = ImageInputs.for_patch_dim(cfg.model.image_patch_dim)
     template = build_template(cfg, image_tokens=images.num_tokens if images else 0)
     return template, AgentConfig(max_context=cfg.rollout.max_context, episode_timeout_s=cfg.envs.episode_timeout_s,
-                                 max_env_retries=cfg.envs.max_env_retries, images=images)
+                                 max_env_retries=cfg.envs.max_env_retries, images=images,
+                                 thinking_budget=dict(cfg.rollout.thinking_budget))
 
 
 class EnvWorker:
@@ -60,7 +62,7 @@ class EnvWorker:
     async def _one(self, task: Task, group_id: str, member: int, seed: int) -> Trajectory:
         async with self.limit:
             engine = RoutedEngineClient(self.rollout_handles, self.router, session=f"{group_id}#{member}")
-            params = sampling_params(self.cfg, task.tier, seed + self.cfg.seed)
+            params = sampling_params(self.cfg, seed + self.cfg.seed)
             make = lambda: make_env(task.domain, self.cfg.envs)  # noqa: E731
             try:
                 return await run_episode_with_retries(make, engine, task, self.template, params, self.agent_cfg, group_id)

@@ -106,7 +106,7 @@ async def play(cfg: Config, tasks: list[Task], spec: EvalSpec,
         seed = cfg.seed + zlib.crc32(f"{task.domain}/{task.id}/{tier}/{sample}".encode())
         async with limit:
             return await run_episode_with_retries(lambda: make_env(task.domain, cfg.envs), engine_for(task, sample),
-                                                  task, template, sampling_params(cfg, tier, seed), agent_cfg,
+                                                  task, template, sampling_params(cfg, seed), agent_cfg,
                                                   f"eval-{task.domain}-{task.id}-{tier}")
 
     return list(await asyncio.gather(*(one(t, tier, i) for t in tasks for tier in spec.tiers for i in range(spec.k))))

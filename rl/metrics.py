@@ -12,23 +12,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from jointrl.model.tokenizer import ByteTokenizer
 from jointrl.rewards.base import succeeded
 from jointrl.rl.advantages import AdvantageResult
 from jointrl.rl.types import FinishReason, Task, Trajectory
 
-THINK_ID, THINK_END_ID = ByteTokenizer().think_id, ByteTokenizer().think_end_id
-
 
 def thinking_tokens(t: Trajectory) -> int:
-    """Sampled tokens inside ``<think>...</think>`` (the template opens ``<think>`` every turn)."""
-    inside, n = False, 0
-    for tok, m in zip(t.token_ids, t.loss_mask):
-        if tok in (THINK_ID, THINK_END_ID):
-            inside = tok == THINK_ID
-        elif inside and m:
-            n += 1
-    return n
+    """Sampled reasoning tokens, as the turns counted them (``rl/rollout/turn.generate_turn``)."""
+    return t.think_tokens
 
 
 def staleness(t: Trajectory, policy_version: int) -> int:

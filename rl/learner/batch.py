@@ -15,8 +15,9 @@ class TrainBatch:
     """Sequences to train on, one entry per trajectory (ragged lists, token space).
 
     ``advantages`` are per sequence (GRPO/GSPO); PPO computes per-token GAE advantages from
-    ``rewards`` and its critic. ``routed_experts[i][t]`` is ``[L][k]`` expert ids the rollout
-    used for token t, or None where it has none (the final token, which predicts nothing).
+    ``rewards`` and its critic. ``routed_experts[i]`` is the ``[T_i, L, k]`` int tensor of expert
+    ids the rollout used for each token, -1 rows where it has none (the final token, which
+    predicts nothing).
     ``image_patches[i]`` is the trajectory's ``[P, patch_dim]`` screenshot patches (one row per
     ``<image>`` id) or None.
     """
@@ -26,7 +27,7 @@ class TrainBatch:
     old_logprobs: list[list[float]]  # engine log-probs of sampled tokens (0 elsewhere)
     advantages: list[float]
     rewards: list[float] | None = None
-    routed_experts: list[list[list[list[int]] | None]] | None = None
+    routed_experts: list[torch.Tensor | None] | None = None
     image_patches: list[torch.Tensor | None] | None = None
 
     def __post_init__(self) -> None:
@@ -41,6 +42,10 @@ class TrainBatch:
                 raise ValueError(f"TrainBatch sequence {i}: the first token cannot be trained (nothing predicts it)")
             if len(m) != len(ids):
                 raise ValueError(f"TrainBatch sequence {i}: loss_mask has {len(m)} entries for {len(ids)} tokens")
+            routes = self.routed_experts[i] if self.routed_experts is not None else None
+            if routes is not None and (routes.dim() != 3 or len(routes) != len(ids)):
+                raise ValueError(f"TrainBatch sequence {i}: routed_experts must be [{len(ids)}, L, k], "
+                                 f"got {tuple(routes.shape)}")
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -131,7 +136,7 @@ def collate(part: TrainBatch, pack: bool, pad_id: int, dtype: torch.dtype, topk:
             image: tuple[int, int] | None = None) -> MicroBatch:
     """One micro-batch from ``part``: one packed row, or right-padded rows. ``topk = (L, k)``
     builds the replay tensor from ``part.routed_experts``; positions without recorded experts
-    (padding, the final token) get experts 0..k-1, which no trained log-prob depends on.
+    (padding, -1 rows: the final token) get experts 0..k-1, which no trained log-prob depends on.
     ``image = (image_token_id, patch_dim)`` (a model with image input) builds ``images`` from
     ``part.image_patches`` by ``slot_patches``' rule, in the rows' token order."""
     lens = [len(s) for s in part.token_ids]
@@ -157,9 +162,8 @@ def collate(part: TrainBatch, pack: bool, pad_id: int, dtype: torch.dtype, topk:
                 routes = part.routed_experts[i] if part.routed_experts is not None else None
                 if routes is None:
                     raise ValueError("routing replay is on but a sequence carries no routed_experts")
-                for t, r in enumerate(routes):
-                    if r is not None:
-                        replay[b, at + t] = torch.tensor(r)
+                known = routes[:, 0, 0] >= 0
+                replay[b, at:at + n][known] = routes[known].long()
             at += n
     images = None
     if image is not None:

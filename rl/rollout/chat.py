@@ -1,14 +1,14 @@
 """``ChatService``: one chat turn for the HTTP APIs, shared by the OpenAI and Anthropic shapes.
 
     request (API-neutral ChatRequest) -> ConversationStore.prepare (reuse recorded tokens)
-    -> context check -> engine.generate(prompt_ids, SamplingParams) -> parse_turn
+    -> context check -> generate_turn(engine, prompt_ids, SamplingParams, budget) -> parse_turn
     -> ConversationStore.commit -> ChatReply
 
 Both APIs render through the same chat template (``model/chat_template.py``) and call the
 engine only through the ``RolloutEngine`` protocol, so any backend serves. The thinking
-budget is a per-turn token count (``max_think_tokens``); the APIs map their own knobs onto
-it (OpenAI ``thinking_budget`` tier -> ``rollout.thinking_budget``; Anthropic
-``thinking.budget_tokens``).
+budget is a per-turn token count (``max_think_tokens``), enforced by ``generate_turn`` as in
+the agent loop; the APIs map their own knobs onto it (OpenAI ``thinking_budget`` tier ->
+``rollout.thinking_budget``; Anthropic ``thinking.budget_tokens``).
 
 Errors a client caused raise ``RequestError`` (an HTTP 4xx, naming the field); a prompt that
 does not leave room for one token under ``max_context`` is a 400 on ``messages``.
@@ -25,6 +25,7 @@ from jointrl.model.chat_template import ChatTemplate
 from jointrl.rl.parser import CallError, parse_turn
 from jointrl.rl.rollout.engine import RolloutEngine
 from jointrl.rl.rollout.recorder import Conversation, ConversationStore
+from jointrl.rl.rollout.turn import generate_turn
 from jointrl.rl.types import GenerationOutput, SamplingParams
 
 
@@ -155,9 +156,9 @@ class ChatService:
             temperature=lim.temperature if req.temperature is None else req.temperature,
             top_p=lim.top_p if req.top_p is None else req.top_p,
             top_k=lim.top_k if req.top_k is None else req.top_k,
-            seed=req.seed,
-            max_think_tokens=self.default_think_tokens if req.max_think_tokens == "default" else req.max_think_tokens)
-        out = await self.engine.generate(prep.prompt_ids, params)
+            seed=req.seed)
+        budget = self.default_think_tokens if req.max_think_tokens == "default" else req.max_think_tokens
+        out = await generate_turn(self.engine, prep.prompt_ids, params, budget, self.template.tok)
         turn = parse_turn(out.token_ids, self.template.tok)
         calls, errors = [], []
         for c in turn.calls:
@@ -169,10 +170,8 @@ class ChatService:
         reply = Message(role="assistant", content=turn.content, reasoning=turn.reasoning,
                         tool_calls=calls if req.tool_choice != "none" else [])
         conv: Conversation = self.store.commit(prep, out, reply)
-        think = self.template.tok.think_end_id
-        n_reason = out.token_ids.index(think) if think in out.token_ids else len(out.token_ids)
         return ChatReply(reply, errors, out, out.finish_reason, len(prep.prompt_ids), prep.reused_tokens,
-                         n_reason, conv.id)
+                         out.think_tokens, conv.id)
 
 
 def prep_id(ids: list[int]) -> str:

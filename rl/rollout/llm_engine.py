@@ -40,7 +40,7 @@ from jointrl.rl.rollout.model_runner import ModelRunner
 from jointrl.rl.rollout.sampling import sample_rows
 from jointrl.rl.rollout.scheduler import Scheduler
 from jointrl.rl.rollout.sequence import Sequence
-from jointrl.rl.types import GenerationOutput, SamplingParams
+from jointrl.rl.types import ROUTE_DTYPE, GenerationOutput, SamplingParams
 
 LIVE_SESSION_POLICIES = ("keep", "reprefill")
 KV_DTYPES = {"auto": None, "bfloat16": torch.bfloat16}  # rollout.kv_dtype -> the cache dtype (None: the model's)
@@ -131,7 +131,6 @@ class LLMEngine:
         return Sequence(seq_id=next(self._ids), token_ids=list(prompt_ids), params=params,
                         stops=frozenset(params.stop_token_ids if self.config.ignore_eos
                                         else (self.tok.im_end_id, *params.stop_token_ids)), gen=gen,
-                        in_think=prompt_ids[-1] == self.tok.think_id,
                         out=GenerationOutput([], [], [], "length", -1), waiter=waiter,
                         images=image_patches, image_keys=image_keys)
 
@@ -170,12 +169,11 @@ class LLMEngine:
             logits_RV, ends, routed_NLk = self.runner.run(batch, self.config.return_routed_experts)
             self.stats.forward_s += time.perf_counter() - t1
             row = 0
+            if routed_NLk is not None:
+                routed_NLk = routed_NLk.to(ROUTE_DTYPE)
             for seq, n in batch:
                 if routed_NLk is not None:
-                    c = seq.num_computed
-                    known = (seq.routed or [])[:c]
-                    seq.routed = known + [None] * (c - len(known)) + routed_NLk[row:row + n].tolist()
-                    seq.routed_from = c if seq.routed_from < 0 else min(seq.routed_from, c)
+                    seq.record_routes(routed_NLk[row:row + n])
                 row += n
                 seq.num_computed += n
                 self.scheduler.register_computed(seq)
@@ -186,37 +184,24 @@ class LLMEngine:
             return done
 
     def _emit(self, seqs: list[Sequence], logits_RV: torch.Tensor) -> list[Sequence]:
-        """Sample (or force ``</think>``) one token per sequence; end the turns that stop."""
-        forced = [s.in_think and s.params.max_think_tokens is not None and s.think_used >= s.params.max_think_tokens
-                  for s in seqs]
-        rows = [i for i, f in enumerate(forced) if not f]
-        tokens, logprobs = sample_rows(logits_RV[rows], [seqs[i].params for i in rows], [seqs[i].gen for i in rows])
-        picked = dict(zip(rows, zip(tokens, logprobs)))
+        """Sample one token per sequence; end the turns that stop or reach ``max_tokens``."""
+        tokens, logprobs = sample_rows(logits_RV, [s.params for s in seqs], [s.gen for s in seqs])
         done, now = [], time.monotonic()
-        for i, seq in enumerate(seqs):
-            token, logprob = picked.get(i, (self.tok.think_end_id, 0.0))
+        for seq, token, logprob in zip(seqs, tokens, logprobs):
             out = seq.out
             out.token_ids.append(token)
             out.logprobs.append(logprob)
-            out.sampled.append(0 if forced[i] else 1)
-            if out.policy_version < 0 and not forced[i]:
+            out.sampled.append(1)
+            if out.policy_version < 0:
                 out.policy_version = self._version
             seq.token_ids.append(token)
-            if token == self.tok.think_end_id:
-                seq.in_think = False
-            elif token == self.tok.think_id:  # a template that lets the model open <think> (Qwen3)
-                seq.in_think = True
-            elif seq.in_think:
-                seq.think_used += 1
-            if token in seq.stops and not forced[i]:
+            if token in seq.stops:
                 out.finish_reason = "stop"
             elif len(out.token_ids) < seq.params.max_tokens:
                 continue
-            if out.policy_version < 0:
-                out.policy_version = self._version
             if seq.routed is not None:  # routing replay: positions routed_from .. len - 2
                 out.routed_from = seq.routed_from
-                out.routed_experts = seq.routed[seq.routed_from:len(seq) - 1]
+                out.routed_experts = seq.routed[seq.routed_from:len(seq) - 1].clone()
             self.scheduler.finish(seq, now)
             done.append(seq)
         return done

@@ -47,7 +47,7 @@ from typing import Any
 
 from jointrl.envs.base import Message, ToolCall, ToolSpec
 from jointrl.model.chat_template import ChatTemplate
-from jointrl.rl.types import FinishReason, GenerationOutput, Trajectory
+from jointrl.rl.types import FinishReason, GenerationOutput, Trajectory, tensor_from_json
 
 log = logging.getLogger("jointrl.serve")
 
@@ -275,6 +275,8 @@ def read_trajectories(path: str | Path) -> list[Trajectory]:
             msgs.append(Message(role=m["role"], content=m.get("content", ""), reasoning=m.get("reasoning_content", ""),
                                 tool_calls=calls, name=m.get("name", "")))
         d["finish_reason"] = FinishReason(d["finish_reason"])
+        if d.get("routed_experts") is not None:
+            d["routed_experts"] = tensor_from_json(d["routed_experts"])
         names = {f.name for f in dataclasses.fields(Trajectory)}
         out.append(Trajectory(messages=msgs, **{k: v for k, v in d.items() if k in names}))
     return out

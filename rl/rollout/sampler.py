@@ -4,10 +4,11 @@ Requests that arrive together (one asyncio queue) are left-padded into one batch
 once, then decoded token by token with a growing KV cache. It has no continuous batching,
 sessions or paged memory (the fast engine, issue #5, adds those) but honours the whole
 ``RolloutEngine`` contract: sampling (temperature, top-k, top-p, per-request seed, stop
-tokens, max_tokens), the thinking budget, per-token log-probs and policy versions.
+tokens, max_tokens), per-token log-probs and policy versions (the thinking budget is the
+turn's, ``rl/rollout/turn.py``).
 
 With ``record_routes=True`` it also returns the experts each token was routed to (routing
-replay, R3): ``GenerationOutput.routed_experts`` holds ``[L][k]`` ids for every token this
+replay, R3): ``GenerationOutput.routed_experts`` [n, L, k] holds the ids of every token this
 call ran through the model, in order — the whole prompt (one prefill) then every generated
 token but the last (each fed back as the next step's input; the last one never is).
 
@@ -26,7 +27,7 @@ from jointrl.model import KVCache, MoETransformer
 from jointrl.model.rope import position_ids
 from jointrl.model.tokenizer import ByteTokenizer
 from jointrl.rl.image_inputs import slot_patches
-from jointrl.rl.types import GenerationOutput, SamplingParams
+from jointrl.rl.types import ROUTE_DTYPE, GenerationOutput, SamplingParams
 
 
 @dataclass(slots=True)
@@ -34,8 +35,6 @@ class _Row:
     params: SamplingParams
     gen: torch.Generator | None
     stops: frozenset[int]
-    in_think: bool
-    think_used: int = 0
     done: bool = False
     finish: str = "length"
 
@@ -113,8 +112,8 @@ class SimpleSampler:
             ids_BS[b, S - len(p):] = torch.tensor(p)
             mask_BS[b, S - len(p):] = True
         pos_BS = position_ids(mask_BS)
-        rows = [_Row(params=sp, gen=_generator(sp.seed), stops=frozenset((self.tok.im_end_id, *sp.stop_token_ids)),
-                     in_think=p[-1] == self.tok.think_id) for p, sp in zip(prompts, params)]
+        rows = [_Row(params=sp, gen=_generator(sp.seed), stops=frozenset((self.tok.im_end_id, *sp.stop_token_ids)))
+                for sp in params]
         outs = [GenerationOutput([], [], [], "length", self._version) for _ in prompts]
 
         dtype = next(self.model.parameters()).dtype
@@ -122,9 +121,9 @@ class SimpleSampler:
         out = self.model(ids_BS, position_ids=pos_BS, attention_mask=mask_BS, cache=cache,
                          image_patches=self._patches(prompts, images or [None] * B))
         logits_BV = out.logits[:, -1]
+        routes = None  # per row: route chunks [n, L, k], the prompt's then one per step that fed a token
         if self.record_routes:
-            for b, p in enumerate(prompts):
-                outs[b].routed_experts = out.topk_ids[b, S - len(p):].tolist()
+            routes = [[out.topk_ids[b, S - len(p):].to(ROUTE_DTYPE)] for b, p in enumerate(prompts)]
         next_pos_B = pos_BS[:, -1] + 1
         for _ in range(max(sp.max_tokens for sp in params)):
             step_ids = [self._pick(row, logits_BV[b], outs[b]) if not row.done else pad for b, row in enumerate(rows)]
@@ -134,15 +133,16 @@ class SimpleSampler:
             out = self.model(torch.tensor(step_ids)[:, None], position_ids=next_pos_B[:, None],
                              attention_mask=mask_BS, cache=cache, image_patches=self._patches([[t] for t in step_ids]))
             logits_BV = out.logits[:, -1]
-            if self.record_routes:
+            if routes is not None:
+                step_NLk = out.topk_ids[:, 0].to(ROUTE_DTYPE)
                 for b, o in enumerate(outs):  # rows still generating fed their last token; keep P + n - 1
-                    if len(o.routed_experts) < len(prompts[b]) + len(o.token_ids) - 1 + 1:
-                        o.routed_experts.append(out.topk_ids[b, 0].tolist())
+                    if sum(map(len, routes[b])) < len(prompts[b]) + len(o.token_ids):
+                        routes[b].append(step_NLk[b:b + 1])
             next_pos_B = next_pos_B + 1
         for b, (row, o) in enumerate(zip(rows, outs)):
             o.finish_reason = row.finish
-            if self.record_routes:
-                del o.routed_experts[len(prompts[b]) + len(o.token_ids) - 1:]
+            if routes is not None:
+                o.routed_experts = torch.cat(routes[b])[:len(prompts[b]) + len(o.token_ids) - 1]
         return outs
 
     def _patches(self, rows: list[list[int]], images: list[torch.Tensor | None] | None = None) -> torch.Tensor | None:
@@ -157,24 +157,13 @@ class SimpleSampler:
         return torch.cat([slot_patches(r, p, cfg.image_token_id, cfg.image_patch_dim) for r, p in zip(rows, images)])
 
     def _pick(self, row: _Row, logits_V: torch.Tensor, out: GenerationOutput) -> int:
-        """Choose this row's next token, record it, and update the row's state."""
+        """Sample this row's next token, record it, and update the row's state."""
         sp = row.params
-        budget_hit = row.in_think and sp.max_think_tokens is not None and row.think_used >= sp.max_think_tokens
-        if budget_hit:  # forced </think>: loss-masked, no log-prob
-            token, logprob, sampled = self.tok.think_end_id, 0.0, 0
-        else:
-            token, logprob = _sample(logits_V.double(), sp, row.gen)
-            sampled = 1
+        token, logprob = _sample(logits_V.double(), sp, row.gen)
         out.token_ids.append(token)
         out.logprobs.append(logprob)
-        out.sampled.append(sampled)
-        if token == self.tok.think_end_id:
-            row.in_think = False
-        elif token == self.tok.think_id:  # a template that lets the model open <think> (Qwen3)
-            row.in_think = True
-        elif row.in_think:
-            row.think_used += 1
-        if token in row.stops and sampled:
+        out.sampled.append(1)
+        if token in row.stops:
             row.done, row.finish = True, "stop"
         elif len(out.token_ids) >= sp.max_tokens:
             row.done, row.finish = True, "length"

@@ -9,6 +9,12 @@ Used to replay every task's oracle, no-op and plausible-but-wrong policies throu
 template, parser, agent loop and sandbox; log-probs are 0 (a deterministic policy). A prompt
 that does not extend the previous one starts a new episode, and the script starts over (so
 an episode retried on a fresh env replays the same policy).
+
+Like any engine it stops after a stop token (``<|im_end|>`` or ``params.stop_token_ids``) or
+``max_tokens``, so the turn's thinking budget (``rl/rollout/turn.generate_turn``) drives it as
+it drives a model: a call whose prompt is exactly the last prompt plus what was emitted continues
+the current scripted turn; one that adds a ``</think>`` the script did not write (the budget
+forced it) continues after the script's own ``</think>``.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ class ScriptedEngine:
                  reasoning: str = "") -> None:
         self.template = template or ChatTemplate()
         self.turns, self.reasoning = list(turns), reasoning
-        self.prompts: list[list[int]] = []  # what the engine was shown, per turn
-        self.images: list = []  # the image_patches it was given, per turn (None: none)
+        self.prompts: list[list[int]] = []  # what the engine was shown at the start of each turn
+        self.images: list = []  # the image_patches it was given then, per turn (None: none)
         self._next = 0  # index of the next scripted turn
+        self._rest: list[int] = []  # the current scripted turn's tokens not emitted yet
+        self._context: list[int] = []  # the last call's prompt and what it emitted
         self._version = 0
 
     @property
@@ -43,16 +51,29 @@ class ScriptedEngine:
         return self.template.assistant_turn(Message(role="assistant", reasoning=self.reasoning, tool_calls=calls))
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, image_patches=None) -> GenerationOutput:
-        if not self.prompts or prompt_ids[: len(self.prompts[-1])] != self.prompts[-1]:
-            self._next = 0  # a new episode
-        self.prompts.append(list(prompt_ids))
-        self.images.append(image_patches)
-        if self._next >= len(self.turns):  # the script is over: end the turn without a call
-            ids = self.render_turn([])
+        think_end = self.template.tok.think_end_id
+        if self._rest and prompt_ids == self._context:
+            pass  # the rest of the current turn
+        elif self._rest and prompt_ids == [*self._context, think_end] and think_end in self._rest:
+            self._rest = self._rest[self._rest.index(think_end) + 1:]  # reasoning cut by the budget
         else:
-            turn = self.turns[self._next]
-            self._next += 1
-            ids = list(turn) if turn and isinstance(turn[0], int) else self.render_turn(turn)
-        finish = "stop" if len(ids) <= params.max_tokens else "length"
-        ids = ids[: params.max_tokens]
+            if not self.prompts or prompt_ids[: len(self.prompts[-1])] != self.prompts[-1]:
+                self._next = 0  # a new episode
+            self.prompts.append(list(prompt_ids))
+            self.images.append(image_patches)
+            self._rest = self._next_turn()
+            if prompt_ids[-1] == think_end and think_end in self._rest:  # a zero budget closed it already
+                self._rest = self._rest[self._rest.index(think_end) + 1:]
+        stops = {self.template.tok.im_end_id, *params.stop_token_ids}
+        n = next((i + 1 for i, t in enumerate(self._rest) if t in stops), len(self._rest))
+        finish = "stop" if n <= params.max_tokens else "length"  # a stop token, or the scripted turn's end
+        ids, self._rest = self._rest[:min(n, params.max_tokens)], self._rest[min(n, params.max_tokens):]
+        self._context = [*prompt_ids, *ids]
         return GenerationOutput(ids, [0.0] * len(ids), [1] * len(ids), finish, self._version)
+
+    def _next_turn(self) -> list[int]:
+        if self._next >= len(self.turns):  # the script is over: end the turn without a call
+            return self.render_turn([])
+        turn = self.turns[self._next]
+        self._next += 1
+        return list(turn) if turn and isinstance(turn[0], int) else self.render_turn(turn)

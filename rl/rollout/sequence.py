@@ -31,7 +31,6 @@ class Sequence:
     params: SamplingParams
     stops: frozenset[int]
     gen: torch.Generator | None
-    in_think: bool
     out: GenerationOutput
     waiter: Any = None                 # what the engine resolves with ``out`` when the turn ends
     status: Status = Status.WAITING
@@ -40,9 +39,8 @@ class Sequence:
     chain: list[int] = field(default_factory=list)  # content hash of each full block (prefix chain)
     num_registered: int = 0            # leading full blocks offered to the prefix cache
     cache_version: int = 0             # weights that computed block 0 (the prefix-cache key's root)
-    think_used: int = 0
     last_used: float = 0.0             # monotonic time the session went idle
-    routed: list[list[list[int]] | None] | None = None  # per position: [layer][k] expert ids (None: not run here)
+    routed: torch.Tensor | None = None  # [capacity, L, k] ROUTE_DTYPE expert ids per position (-1: not run here)
     routed_from: int = -1              # first position this turn ran through the model
     recurrent: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # kda layer -> state
     images: torch.Tensor | None = None  # [P, patch_dim]: a row per <image> id of the prompt (slot_patches' rule)
@@ -50,6 +48,19 @@ class Sequence:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    def record_routes(self, routes_nLk: torch.Tensor) -> None:
+        """Store the experts of the n positions this step ran (from ``num_computed`` on) in
+        ``routed``, grown by doubling (amortised O(1) a token); earlier positions keep theirs."""
+        start, end = self.num_computed, self.num_computed + len(routes_nLk)
+        if self.routed is None or len(self.routed) < end:
+            have = 0 if self.routed is None else len(self.routed)
+            grown = routes_nLk.new_full((max(end, 2 * have, len(self.token_ids)), *routes_nLk.shape[1:]), -1)
+            if self.routed is not None:
+                grown[:have] = self.routed
+            self.routed = grown
+        self.routed[start:end] = routes_nLk
+        self.routed_from = start if self.routed_from < 0 else min(self.routed_from, start)
 
     @property
     def num_new(self) -> int:

@@ -25,7 +25,10 @@ time each side spent does much less (agentic: wall time is the target, it overla
    as one static batch over all trajectories, re-prefilling every history, and the batch
    waits for its slowest env. Reports wall time, generated tok/s, the engine's share of
    step time in the model forward, and tokens computed / tokens in the final contexts, for
-   a small KV budget (idle sessions get evicted) and a large one.
+   a small KV budget (idle sessions get evicted) and a large one; then the large one again with
+   every prompt and observation opening ``<think>`` and a thinking budget of half the turn, each
+   turn through ``rl/rollout/turn.generate_turn`` (reasoning up to the budget, a forced
+   ``</think>``, the rest continued in the same session: two engine calls a turn, the same tokens).
 4. long context (``--only long``): one session on ``tiny_hybrid`` (3 KDA : 1 gated DSA) grown to
    1K then 32K tokens, beside the same shape with every layer full attention: decode ms per
    token at each length, KV pool bytes (fixed at start: the budget), blocks in use, and the
@@ -53,6 +56,7 @@ import torch
 from jointrl.model import MoEConfig, MoETransformer
 from jointrl.model.hf import save_hf
 from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
+from jointrl.rl.rollout.turn import generate_turn
 from jointrl.rl.types import SamplingParams
 
 
@@ -332,19 +336,25 @@ def grpo(model, hf, prompts_n, group, prompt_len, lo, hi) -> list[str]:
     return rows
 
 
-def agentic_engine(model, n_traj, turns, prompt_len, gen, obs, delays, num_blocks):
+def agentic_engine(model, n_traj, turns, prompt_len, gen, obs, delays, num_blocks, think_budget=None):
+    """``think_budget``: prompts and observations end with ``<think>``, turns go through ``generate_turn``."""
     eng = engine(model, num_blocks=num_blocks, session_ttl_s=600.0)
     ps = rand_prompts(n_traj, prompt_len, seed=2)
     obs_ids = rand_prompts(n_traj * turns, obs, seed=3)
+    opener = [] if think_budget is None else [eng.tok.think_id]
 
     async def trajectory(i: int) -> int:
-        ids = list(ps[i])
+        ids = list(ps[i]) + opener
         for t in range(turns):
-            out = await eng.generate(ids, SamplingParams(max_tokens=gen, temperature=1.0, seed=i * turns + t))
+            params = SamplingParams(max_tokens=gen, temperature=1.0, seed=i * turns + t)
+            if think_budget is None:
+                out = await eng.generate(ids, params)
+            else:
+                out = await generate_turn(eng, ids, params, think_budget, eng.tok)
             ids += out.token_ids
             if t < turns - 1:
                 await asyncio.sleep(delays[i * turns + t])
-                ids += obs_ids[i * turns + t]
+                ids += obs_ids[i * turns + t] + opener
         return len(ids)
 
     async def run():
@@ -384,10 +394,11 @@ def agentic(model, hf, n_traj, turns, prompt_len, gen, obs, budgets) -> list[str
     generated = n_traj * turns * gen
     hf_s, hf_cpu = agentic_hf(hf, n_traj, turns, prompt_len, gen, obs, delays)
     rows = []
-    for name, blocks in budgets:
+    for name, blocks, think in [(f"{name} budget", blocks, None) for name, blocks in budgets] + [
+            (f"{budgets[-1][0]} budget, thinking {gen // 2} of {gen}", budgets[-1][1], gen // 2)]:
         wall, cpu, st, final_tokens, evicted, preempted = agentic_engine(model, n_traj, turns, prompt_len, gen, obs,
-                                                                         delays, blocks)
-        rows.append(f"| agentic {n_traj}x{turns}, {name} budget ({blocks} blocks) | {generated / wall:8.0f} | "
+                                                                         delays, blocks, think)
+        rows.append(f"| agentic {n_traj}x{turns}, {name} ({blocks} blocks) | {generated / wall:8.0f} | "
                     f"{generated / hf_s:8.0f} | {hf_s / wall:5.1f}x | {hf_cpu / cpu:5.1f}x | "
                     f"wall {wall:.1f} s vs HF {hf_s:.1f} s; "
                     f"forward {st.forward_s / st.step_s:.0%} of step time; computed / final context "

@@ -18,6 +18,7 @@ from jointrl.rl.build import build_model, build_template, build_tokenizer
 from jointrl.rl.config import load_config
 from jointrl.rl.learner.worker import LearnerWorker
 from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
+from jointrl.rl.rollout.turn import generate_turn
 from jointrl.rl.types import SamplingParams
 
 
@@ -44,7 +45,8 @@ def test_learner_logprobs_equal_engine_logprobs_and_budget_closes_with_the_famil
 
 
 async def _generate(engine, prompts):
-    return await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=10, seed=s, max_think_tokens=3))
+    tok = engine.tok
+    return await asyncio.gather(*(generate_turn(engine, p, SamplingParams(max_tokens=10, seed=s), 3, tok)
                                   for s, p in enumerate(prompts, start=1)))
 
 

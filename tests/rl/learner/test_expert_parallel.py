@@ -12,6 +12,7 @@ from jointrl.rl.build import build_model
 from jointrl.rl.config import load_config
 from jointrl.rl.learner.batch import TrainBatch
 from jointrl.rl.learner.expert_parallel import ShardedExperts
+from jointrl.rl.types import ROUTE_DTYPE
 
 OVERRIDES = ["model.dtype=float64", "learner.micro_batch_size=1", "learner.eps=1.0", "learner.grad_clip=0.0"]
 
@@ -30,7 +31,7 @@ def _batches() -> list[TrainBatch]:
     masks = [[0] * 2 + [1] * (len(s) - 2) for s in seqs]
     old = [[0.0 if m == 0 else -5.5 + 0.1 * i for i, m in enumerate(mk)] for mk in masks]
     step1 = TrainBatch(seqs, masks, old, [1.0, -0.5, 0.25, -1.0, 0.5])
-    routes = [[[[t % 2, 1 - t % 2] for _ in range(2)] for t in range(len(s))] for s in seqs]
+    routes = [torch.tensor([[[t % 2, 1 - t % 2]] * 2 for t in range(len(s))], dtype=ROUTE_DTYPE) for s in seqs]
     step2 = TrainBatch(seqs, masks, old, [-1.0, 0.5, 1.0, -0.25, 0.75], routed_experts=routes)
     return [step1, step2]
 

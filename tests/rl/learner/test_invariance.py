@@ -9,6 +9,7 @@ from jointrl.rl.config import load_config
 from jointrl.rl.learner.batch import TrainBatch, plan_micro_batches
 from jointrl.rl.learner.step import clip_grad_norm
 from jointrl.rl.learner.worker import LearnerWorker
+from jointrl.rl.types import ROUTE_DTYPE
 
 _PORT = [29750]
 BASE = ["model.dtype=float64", "learner.eps=1.0", "learner.grad_clip=0.0"]
@@ -60,7 +61,8 @@ def test_every_objective_option_runs_through_deepspeed():
     + routing replay, each take a finite step and report their metrics."""
     batch = _batch()
     batch.rewards = [1.0, 0.0, 1.0, 0.0, 0.5, 0.0, 1.0, 0.0]
-    batch.routed_experts = [[[[t % 4, (t + 1) % 4] for _ in range(2)] for t in range(len(s))] for s in batch.token_ids]
+    batch.routed_experts = [torch.tensor([[[t % 4, (t + 1) % 4]] * 2 for t in range(len(s))], dtype=ROUTE_DTYPE)
+                           for s in batch.token_ids]
     for overrides in (["algo.name=gspo", "algo.clip_low=3e-4", "algo.clip_high=4e-4"],
                       ["algo.name=ppo", "algo.kl_coef=0.05", "algo.entropy_coef=0.01", "algo.behaviour_logprobs=learner",
                        "algo.mismatch=tis", "learner.fake_quant_experts=true", "learner.routing_replay=true"]):

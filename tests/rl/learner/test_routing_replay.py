@@ -15,7 +15,7 @@ from jointrl.rl.config import load_config
 from jointrl.rl.learner.batch import TrainBatch, collate, logprobs_from_logits
 from jointrl.rl.learner.forward import learner_forward
 from jointrl.rl.rollout.sampler import SimpleSampler
-from jointrl.rl.types import SamplingParams, Trajectory
+from jointrl.rl.types import ROUTE_DTYPE, SamplingParams, Trajectory
 
 
 def _episode(model, seed=0) -> Trajectory:
@@ -39,7 +39,8 @@ def _episode(model, seed=0) -> Trajectory:
         traj.loss_mask += [0] * len(obs)
         traj.logprobs += [0.0] * len(obs)
         traj.policy_version += [-1] * len(obs)
-    traj.routed_experts += [None] * (len(traj.token_ids) - len(traj.routed_experts))
+    missing = len(traj.token_ids) - len(traj.routed_experts)  # the last token: never an input
+    traj.routed_experts = torch.cat([traj.routed_experts, traj.routed_experts.new_full((missing, *traj.routed_experts.shape[1:]), -1)])
     return traj
 
 
@@ -56,9 +57,10 @@ def test_recorded_routes_align_with_tokens():
     last (which the engine never ran), and the engine's log-probs are reproduced."""
     model = build_model(load_config(["model.dtype=float64"]))
     traj = _episode(model)
-    assert traj.routed_experts[-1] is None and all(r is not None for r in traj.routed_experts[:-1])
+    assert traj.routed_experts.dtype == ROUTE_DTYPE
+    assert (traj.routed_experts[-1] == -1).all() and (traj.routed_experts[:-1] >= 0).all()
     mb, fwd = _forward(model, traj, replay=False)
-    assert fwd.topk_ids_BTLk[0, :-1].tolist() == traj.routed_experts[:-1]
+    assert torch.equal(fwd.topk_ids_BTLk[0, :-1], traj.routed_experts[:-1].long())
     lp = logprobs_from_logits(fwd.logits_BTV, mb.input_ids)[0]
     sampled = [i for i, m in enumerate(traj.loss_mask) if m]
     torch.testing.assert_close(lp[sampled], torch.tensor(traj.logprobs, dtype=torch.float64)[sampled], rtol=0, atol=1e-10)
@@ -74,7 +76,7 @@ def test_replay_reproduces_perturbed_rollout_routes_and_router_gets_gradient():
             if "mlp.gate" in name:
                 p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.03)
     traj = _episode(rollout)
-    recorded = torch.tensor(traj.routed_experts[:-1])
+    recorded = traj.routed_experts[:-1].long()
     _, own = _forward(learner, traj, replay=False)
     assert (own.topk_ids_BTLk[0, :-1].sort(-1).values != recorded.sort(-1).values).any(-1).any(-1).sum() > 0
     mb, fwd = _forward(learner, traj, replay=True, grad=True)

@@ -2,6 +2,7 @@
 against the sampler and against the GRPO formula computed by hand; the lr schedule, autocast and
 gated_dsa's indexer loss."""
 
+import asyncio
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from jointrl.rl.learner.batch import TrainBatch, token_logprobs
 from jointrl.rl.learner.worker import LearnerWorker
 from jointrl.rl.build import build_model
 from jointrl.rl.rollout.sampler import SimpleSampler
+from jointrl.rl.rollout.turn import generate_turn
 from jointrl.rl.types import SamplingParams
 
 _PORT = [29650]
@@ -39,7 +41,15 @@ def test_learner_logprobs_equal_sampler_logprobs_fp64(fp64_learner):
             p.add_(0.1)  # the push must overwrite every weight
     sampler.update_weights(1, lw.weight_bundle(1))
     prompts = [[257, 10, 20, 30, 259], [257, 99, 259], [257, 1, 2, 3, 4, 5, 6, 7, 259]]
-    outs = sampler.generate_batch(prompts, [SamplingParams(max_tokens=12, seed=s, max_think_tokens=4) for s in range(3)])
+
+    async def turns():  # thinking budget 4, enforced by the turn (a forced </think> is not sampled)
+        try:
+            return await asyncio.gather(*(generate_turn(sampler, p, SamplingParams(max_tokens=12, seed=s), 4, sampler.tok)
+                                          for s, p in enumerate(prompts)))
+        finally:
+            await sampler.close()
+
+    outs = asyncio.run(turns())
     learner_lp = lw.logprobs([p + o.token_ids for p, o in zip(prompts, outs)])
     for p, o, lp in zip(prompts, outs, learner_lp):
         for i, (tok_lp, sampled) in enumerate(zip(o.logprobs, o.sampled)):

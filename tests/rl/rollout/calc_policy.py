@@ -7,10 +7,10 @@ and trains the default ``tiny_moe`` on it until greedy decoding reproduces every
 with a logit margin (teacher-forced argmax == target on every loss token, margin >= MARGIN).
 
 The training set holds two renderings of the conversation: the full one, and one whose
-reasoning is cut after ``LOW_BUDGET`` tokens by a forced ``</think>`` (loss-masked, as the
-engine forces it), so the policy also completes the conversation under the ``low`` thinking
-budget. Both are built by the real agent loop (``ScriptedEngine`` + ``run_episode``), so the
-tokens are exactly what the template renders.
+reasoning is cut after ``LOW_BUDGET`` tokens by a forced ``</think>`` (loss-masked), so the
+policy also completes the conversation under the ``low`` thinking budget. Both are built by the
+real agent loop (``ScriptedEngine`` + ``run_episode``, the second with that budget), so the
+tokens are exactly what the template renders and the budget cuts.
 
 ``policy_dir()`` trains it once (about 100 AdamW steps, ~20 s on one busy core) into a cache
 directory named by the sha256 of the training tokens (a Hugging Face directory, loaded by
@@ -90,14 +90,10 @@ def training_trajectories(tpl: ChatTemplate | None = None) -> list[Trajectory]:
     tpl = tpl or ChatTemplate()
     out = []
     for budget in (None, LOW_BUDGET):
-        turns = [turn_ids(tpl, r if budget is None else tpl.tok.decode(tpl.tok.encode(r)[:budget]), c, x)
-                 for r, c, x in SCRIPT]
-        engine = ScriptedEngine(turns, tpl)
-        traj = asyncio.run(run_episode(CalcEnv(), engine, TASK, tpl, SamplingParams(max_tokens=512),
-                                       AgentConfig(max_context=4096), group_id="calc"))
-        if budget is not None:
-            traj.loss_mask = [0 if (i == tpl.tok.think_end_id and m) else m for i, m in zip(traj.token_ids, traj.loss_mask)]
-        out.append(traj)
+        engine = ScriptedEngine([turn_ids(tpl, r, c, x) for r, c, x in SCRIPT], tpl)
+        cfg = AgentConfig(max_context=4096, thinking_budget={TASK.tier: budget})
+        out.append(asyncio.run(run_episode(CalcEnv(), engine, TASK, tpl, SamplingParams(max_tokens=512), cfg,
+                                           group_id="calc")))
     return out
 
 

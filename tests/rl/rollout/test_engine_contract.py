@@ -14,6 +14,7 @@ from jointrl.rl.learner.batch import token_logprobs
 from jointrl.rl.rollout.engine import RolloutEngine
 from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
 from jointrl.rl.rollout.sampler import SimpleSampler
+from jointrl.rl.rollout.turn import generate_turn
 from jointrl.rl.types import GenerationOutput, SamplingParams
 from jointrl.rl.weight_sync import build_bundle
 
@@ -104,12 +105,23 @@ def test_stop_tokens_and_max_tokens(backend):
 
 
 def test_thinking_budget_forces_think_end(backend):
+    """The budget is the turn's (``generate_turn``), the same over every backend: the engine only
+    stops at ``</think>`` and at ``max_tokens``."""
     model = make_model()
+    engine = backend(model)
     p = prompts(6)[0] + [TOK.think_id]
-    (out,) = run(backend(model), (p, SamplingParams(max_tokens=8, temperature=1.0, seed=2, max_think_tokens=3)))
+
+    async def go():
+        try:
+            return await generate_turn(engine, p, SamplingParams(max_tokens=8, temperature=1.0, seed=2), 3, TOK)
+        finally:
+            await engine.close()
+
+    out = asyncio.run(go())
     if TOK.think_end_id not in out.token_ids[:3] and TOK.im_end_id not in out.token_ids[:3]:
         assert (out.token_ids[3], out.sampled[3], out.logprobs[3]) == (TOK.think_end_id, 0, 0.0)
     assert sum(1 for s in out.sampled if s == 0) <= 1
+    assert len(out.token_ids) <= 8 and out.think_tokens <= 3
 
 
 def test_update_weights_switches_model_and_version(backend):

@@ -10,7 +10,7 @@ import torch
 from jointrl.model import MoEConfig, MoETransformer
 from jointrl.rl.learner.batch import token_logprobs
 from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
-from jointrl.rl.types import SamplingParams
+from jointrl.rl.types import ROUTE_DTYPE, SamplingParams
 from jointrl.rl.weight_sync import build_bundle
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0)
@@ -117,7 +117,7 @@ def test_planned_decode_equals_the_general_path_across_weight_changes(dtype, kv_
         outs[planned] = runs
     for run_a, run_b in zip(outs[True], outs[False]):
         for a, b in zip(run_a, run_b):
-            assert a.token_ids == b.token_ids and a.logprobs == b.logprobs and a.routed_experts == b.routed_experts
+            assert a.token_ids == b.token_ids and a.logprobs == b.logprobs and torch.equal(a.routed_experts, b.routed_experts)
 
 
 @pytest.mark.parametrize("planned", [True, False])
@@ -290,12 +290,12 @@ def test_routed_experts_equal_the_full_forward_across_turns(model):
     turn2 = p + out1.token_ids + [257, 4, 5]
     out2 = eng.generate_batch([turn2], [GREEDY])[0]
     with torch.no_grad():
-        ref = model(torch.tensor([turn2 + out2.token_ids])).topk_ids[0].tolist()
+        ref = model(torch.tensor([turn2 + out2.token_ids])).topk_ids[0].to(ROUTE_DTYPE)
     assert (out1.routed_from, len(out1.routed_experts)) == (0, len(p) + len(out1.token_ids) - 1)
-    assert out1.routed_experts == ref[:len(out1.routed_experts)]
+    assert out1.routed_experts.dtype == ROUTE_DTYPE and torch.equal(out1.routed_experts, ref[:len(out1.routed_experts)])
     # turn 2 ran only its new positions: the last sampled token of turn 1 onwards
     assert out2.routed_from == len(p) + len(out1.token_ids) - 1
-    assert out2.routed_experts == ref[out2.routed_from:len(turn2) + len(out2.token_ids) - 1]
+    assert torch.equal(out2.routed_experts, ref[out2.routed_from:len(turn2) + len(out2.token_ids) - 1])
 
 
 def test_bad_requests_name_the_input(model):
@@ -374,8 +374,9 @@ def test_hybrid_decodes_run_as_one_batched_forward_equal_to_full_recompute(hybri
     for p, out in zip(ps, outs):
         assert_matches(hybrid, p, out)
     with torch.no_grad():
-        ref = hybrid(torch.tensor([ps[2] + outs[2].token_ids])).topk_ids[0].tolist()
-    assert (outs[2].routed_from, outs[2].routed_experts) == (0, ref[:len(ps[2]) + len(outs[2].token_ids) - 1])
+        ref = hybrid(torch.tensor([ps[2] + outs[2].token_ids])).topk_ids[0].to(ROUTE_DTYPE)
+    assert outs[2].routed_from == 0
+    assert torch.equal(outs[2].routed_experts, ref[:len(ps[2]) + len(outs[2].token_ids) - 1])
 
 
 def test_mxfp4_experts_decode_from_bfloat16_panels_bit_for_bit():

@@ -21,7 +21,7 @@ def test_sessions_go_to_the_least_loaded_worker_stick_and_move_when_it_dies(clus
     workers = [ray.remote(max_concurrency=100)(RolloutWorker).options(**placement.rollout(i)).remote(cfg)
                for i in range(2)]
     router = spawn_router(2)
-    params = SamplingParams(max_tokens=4, seed=0, max_think_tokens=2)
+    params = SamplingParams(max_tokens=4, seed=0)
     prompt = [257, 117, 10, 104, 105, 258, 10, 257, 97, 10, 259]
 
     async def scenario():

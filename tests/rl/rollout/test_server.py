@@ -2,7 +2,7 @@
 
 The served policy is ``tiny_moe`` overfit on one calculator conversation (``calc_policy.py``),
 so greedy decoding calls tools deterministically: two parallel ``calc`` calls, one call, then
-the answer. Under the ``low`` tier (8 thinking tokens here) the engine forces ``</think>``
+the answer. Under the ``low`` tier (8 thinking tokens here) the turn (``generate_turn``) forces ``</think>``
 after 8 tokens and the policy, trained on that too, still completes the conversation.
 """
 
@@ -157,7 +157,7 @@ def test_recorded_conversation_equals_the_agent_loop(server, policy):
 
     cfg = load_config(OVERRIDES)
     engine = build_engine(cfg, str(policy))
-    params = SamplingParams(max_tokens=256, temperature=0.5, seed=seed, max_think_tokens=None)
+    params = SamplingParams(max_tokens=256, temperature=0.5, seed=seed)
 
     async def go():
         try:
