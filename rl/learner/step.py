@@ -34,6 +34,7 @@ from jointrl.rl.learner.objective import Objective
 from jointrl.rl.learner.setup import RankSetup
 from jointrl.rl.learner.value_head import values
 from jointrl.rl.losses import LossInputs
+from jointrl.rl.types import ROUTE_DTYPE
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -187,7 +188,8 @@ class TrainStep:
         if lc.ep_size > 1:  # every rank of the expert-parallel group runs the same number of passes
             n = torch.tensor([len(mbs)])
             dist.all_reduce(n, op=dist.ReduceOp.MAX)
-            empty = TrainBatch([[pad]], [[0]], [[0.0]], [0.0], [0.0], None if topk is None else [[None]])
+            empty = TrainBatch([[pad]], [[0]], [[0.0]], [0.0], [0.0],
+                               None if topk is None else [torch.full((1, *topk), -1, dtype=ROUTE_DTYPE)])  # -1: no routes
             mbs += [collate(empty, False, pad, self.dtype, topk, self.setup.image) for _ in range(int(n) - len(mbs))]
         return mbs
 

@@ -23,11 +23,10 @@ from jointrl.rl.types import SamplingParams
 
 
 def test_learner_logprobs_equal_engine_logprobs_and_budget_closes_with_the_familys_token(qwen3_dir):
-    cfg = load_config(["model=hf", f"model.path={qwen3_dir}", "model.dtype=float64"])
+    cfg = load_config(["model=hf", f"model.path={qwen3_dir}", "model.dtype=float64", "rollout.quantize_experts=false"])
     tok, template = build_tokenizer(cfg), build_template(cfg)
     assert tok.think_end_id > 264  # the BPE's </think>, not the byte tokenizer's
     lw = LearnerWorker(cfg, rank=0, world_size=1, master_addr="127.0.0.1", master_port=29731)
-    cfg.rollout.quantize_experts = False
     engine = LLMEngine(build_model(cfg), tok, EngineConfig(num_blocks=64, block_size=16, max_num_seqs=4))
     engine.update_weights(1, lw.weight_bundle(1))
     prompt = template.render([Message(role="user", content="list the files")])

@@ -3,7 +3,7 @@
 import pytest
 
 from jointrl.rl.advantages import AdvantageResult
-from jointrl.rl.metrics import THINK_END_ID, THINK_ID, StepRecord, staleness, step_metrics, thinking_tokens
+from jointrl.rl.metrics import StepRecord, staleness, step_metrics, thinking_tokens
 from jointrl.rl.types import FinishReason, Trajectory
 
 
@@ -12,9 +12,10 @@ def traj(domain, reward, tokens, mask, versions, finish=FinishReason.STOP, tier=
                       reward=reward, num_tool_calls=calls, num_tool_errors=errors, num_turns=1)
 
 
-def test_thinking_tokens_count_sampled_tokens_inside_think():
-    t = traj("a", 0, [THINK_ID, 5, 6, THINK_END_ID, 7, THINK_ID, 8, THINK_END_ID], [0, 1, 0, 1, 1, 0, 1, 0], [0] * 8)
-    assert thinking_tokens(t) == 2  # 5 and 8; 6 is forced (mask 0), 7 is outside
+def test_thinking_tokens_are_the_turns_count_not_a_rescan():
+    t = traj("a", 0, [5, 6, 7], [1, 1, 1], [0] * 3)
+    t.think_tokens = 2  # as generate_turn counted them; the ids carry no <think> here, so a rescan would say 0
+    assert thinking_tokens(t) == 2
 
 
 def test_staleness_is_the_oldest_sampled_version():
