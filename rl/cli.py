@@ -16,27 +16,27 @@ def main() -> None:
 
     sys.argv[1:] = guard(command, sys.argv[1:])
     if command == "train":
-        from jointrl.rl.train import main as train_main
+        from jointrl.rl.train import main as train_main  # lazy: only the chosen command's modules load
 
         train_main()
     elif command == "serve":
-        from jointrl.rl.rollout.server import main as serve_main
+        from jointrl.rl.rollout.server import main as serve_main  # lazy: only the chosen command's modules load
 
         serve_main()
     elif command == "export":
-        from jointrl.rl.export import main as export_main
+        from jointrl.rl.export import main as export_main  # lazy: only the chosen command's modules load
 
         export_main()
     elif command == "eval":
-        from jointrl.rl.eval import main as eval_main
+        from jointrl.rl.eval import main as eval_main  # lazy: only the chosen command's modules load
 
         eval_main()
     elif command == "sft":
-        from jointrl.rl.sft import main as sft_main
+        from jointrl.rl.sft import main as sft_main  # lazy: only the chosen command's modules load
 
         sft_main()
     elif command == "recipe":
-        from jointrl.rl.recipe import main as recipe_main
+        from jointrl.rl.recipe import main as recipe_main  # lazy: only the chosen command's modules load
 
         recipe_main()
 

@@ -152,7 +152,7 @@ def write_results(cfg: Config, out: Path, rows: list[dict], trajs: list[Trajecto
         for t in trajs:
             f.write(json.dumps(t.to_json()) + "\n")
     if cfg.logger.wandb_mode != "disabled":
-        from jointrl.rl.tracking import RunTracker
+        from jointrl.rl.tracking import RunTracker  # lazy: wandb only when the eval logs to it
 
         tracker = RunTracker(dataclasses.replace(cfg, run_name=f"{cfg.run_name}-eval"), out)
         import wandb
@@ -172,7 +172,7 @@ def evaluate(cfg: Config, spec: EvalSpec, out: Path,
     tasks = eval_tasks(cfg, spec)
     engine = None
     if engine_for is None:
-        from jointrl.rl.rollout.server import build_engine
+        from jointrl.rl.rollout.server import build_engine  # lazy: the server's aiohttp only for a model policy
 
         engine = build_engine(cfg, cfg.checkpoint)
         engine_for = lambda task, sample: engine  # noqa: E731

@@ -79,15 +79,8 @@ RULES: tuple[Rule, ...] = (
 # lead deletes each entry when that branch is merged, and the test then holds without it.
 PENDING_CYCLE_EDGES: dict[tuple[str, str], str] = {}
 
-# Modules other branches of issue 30 are rewriting while this test landed, whose in-function imports
-# are not yet commented or moved; the lead empties this once those branches are merged.
-PENDING_IN_FUNCTION: dict[str, str] = {
-    name: "being rewritten on another branch of issue 30"
-    for name in ("jointrl.envs.browser.domain", "jointrl.envs.cad.domain", "jointrl.envs.code_repo.domain",
-                 "jointrl.envs.office.domain", "jointrl.envs.terminal.domain", "jointrl.envs.sandbox",
-                 "jointrl.rl.cli", "jointrl.rl.eval",
-                 "jointrl.rl.rollout.llm_engine", "jointrl.rl.rollout.sampler", "jointrl.rl.rollout.server")
-}
+# Modules whose in-function imports are not yet commented or moved (empty: every one says why).
+PENDING_IN_FUNCTION: dict[str, str] = {}
 
 
 @dataclass(frozen=True, slots=True)

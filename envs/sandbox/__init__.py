@@ -20,11 +20,11 @@ def make_sandbox(backend: str = "bwrap", config: SandboxConfig | None = None, **
     ``EnvError`` (with the reason) when the backend cannot run on this host.
     """
     if backend == "bwrap":
-        from jointrl.envs.sandbox.bwrap import BwrapSandbox
+        from jointrl.envs.sandbox.bwrap import BwrapSandbox  # lazy: only the chosen backend's module loads
 
         return BwrapSandbox(config, **kwargs)
     if backend == "docker":
-        from jointrl.envs.sandbox.docker import DockerSandbox
+        from jointrl.envs.sandbox.docker import DockerSandbox  # lazy: the docker SDK only when chosen
 
         return DockerSandbox(config, **kwargs)
     raise ValueError(f"unknown sandbox backend {backend!r}; allowed: {list(BACKENDS)}")

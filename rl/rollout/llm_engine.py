@@ -41,6 +41,7 @@ from jointrl.rl.rollout.sampling import sample_rows
 from jointrl.rl.rollout.scheduler import Scheduler
 from jointrl.rl.rollout.sequence import Sequence
 from jointrl.rl.types import ROUTE_DTYPE, GenerationOutput, SamplingParams
+from jointrl.rl.weight_sync import apply_bundle
 
 LIVE_SESSION_POLICIES = ("keep", "reprefill")
 KV_DTYPES = {"auto": None, "bfloat16": torch.bfloat16}  # rollout.kv_dtype -> the cache dtype (None: the model's)
@@ -49,7 +50,6 @@ KV_DTYPES = {"auto": None, "bfloat16": torch.bfloat16}  # rollout.kv_dtype -> th
 @dataclass(slots=True)
 class EngineConfig:
     """KV memory is ``num_blocks`` × ``block_size`` token slots (``LLMEngine.kv_cache_bytes``)."""
-
     num_blocks: int = 512
     block_size: int = 16
     max_num_seqs: int = 256                # sequences in the running batch
@@ -266,8 +266,6 @@ class LLMEngine:
 
     # -- weights ----------------------------------------------------------------------------
     def update_weights(self, version: int, bundle) -> None:
-        from jointrl.rl.weight_sync import apply_bundle
-
         with self._lock:  # between steps
             apply_bundle(self.model, bundle, expected_version=version)
             self._version = self.scheduler.version = version

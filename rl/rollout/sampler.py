@@ -28,6 +28,7 @@ from jointrl.model.rope import position_ids
 from jointrl.model.tokenizer import ByteTokenizer
 from jointrl.rl.image_inputs import slot_patches
 from jointrl.rl.types import ROUTE_DTYPE, GenerationOutput, SamplingParams
+from jointrl.rl.weight_sync import apply_bundle
 
 
 @dataclass(slots=True)
@@ -56,8 +57,6 @@ class SimpleSampler:
         return self._version
 
     def update_weights(self, version: int, bundle) -> None:
-        from jointrl.rl.weight_sync import apply_bundle
-
         apply_bundle(self.model, bundle, expected_version=version)
         self._version = version
 

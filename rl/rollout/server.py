@@ -37,13 +37,17 @@ import torch
 from aiohttp import web
 from omegaconf import DictConfig
 
+from jointrl.model.hf import load_hf
 from jointrl.model.moe_transformer import MoETransformer
-from jointrl.rl.build import build_template
+from jointrl.rl.build import build_model, build_template
 from jointrl.rl.config import Config, register_schemas, to_config
 from jointrl.rl.rollout import anthropic_api, openai_api
 from jointrl.rl.rollout.chat import ChatService, RequestError, ServiceLimits
 from jointrl.rl.rollout.engine import RolloutEngine
 from jointrl.rl.rollout.recorder import ConversationStore
+from jointrl.rl.rollout.worker import RolloutWorker
+from jointrl.rl.types import FinishReason
+from jointrl.rl.weight_sync import build_bundle, is_routed_expert
 
 log = logging.getLogger("jointrl.serve")
 
@@ -54,8 +58,6 @@ def load_policy(cfg: Config, checkpoint: str | None) -> tuple[MoETransformer | N
         return None, 0
     path = Path(checkpoint)
     if (path / "config.json").is_file():
-        from jointrl.model.hf import load_hf
-
         return load_hf(path), 0
     if (path / "latest").is_file():
         path = path / (path / "latest").read_text().strip()
@@ -63,7 +65,6 @@ def load_policy(cfg: Config, checkpoint: str | None) -> tuple[MoETransformer | N
     if not states:
         raise ValueError(f"checkpoint {checkpoint!r} is neither an HF directory (config.json) nor a DeepSpeed "
                          "checkpoint (latest, or mp_rank_00_model_states.pt)")
-    from jointrl.rl.build import build_model
 
     saved = torch.load(states[0], map_location="cpu", weights_only=False)
     model = build_model(cfg)
@@ -74,9 +75,6 @@ def load_policy(cfg: Config, checkpoint: str | None) -> tuple[MoETransformer | N
 
 def build_engine(cfg: Config, checkpoint: str | None) -> RolloutEngine:
     """The rollout worker's engine (``rollout.backend``), holding the checkpoint's weights."""
-    from jointrl.rl.rollout.worker import RolloutWorker
-    from jointrl.rl.weight_sync import build_bundle, is_routed_expert
-
     engine = RolloutWorker(cfg).engine
     model, version = load_policy(cfg, checkpoint)
     if model is not None:
@@ -184,8 +182,6 @@ class PolicyServer:
                 if value is not None:
                     fields[key] = value
             if "finish_reason" in fields:
-                from jointrl.rl.types import FinishReason
-
                 try:
                     fields["finish_reason"] = FinishReason(fields["finish_reason"])
                 except ValueError:
