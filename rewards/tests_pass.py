@@ -72,7 +72,7 @@ _NO_NETWORK = ("could not resolve host", "temporary failure in name resolution",
 
 
 def network_failure(output: str) -> str | None:
-    """The first output line that says a name lookup or connection failed for want of a network.
+    r"""The first output line that says a name lookup or connection failed for want of a network.
 
     >>> network_failure("ok\ncurl: (6) Could not resolve host: astral.sh\n")
     'curl: (6) Could not resolve host: astral.sh'

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,12 +168,35 @@ def _check_choice(key: str, value: Any, allowed: tuple) -> None:
         raise ValueError(f"config key {key!r} = {value!r} is not allowed; allowed values: {list(allowed)}")
 
 
+@functools.cache
+def _choice_fields(cls: type) -> tuple[tuple[str, type[enum.StrEnum]], ...]:
+    """(field, its StrEnum) for every field of the dataclass ``cls`` typed as a StrEnum or an Optional one."""
+    out = []
+    for name, tp in typing.get_type_hints(cls).items():
+        union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+        args = [a for a in typing.get_args(tp) if a is not type(None)] if union else [tp]
+        if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], enum.StrEnum):
+            out.append((name, args[0]))
+    return tuple(out)
+
+
+def _coerce_choices(self: Any, section: str) -> None:
+    """A section built in code (not composed by Hydra, which checks these itself): each choice given
+    as a plain string becomes its enum member, or a ValueError names the key and the allowed values."""
+    for name, choices in _choice_fields(type(self)):
+        value = getattr(self, name)
+        if value is not None and not isinstance(value, choices):
+            _check_choice(f"{section}.{name}", value, tuple(m.value for m in choices))
+            setattr(self, name, choices(value))
+
+
 def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
     if value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"config key {key!r} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
 
 
 def _check_model(self: Any) -> None:
+    _coerce_choices(self, "model")
     shape = [f.name for f in dataclasses.fields(MoEConfig)]
     if self.path is not None:  # model=hf: unset shape fields come from the checkpoint (model/pretrained.py)
         for k, v in fill_shape({k: getattr(self, k) for k in shape}, self.path, self.tokenizer).items():
@@ -233,6 +258,7 @@ class AlgoConfig:
     mismatch_high: float = 2.0
 
     def __post_init__(self) -> None:
+        _coerce_choices(self, "algo")
         for k in ("total_steps", "prompts_per_step"):
             _check_positive(f"algo.{k}", getattr(self, k))
         for k in ("kl_coef", "entropy_coef", "vf_coef", "value_clip", "max_refill_attempts"):
@@ -272,6 +298,7 @@ class RolloutConfig:
     batch_invariant: bool = False  # a seeded request's tokens independent of what shares its batch (exact replay)
 
     def __post_init__(self) -> None:
+        _coerce_choices(self, "rollout")
         _check_positive("rollout.weight_bucket_mb", self.weight_bucket_mb)
         _check_positive("rollout.async_steps_ahead", self.async_steps_ahead)
         _check_positive("rollout.max_staleness", self.max_staleness, allow_zero=True)
@@ -327,6 +354,7 @@ class EnvSandboxConfig:
     verifier_network: bool = False  # docker: a task marked [environment] allow_internet verifies with a network
 
     def __post_init__(self) -> None:
+        _coerce_choices(self, "envs.sandbox")
         for k in ("timeout_s", "max_output_bytes", "max_memory_mb", "max_processes", "max_disk_mb", "cpu_seconds"):
             _check_positive(f"envs.sandbox.{k}", getattr(self, k))
         _check_positive("envs.sandbox.warm", self.warm, allow_zero=True)
@@ -349,10 +377,12 @@ class EnvsConfig:
     sandbox: EnvSandboxConfig = field(default_factory=EnvSandboxConfig)
 
     def __post_init__(self) -> None:
+        _coerce_choices(self, "envs")
         from jointrl.envs.registry import DOMAINS  # lazy: the registry imports every domain's module
 
         for name, d in self.domains.items():
             _check_choice("envs.domains", name, tuple(sorted(DOMAINS)))
+            _coerce_choices(d, f"envs.domains.{name}")
             _check_positive(f"envs.domains.{name}.weight", d.weight)
         _check_positive("envs.num_workers", self.num_workers)
         if self.command_timeout_s is not None:  # the old key wins where a config still sets it
@@ -393,6 +423,7 @@ class LearnerConfig:
     keep_freed_memory: bool = True
 
     def __post_init__(self) -> None:
+        _coerce_choices(self, "learner")
         _check_choice("learner.zero_stage", self.zero_stage, (0, 1, 2))
         _check_positive("learner.num_ranks", self.num_ranks)
         _check_positive("learner.micro_batch_size", self.micro_batch_size, allow_zero=True)
@@ -416,6 +447,7 @@ class ClusterConfig:
     placement_strategy: PlacementStrategy = PlacementStrategy.PACK
 
     def __post_init__(self) -> None:
+        _coerce_choices(self, "cluster")
         for key in ("learner_bundle", "rollout_bundle"):
             for res, v in getattr(self, key).items():
                 if not (v == "auto" and res == "GPU") and not (isinstance(v, (int, float)) and v >= 0):
@@ -428,6 +460,9 @@ class LoggerConfig:
     project: str = "jointrl"
     dump_trajectories: bool = True
     table_rows: int = 4  # sampled transcripts per step in the wandb trajectory table (0: none)
+
+    def __post_init__(self) -> None:
+        _coerce_choices(self, "logger")
 
 
 @dataclass
@@ -445,6 +480,7 @@ class ServeConfig:
     max_request_bytes: int = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:
+        _coerce_choices(self, "serve")
         _check_positive("serve.default_max_tokens", self.default_max_tokens)
         _check_positive("serve.max_conversations", self.max_conversations)
         _check_positive("serve.port", self.port, allow_zero=True)
@@ -491,6 +527,7 @@ class RecipeConfig:
     grpo_temperature: float | None = None
 
     def __post_init__(self) -> None:
+        _coerce_choices(self, "recipe")
         for k in ("sft_steps", "sft_prompts_per_step", "sft_lr", "eval_k"):
             _check_positive(f"recipe.{k}", getattr(self, k))
         for k in ("eval_limit", "eval_every", "sft_heldout_every", "sft_heldout_limit"):

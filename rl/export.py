@@ -34,7 +34,6 @@ from jointrl.model.hf import SHARD_BYTES, save_hf
 from jointrl.model.hf_hybrid import save_hybrid
 from jointrl.model.hf_tokenizer import copy_tokenizer, save_tokenizer
 from jointrl.model.moe_transformer import MoETransformer
-from jointrl.rl.build import build_model
 from jointrl.rl.config import Config, load_config
 from jointrl.rl.learner.checkpoint import load_deepspeed
 from jointrl.rl.weight_sync import is_routed_expert

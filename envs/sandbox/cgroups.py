@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 import time
 from pathlib import Path
+
+from jointrl.envs.sandbox.kill import sigkill
 
 _V1_ROOT = Path("/sys/fs/cgroup")
 _V2_ROOT = Path("/sys/fs/cgroup")
@@ -138,11 +139,7 @@ class Cgroup:
             pids = [p for p in self.pids() if p not in keep]
             if not pids:
                 return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            sigkill(pids)
             time.sleep(0.002)
         raise OSError(f"processes survive SIGKILL in {self.dirs[-1]}: {sorted(set(self.pids()) - keep)}")
 

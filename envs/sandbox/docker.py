@@ -51,7 +51,6 @@ import io
 import os
 import secrets
 import shutil
-import signal
 import tarfile
 import tempfile
 import threading
@@ -61,6 +60,7 @@ from pathlib import Path, PurePosixPath
 
 from jointrl.envs.base import EnvError
 from jointrl.envs.sandbox.base import ExecResult, SandboxConfig
+from jointrl.envs.sandbox.kill import sigkill
 from jointrl.envs.sandbox.output import Capped
 
 IMAGES_DIR = Path(__file__).resolve().parent.parent / "images"
@@ -419,11 +419,7 @@ class DockerSandbox:
             pids = [p for p in pids if p != init]
             if not pids:
                 return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            sigkill(pids)
 
     # -- files ------------------------------------------------------------------------------
 

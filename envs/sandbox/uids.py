@@ -23,11 +23,11 @@ import fcntl
 import os
 import pwd
 import random
-import signal
 import time
 from pathlib import Path
 
 from jointrl.envs.base import EnvError
+from jointrl.envs.sandbox.kill import sigkill
 
 
 _CLEAN, _DIRTY = b"clean", b"dirty"
@@ -192,11 +192,7 @@ def kill_uid(uid: int, *, keep: frozenset[int] = frozenset(), rounds: int = 50, 
         pids = (switching_to(uid) if switching else []) + [p for p in pids_of_uid(uid) if p not in keep]
         if not pids:
             return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        sigkill(pids)
         time.sleep(0.005)  # let the kernel reap before we look again
     raise EnvError(f"processes of sandbox uid {uid} survive SIGKILL: {sorted(set(pids_of_uid(uid)) - keep)}")
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
+
+from jointrl.envs.sandbox.kill import sigkill
 
 UID = 65534
 PYENV = Path("/root/.pyenv")
@@ -112,11 +113,7 @@ def _remove_cgroup(d: Path) -> None:
         if not pids:
             d.rmdir()
             return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        sigkill(pids)
         time.sleep(0.01)
 
 
