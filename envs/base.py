@@ -32,6 +32,16 @@ class Observation:
 
 
 @dataclass(frozen=True, slots=True)
+class DatasetSource:
+    """Where a domain's records come from when they are a dataset: a local parquet / arrow /
+    JSONL file or a ``save_to_disk`` directory, its split, and field -> column renames."""
+
+    path: str
+    split: str = "train"
+    columns: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Task:
     """One task of one domain.
 

@@ -291,6 +291,11 @@ class DomainConfig:
     tiers: dict[ThinkingTier, float] = field(default_factory=dict)  # override each task's tier by weight; {} keeps the task's own
     reward: dict[str, float] = field(default_factory=dict)  # override each task's reward weights; {} keeps them
     split: Split = Split.train  # jointrl eval reads heldout
+    # records through Hugging Face datasets (code_repo; envs/code_repo/dataset.py): a local parquet /
+    # arrow / JSONL file or a save_to_disk directory; None: task_dir's (or the shipped) instances.jsonl
+    dataset: str | None = None
+    dataset_split: str = "train"  # a save_to_disk DatasetDict's split
+    dataset_columns: dict[str, str] = field(default_factory=dict)  # field -> the dataset's column (FAIL_TO_PASS: fail_to_pass)
 
 
 class SandboxBackend(enum.StrEnum):

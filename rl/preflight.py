@@ -28,7 +28,7 @@ def check(overrides: list[str], split: str | None = None) -> None:
     ``split``: the split every domain is read at (``jointrl eval``'s); None: each domain's own.
     """
     # lazy: rl/cli.py imports this module for every command, and the config pulls in torch
-    from jointrl.envs.registry import load_tasks
+    from jointrl.envs.registry import dataset_source, load_tasks
     from jointrl.rl.config import load_config  # lazy: as above
 
     cfg = load_config(overrides)
@@ -40,7 +40,7 @@ def check(overrides: list[str], split: str | None = None) -> None:
             raise ValueError(f"envs.sandbox.backend=docker: {why}")
     for domain, dc in cfg.envs.domains.items():
         try:
-            tasks = load_tasks(domain, dc.task_dir, split or dc.split, backend)
+            tasks = load_tasks(domain, dc.task_dir, split or dc.split, backend, dataset_source(dc))
         except ValueError as e:
             raise ValueError(f"envs.domains.{domain}: {e}") from e
         if not tasks:
