@@ -485,6 +485,10 @@ class RecipeConfig:
     # probability of sampling the whole oracle (rl/sft.heldout_fit) -- no episodes played
     sft_heldout_every: int = 0
     sft_heldout_limit: int = 32
+    # a user's own demonstrations instead of the oracles' (rl/sft_data.py): a chat-messages datasets
+    # file (parquet / arrow / JSONL) or save_to_disk directory; None: play the scripted oracles
+    sft_data: str | None = None
+    sft_data_split: str = "train"  # a save_to_disk DatasetDict's split
     # domain -> the task folder the GRPO stage trains on (its train split) instead of
     # envs.domains.<d>.task_dir, which the SFT demonstrations and every held-out eval keep using:
     # e.g. fresh tasks, other seeds of the same generators that no demonstration showed (measured:
