@@ -43,7 +43,8 @@ def dataset_source(domain_cfg: Any) -> DatasetSource | None:
     path = getattr(domain_cfg, "dataset", None)
     if not path:
         return None
-    return DatasetSource(str(path), str(domain_cfg.dataset_split), dict(domain_cfg.dataset_columns))
+    return DatasetSource(str(path), str(domain_cfg.dataset_split), dict(domain_cfg.dataset_columns),
+                         str(domain_cfg.dataset_image or ""))
 
 
 # domain name -> "module:function(task, name)" giving a task's named scripted policy as turns of tool

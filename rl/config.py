@@ -296,6 +296,8 @@ class DomainConfig:
     dataset: str | None = None
     dataset_split: str = "train"  # a save_to_disk DatasetDict's split
     dataset_columns: dict[str, str] = field(default_factory=dict)  # field -> the dataset's column (FAIL_TO_PASS: fail_to_pass)
+    # docker backend: each record's image, a template over {repo} {name} {instance_id} ("": its image_name column)
+    dataset_image: str = ""
 
 
 class SandboxBackend(enum.StrEnum):

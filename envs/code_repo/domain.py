@@ -8,16 +8,28 @@ from typing import Any
 from jointrl.envs.base import DatasetSource, Env, Task
 
 
-def load_tasks(task_dir: Path | None, dataset: DatasetSource | None = None) -> list[Task]:
+def load_tasks(task_dir: Path | None, backend: str = "bwrap", dataset: DatasetSource | None = None) -> list[Task]:
     """``task_dir``'s (default: the shipped) ``instances.jsonl``, or the records of ``dataset``
-    (``code_repo/dataset.py``; bundles in ``task_dir/repos``, default beside the dataset)."""
+    (``code_repo/dataset.py``; on bwrap the bundles in ``task_dir/repos``, default beside the
+    dataset; on docker each record's image, whose absence is reported once, here)."""
     from jointrl.envs.code_repo.records import load_tasks as load, to_task
 
     if dataset is None:
+        if backend == "docker":
+            raise ValueError("code_repo on envs.sandbox.backend=docker runs records that name a Docker image: "
+                             "set envs.domains.code_repo.dataset (with image_name, or dataset_image)")
         return load(task_dir)
     from jointrl.envs.code_repo.dataset import read_dataset
 
-    records = read_dataset(dataset.path, task_dir, dataset.split, dataset.columns)
+    records = read_dataset(dataset.path, task_dir, dataset.split, dataset.columns,
+                           dataset.image if backend == "docker" else None)
+    if backend == "docker":
+        from jointrl.envs.code_repo.images import missing_images
+
+        by_image: dict[str, list[str]] = {}
+        for r in records:
+            by_image.setdefault(r.image, []).append(r.instance_id)
+        missing_images(by_image)
     return sorted((to_task(r) for r in records), key=lambda t: t.id)
 
 
