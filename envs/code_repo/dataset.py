@@ -14,6 +14,7 @@ its image (``image_name`` or ``dataset_image``; ``images.py``), the repository a
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 from jointrl.envs.code_repo.images import image_name
@@ -60,7 +61,6 @@ def read_dataset(path: str | Path, repos_root: Path | None = None, split: str = 
                            is not None else SweRecord.from_dict(raw, repos))
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from e
-    ids = [r.instance_id for r in records]
-    if dupes := sorted({i for i in ids if ids.count(i) > 1}):
+    if dupes := sorted(i for i, n in Counter(r.instance_id for r in records).items() if n > 1):
         raise ValueError(f"dataset {str(path)!r}: duplicate instance ids {dupes[:5]}")
     return records
