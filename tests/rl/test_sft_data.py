@@ -14,6 +14,7 @@ from jointrl.envs.base import ToolSpec
 from jointrl.model.chat_template import ChatTemplate
 from jointrl.rl.config import load_config
 from jointrl.rl.learner.group import _free_port
+from jointrl.rl.preflight import guard
 from jointrl.rl.sft import sft_batch
 from jointrl.rl.sft_data import parse_message, read_transcripts
 
@@ -62,11 +63,17 @@ def test_transcripts_tokenize_as_the_conversation_with_loss_on_the_assistant_tur
         assert f"{i + 3} notes{i}.txt" not in tpl.tok.decode(trained)  # the tool's output never trains
 
 
-def test_a_row_without_an_assistant_turn_or_messages_names_the_row(tmp_path):
+def test_a_row_without_an_assistant_turn_or_messages_names_the_row(tmp_path, capsys):
     datasets.Dataset.from_list([{"messages": json.dumps(conversation(0))},
                                 {"messages": json.dumps(conversation(1)[:2])}]).to_parquet(str(tmp_path / "a.parquet"))
     with pytest.raises(ValueError, match=re.escape("row 1 has no assistant message")):
         read_transcripts(tmp_path / "a.parquet", ChatTemplate())
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # jointrl sft says so before Ray starts, in one line
+        guard("sft", [f"recipe.sft_data={tmp_path / 'a.parquet'}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "recipe.sft_data: sft data" in err, err
+    assert "row 1 has no assistant message" in err, err
     datasets.Dataset.from_list([{"text": "hi"}]).to_parquet(str(tmp_path / "b.parquet"))
     with pytest.raises(ValueError, match=r"no 'messages' column; its columns: \['text'\]"):
         read_transcripts(tmp_path / "b.parquet", ChatTemplate())
