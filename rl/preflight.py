@@ -48,7 +48,7 @@ def check(overrides: list[str], split: str | None = None) -> None:
             raise ValueError(f"envs.domains.{domain}: no tasks under {dc.task_dir or 'the shipped set'!r}")
     if cfg.recipe.sft_data:  # jointrl sft's own transcripts: a bad row named now, not after Ray's start
         from jointrl.rl.build import build_template  # lazy: as above
-        from jointrl.rl.sft_data import read_transcripts
+        from jointrl.rl.sft_data import read_transcripts  # lazy: as above (it imports rl.types, torch)
 
         try:
             read_transcripts(cfg.recipe.sft_data, build_template(cfg), cfg.recipe.sft_data_split)
