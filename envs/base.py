@@ -32,6 +32,18 @@ class Observation:
 
 
 @dataclass(frozen=True, slots=True)
+class DatasetSource:
+    """Where a domain's records come from when they are a dataset: a local parquet / arrow /
+    JSONL file or a ``save_to_disk`` directory, its split, field -> column renames, and (docker
+    backend) the template of each record's image."""
+
+    path: str
+    split: str = "train"
+    columns: dict[str, str] = field(default_factory=dict)
+    image: str = ""  # a template naming each record's Docker image (code_repo/images.py); "": its image_name
+
+
+@dataclass(frozen=True, slots=True)
 class Task:
     """One task of one domain.
 

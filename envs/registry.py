@@ -8,6 +8,10 @@ Each domain is a package under ``envs/`` that exposes two functions, and one lin
 - ``make_env(envs_cfg) -> Env``: a fresh env for one episode (``envs_cfg`` is
   ``jointrl.rl.config.EnvsConfig``, duck-typed: envs may not import rl).
 
+A domain in ``DATASET_DOMAINS`` also loads its records from a Hugging Face ``datasets`` file or
+directory (``envs.domains.<d>.dataset``, as a :class:`DatasetSource`): its ``load_tasks`` takes
+``dataset=``.
+
 Modules are imported on first use, so a domain's optional dependencies cost nothing to the others.
 """
 
@@ -17,7 +21,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from jointrl.envs.base import Env, Task, ToolCall
+from jointrl.envs.base import DatasetSource, Env, Task, ToolCall
 from jointrl.envs.sandbox.settings import DOCKER_DOMAINS, check_backend
 from jointrl.envs.splits import select
 
@@ -29,6 +33,19 @@ DOMAINS: dict[str, str] = {
     "office": "jointrl.envs.office.domain",
     "browser": "jointrl.envs.browser.domain",
 }
+
+# domains whose records may come from a datasets file or directory (envs.domains.<d>.dataset)
+DATASET_DOMAINS = ("code_repo",)
+
+
+def dataset_source(domain_cfg: Any) -> DatasetSource | None:
+    """``envs.domains.<d>``'s dataset (``rl.config.DomainConfig``, duck-typed), or None."""
+    path = getattr(domain_cfg, "dataset", None)
+    if not path:
+        return None
+    return DatasetSource(str(path), str(domain_cfg.dataset_split), dict(domain_cfg.dataset_columns),
+                         str(domain_cfg.dataset_image or ""))
+
 
 # domain name -> "module:function(task, name)" giving a task's named scripted policy as turns of tool
 # calls (``oracle`` solves the task; ``noop``, ``wrong`` do not): demonstrations for ``jointrl sft``
@@ -47,13 +64,20 @@ def _module(domain: str) -> Any:
     return importlib.import_module(DOMAINS[domain])
 
 
-def load_tasks(domain: str, task_dir: str | None = None, split: str = "all", backend: str = "bwrap") -> list[Task]:
-    """The domain's shipped tasks, or those under ``task_dir``, that run on ``backend``
-    (``envs.sandbox.backend``); only ``split``'s (``train`` | ``heldout`` | ``all``,
+def load_tasks(domain: str, task_dir: str | None = None, split: str = "all", backend: str = "bwrap",
+               dataset: DatasetSource | None = None) -> list[Task]:
+    """The domain's shipped tasks, or those under ``task_dir`` or in ``dataset``, that run on
+    ``backend`` (``envs.sandbox.backend``); only ``split``'s (``train`` | ``heldout`` | ``all``,
     ``jointrl.envs.splits``). An empty split is an error."""
     check_backend(domain, backend)
     path = Path(task_dir) if task_dir else None
-    tasks = _module(domain).load_tasks(path, backend) if domain in DOCKER_DOMAINS else _module(domain).load_tasks(path)
+    kwargs: dict[str, Any] = {"backend": backend} if domain in DOCKER_DOMAINS else {}
+    if dataset is not None:
+        if domain not in DATASET_DOMAINS:
+            raise ValueError(f"domain {domain!r} does not load datasets (dataset={dataset.path!r}); "
+                             f"those that do: {list(DATASET_DOMAINS)}")
+        kwargs["dataset"] = dataset
+    tasks = _module(domain).load_tasks(path, **kwargs)
     chosen = select(tasks, split)
     if tasks and not chosen:
         raise ValueError(f"domain {domain!r}: its {split!r} split is empty (all {len(tasks)} tasks are in the other "

@@ -36,7 +36,7 @@ def swe_tests(task: Task, episode: Episode) -> RewardResult:
     except OSError as e:
         raise EnvError(f"cannot open the verification sandbox of task {task.id!r}: {e}") from e
     try:
-        result = sandbox.exec(command(record.test_files()), timeout=timeout)
+        result = sandbox.exec(command(record.test_files(), record.workdir), timeout=timeout)
         try:
             results = sandbox.read_file(RESULTS_FILE).decode("utf-8", errors="replace")
         except (FileNotFoundError, ValueError):  # absent, or not a regular file inside /logs/verifier

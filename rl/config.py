@@ -318,6 +318,13 @@ class DomainConfig:
     tiers: dict[ThinkingTier, float] = field(default_factory=dict)  # override each task's tier by weight; {} keeps the task's own
     reward: dict[str, float] = field(default_factory=dict)  # override each task's reward weights; {} keeps them
     split: Split = Split.train  # jointrl eval reads heldout
+    # records through Hugging Face datasets (code_repo; envs/code_repo/dataset.py): a local parquet /
+    # arrow / JSONL file or a save_to_disk directory; None: task_dir's (or the shipped) instances.jsonl
+    dataset: str | None = None
+    dataset_split: str = "train"  # a save_to_disk DatasetDict's split
+    dataset_columns: dict[str, str] = field(default_factory=dict)  # field -> the dataset's column (FAIL_TO_PASS: fail_to_pass)
+    # docker backend: each record's image, a template over {repo} {name} {instance_id} ("": its image_name column)
+    dataset_image: str = ""
 
 
 class SandboxBackend(enum.StrEnum):
@@ -516,6 +523,10 @@ class RecipeConfig:
     # probability of sampling the whole oracle (rl/sft.heldout_fit) -- no episodes played
     sft_heldout_every: int = 0
     sft_heldout_limit: int = 32
+    # a user's own demonstrations instead of the oracles' (rl/sft_data.py): a chat-messages datasets
+    # file (parquet / arrow / JSONL) or save_to_disk directory; None: play the scripted oracles
+    sft_data: str | None = None
+    sft_data_split: str = "train"  # a save_to_disk DatasetDict's split
     # domain -> the task folder the GRPO stage trains on (its train split) instead of
     # envs.domains.<d>.task_dir, which the SFT demonstrations and every held-out eval keep using:
     # e.g. fresh tasks, other seeds of the same generators that no demonstration showed (measured:

@@ -40,7 +40,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from jointrl.envs.base import TIERS, Task
-from jointrl.envs.registry import load_tasks, make_env, scripted_policy
+from jointrl.envs.registry import dataset_source, load_tasks, make_env, scripted_policy
 from jointrl.envs.splits import SPLITS
 from jointrl.rewards.base import succeeded
 from jointrl.rl.agent_loop import run_episode_with_retries
@@ -87,7 +87,7 @@ def eval_tasks(cfg: Config, spec: EvalSpec) -> list[Task]:
     domain's configured reward weights, as in training."""
     tasks: list[Task] = []
     for domain, dc in cfg.envs.domains.items():
-        chosen = sorted(load_tasks(domain, dc.task_dir, spec.split, cfg.envs.sandbox.backend), key=lambda t: t.id)
+        chosen = sorted(load_tasks(domain, dc.task_dir, spec.split, cfg.envs.sandbox.backend, dataset_source(dc)), key=lambda t: t.id)
         chosen = chosen[: spec.limit] if spec.limit else chosen
         tasks += [dataclasses.replace(t, reward=dict(dc.reward)) if dc.reward else t for t in chosen]
     return tasks

@@ -12,7 +12,7 @@ import random
 from collections import Counter
 
 from jointrl.envs.base import Task
-from jointrl.envs.registry import load_tasks
+from jointrl.envs.registry import dataset_source, load_tasks
 from jointrl.rl.config import DomainConfig
 
 
@@ -45,7 +45,7 @@ class JointSampler:
     def from_config(cls, domains: dict[str, DomainConfig], seed: int, backend: str = "bwrap") -> JointSampler:
         """Over each domain's configured tasks (``task_dir``) of its configured ``split`` that run on
         ``backend`` (``envs.sandbox.backend``)."""
-        return cls({d: load_tasks(d, dc.task_dir, dc.split, backend) for d, dc in domains.items()}, domains, seed)
+        return cls({d: load_tasks(d, dc.task_dir, dc.split, backend, dataset_source(dc)) for d, dc in domains.items()}, domains, seed)
 
     @staticmethod
     def realized_mix(batch: list[tuple[Task, str]]) -> dict[str, float]:

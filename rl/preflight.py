@@ -3,7 +3,8 @@
 ``jointrl <command> key=value ...`` (``rl/cli.py``) runs :func:`guard` first: it composes the
 config as the command will (``load_config``: unknown keys, wrong types, values out of range),
 loads every configured domain's tasks as the command will (a missing ``task_dir``, a malformed
-``task.toml``, a folder whose tasks all need Docker on the bwrap backend), checks that a
+``task.toml``, a folder whose tasks all need Docker on the bwrap backend, a dataset record
+missing a field), reads ``recipe.sft_data``'s transcripts when set, checks that a
 ``checkpoint=`` path exists and, for ``envs.sandbox.backend=docker``, that a daemon answers and
 every domain can run there. The first problem is printed as one line, ``jointrl: error: ...``,
 and the process exits with status 2 -- no traceback, unless ``--debug`` is given or
@@ -28,7 +29,7 @@ def check(overrides: list[str], split: str | None = None) -> None:
     ``split``: the split every domain is read at (``jointrl eval``'s); None: each domain's own.
     """
     # lazy: rl/cli.py imports this module for every command, and the config pulls in torch
-    from jointrl.envs.registry import load_tasks
+    from jointrl.envs.registry import dataset_source, load_tasks
     from jointrl.rl.config import load_config  # lazy: as above
 
     cfg = load_config(overrides)
@@ -40,11 +41,19 @@ def check(overrides: list[str], split: str | None = None) -> None:
             raise ValueError(f"envs.sandbox.backend=docker: {why}")
     for domain, dc in cfg.envs.domains.items():
         try:
-            tasks = load_tasks(domain, dc.task_dir, split or dc.split, backend)
+            tasks = load_tasks(domain, dc.task_dir, split or dc.split, backend, dataset_source(dc))
         except ValueError as e:
             raise ValueError(f"envs.domains.{domain}: {e}") from e
         if not tasks:
             raise ValueError(f"envs.domains.{domain}: no tasks under {dc.task_dir or 'the shipped set'!r}")
+    if cfg.recipe.sft_data:  # jointrl sft's own transcripts: a bad row named now, not after Ray's start
+        from jointrl.rl.build import build_template  # lazy: as above
+        from jointrl.rl.sft_data import read_transcripts  # lazy: as above (it imports rl.types, torch)
+
+        try:
+            read_transcripts(cfg.recipe.sft_data, build_template(cfg), cfg.recipe.sft_data_split)
+        except ValueError as e:
+            raise ValueError(f"recipe.sft_data: {e}") from e
     if cfg.checkpoint and not Path(cfg.checkpoint).exists():
         raise ValueError(f"checkpoint={cfg.checkpoint} does not exist")
 

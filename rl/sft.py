@@ -8,6 +8,10 @@
     -> checkpoints in the driver's format (<output_dir>/checkpoints: jointrl train resume=true,
        jointrl eval checkpoint=..., jointrl export read them)
 
+``recipe.sft_data=PATH`` replaces the oracles by a user's own transcripts, a chat-messages
+datasets file (``rl/sft_data.py``: tokenized with the run's chat template, loss on the assistant
+turns); the rest of the stage is the same.
+
 ``recipe.sft_demos`` sets which scripted policy demonstrates each task: ``{oracle: 1.0}`` (the
 default) imitates the oracles; ``{oracle: 0.5, wrong: 0.5}`` gives each task the oracle or its
 plausible slip (the generated families' ``wrong`` policy: ``grep -ci`` for ``grep -c``, ``s/a/b/``
@@ -44,6 +48,7 @@ from jointrl.rl.config import Algorithm, Config, register_schemas, to_config
 from jointrl.rl.eval import EvalSpec, eval_tasks, play
 from jointrl.rl.learner.batch import TrainBatch
 from jointrl.rl.learner.group import LearnerGroup
+from jointrl.rl.sft_data import read_transcripts
 from jointrl.rl.rollout.scripted import ScriptedEngine
 from jointrl.rl.tracking import RunTracker
 from jointrl.rl.train import _start_ray
@@ -145,11 +150,17 @@ def sft(cfg: Config) -> dict[str, float]:
     out_dir = Path(cfg.output_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.structured(cfg), out_dir / "config.yaml")
-    demos, unsolved = oracle_transcripts(cfg)
+    if cfg.recipe.sft_data:
+        demos, unsolved = read_transcripts(cfg.recipe.sft_data, build_template(cfg), cfg.recipe.sft_data_split), 0
+        if not demos:
+            raise ValueError(f"recipe.sft_data={cfg.recipe.sft_data}: the file holds no transcripts")
+    else:
+        demos, unsolved = oracle_transcripts(cfg)
     if not demos:
         raise ValueError(f"no oracle transcript solved its task within rollout.max_context={cfg.rollout.max_context} "
                          f"and rollout.max_tokens_per_turn={cfg.rollout.max_tokens_per_turn}; raise them")
-    print(f"sft: {len(demos)} demonstrations {dict(cfg.recipe.sft_demos)} ({unsolved} left out), "
+    source = cfg.recipe.sft_data or dict(cfg.recipe.sft_demos)
+    print(f"sft: {len(demos)} demonstrations {source} ({unsolved} left out), "
           f"{sum(sum(t.loss_mask) for t in demos)} assistant tokens", flush=True)
     rc = cfg.recipe
     draws = demo_draws(demos, rc.sft_domain_weights, cfg.seed)

@@ -1,11 +1,20 @@
 """Run tracking: Weights & Biases (offline by default), one console line per step, and the
-step's trajectories as JSONL (``<output_dir>/trajectories/step_000001.jsonl``).
+step's trajectories as JSONL and parquet (``<output_dir>/trajectories/step_000001.{jsonl,parquet}``).
 
 wandb gets the resolved config (``wandb.init(config=...)``), every per-step scalar, histograms
 (``staleness/histogram``) and a ``trajectories`` table of ``logger.table_rows`` transcripts
 per step (evenly spaced over the step's trajectories: domain, task, tier, reward, finish
 reason, turns, the decoded tokens with special tokens shown). Tested by reading the offline
-run directory (``tests/rl/test_tracking.py``)."""
+run directory (``tests/rl/test_tracking.py``).
+
+Beside each JSONL shard the same trajectories go to ``step_000001.parquet`` (:func:`write_parquet`),
+one row per trajectory with the JSONL's fields, so ``datasets.load_dataset("parquet", ...)`` and
+``pandas.read_parquet`` read a run without a loader of ours. Per-token fields are list columns
+(``token_ids``/``policy_version`` int64, ``loss_mask`` int8, ``logprobs`` float64: the JSONL's
+values exactly); ``routed_experts`` keeps the JSONL's compact encoding, a struct
+``{dtype, shape, data}`` (``rl/types.tensor_from_json`` reads a row's value back);
+``messages`` and ``reward_info`` are free-form (tool arguments, reward parts), so they are JSON
+text columns (``json.loads`` gives the JSONL's value)."""
 
 from __future__ import annotations
 
@@ -15,9 +24,32 @@ import uuid
 from dataclasses import asdict
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from jointrl.rl.build import build_tokenizer
 from jointrl.rl.config import Config
 from jointrl.rl.types import Trajectory
+
+_JSON_TEXT = ("messages", "reward_info")  # free-form nested values: JSON text in the parquet shard
+PARQUET_SCHEMA = pa.schema([
+    ("token_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int8())), ("logprobs", pa.list_(pa.float64())),
+    ("policy_version", pa.list_(pa.int64())), ("domain", pa.string()), ("task_id", pa.string()),
+    ("group_id", pa.string()), ("tier", pa.string()), ("finish_reason", pa.string()), ("reward", pa.float64()),
+    ("reward_info", pa.string()), ("messages", pa.string()), ("num_turns", pa.int64()),
+    ("num_tool_calls", pa.int64()), ("num_tool_errors", pa.int64()), ("env_retries", pa.int64()),
+    ("reward_time_s", pa.float64()), ("think_tokens", pa.int64()),
+    ("routed_experts", pa.struct([("dtype", pa.string()), ("shape", pa.list_(pa.int64())), ("data", pa.string())])),
+    ("image_patches", pa.list_(pa.int64())),
+])
+
+
+def write_parquet(path: Path, rows: list[dict]) -> None:
+    """Write ``Trajectory.to_json()`` rows as one parquet file of ``PARQUET_SCHEMA``."""
+    assert not rows or set(rows[0]) == set(PARQUET_SCHEMA.names), "PARQUET_SCHEMA out of step with Trajectory"
+    cols = {name: [json.dumps(r[name]) if name in _JSON_TEXT else r[name] for r in rows]
+            for name in PARQUET_SCHEMA.names}
+    pq.write_table(pa.table(cols, schema=PARQUET_SCHEMA), path)
 
 
 class RunTracker:
@@ -48,9 +80,11 @@ class RunTracker:
                 payload["trajectories"] = self._table(step, trajs)
             self.run.log(payload, step=step)
         if self.cfg.logger.dump_trajectories:
+            rows = [t.to_json() for t in trajs]
             with open(self.traj_dir / f"step_{step:06d}.jsonl", "w") as f:
-                for t in trajs:
-                    f.write(json.dumps(t.to_json()) + "\n")
+                for r in rows:
+                    f.write(json.dumps(r) + "\n")
+            write_parquet(self.traj_dir / f"step_{step:06d}.parquet", rows)
         m = metrics
         print(f"step {step:4d} | reward {m['reward/mean']:.3f} | tool_err {m['tool_error_rate']:.2f} "
               f"| env_err {int(m['env_error'])} | tok/s {m['perf/rollout_tokens_per_s']:.0f} "

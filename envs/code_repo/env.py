@@ -2,7 +2,9 @@
 
 One ``CodeRepoEnv`` hosts one episode: ``reset(task)`` opens a bubblewrap sandbox whose
 ``/work`` is the instance's repository at its base commit (a fresh one-commit git repository,
-``RepoStore.workdir``); the tools are ``bash``, ``view_file``, ``str_replace``, ``create``,
+``RepoStore.workdir``) -- or, for a record that names a Docker image (``images.py``), a
+container of that image (its runtime, the docker backend's limits) whose working dir
+(``/testbed``) holds that same one-commit tree in place of the image's checkout; the tools are ``bash``, ``view_file``, ``str_replace``, ``create``,
 ``insert`` and ``submit`` (``tools.py``). The sandbox has Debian's ``/usr/bin/python3`` with
 pytest, read-only, and no network. For the ``swe_tests`` reward, ``verify_sandbox`` (before
 ``close()``) or ``await final_files()`` (a snapshot that outlives ``close()``) open fresh
@@ -20,11 +22,11 @@ from typing import Any
 
 from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec, refuse, validate_call
 from jointrl.envs.code_repo import tools
+from jointrl.envs.code_repo.images import open_sandbox
 from jointrl.envs.code_repo.records import SweRecord
 from jointrl.envs.code_repo.snapshot import RepoStore, default_store
 from jointrl.envs.code_repo.verifier import FinalRepo
-from jointrl.envs.sandbox.base import SandboxConfig
-from jointrl.envs.sandbox.bwrap import BwrapSandbox
+from jointrl.envs.sandbox.base import Sandbox, SandboxConfig
 from jointrl.envs.terminal.env import format_result
 
 
@@ -49,7 +51,7 @@ class CodeRepoEnv:
         self.compact = compact
         self.tools: list[ToolSpec] = list(tools.TOOLS_COMPACT if compact else tools.TOOLS)
         self.record: SweRecord | None = None
-        self.sandbox: BwrapSandbox | None = None
+        self.sandbox: Sandbox | None = None
         self.done = False
         self.num_tool_errors = 0
 
@@ -59,8 +61,8 @@ class CodeRepoEnv:
         await self.close()
         try:
             workdir = await asyncio.to_thread(self.store.workdir, record)
-            self.sandbox = await asyncio.to_thread(BwrapSandbox, self.config, workdir)
-        except (OSError, RuntimeError) as e:  # git failed or the sandbox did not start
+            self.sandbox = await asyncio.to_thread(open_sandbox, record, self.config, workdir)
+        except (OSError, RuntimeError, ValueError) as e:  # git failed, an image lacks the repo, no sandbox
             raise EnvError(f"cannot open a sandbox for instance {record.instance_id!r}: {e}") from e
         self.record, self.done, self.num_tool_errors = record, False, 0
         return [Message(role="system", content=system_prompt(self.config, self.compact)),
@@ -100,7 +102,7 @@ class CodeRepoEnv:
             return tools.insert(sb, a["path"], a["line"], a["text"])
         raise AssertionError(f"validated tool {call.name!r} has no handler")
 
-    def verify_sandbox(self) -> BwrapSandbox:
+    def verify_sandbox(self) -> Sandbox:
         """A fresh verification sandbox over a copy of ``/work`` as it is now; the caller closes it."""
         if self.sandbox is None or self.record is None:
             raise RuntimeError("CodeRepoEnv.verify_sandbox() called before reset() or after close()")
@@ -118,7 +120,7 @@ class CodeRepoEnv:
 
     def _take(self) -> FinalRepo:
         try:
-            return FinalRepo.take(self.sandbox, self.store.canon(self.record), self.config)
+            return FinalRepo.take(self.sandbox, self.store.canon(self.record), self.config, self.record)
         except (OSError, RuntimeError) as e:
             raise EnvError(f"cannot snapshot the final files of {self.record.instance_id!r}: {e}") from e
 

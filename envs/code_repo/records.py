@@ -39,16 +39,20 @@ class SweRecord:
     problem_statement: str
     fail_to_pass: tuple[str, ...]
     pass_to_pass: tuple[str, ...]
-    source: Path  # the repository's bundle or directory
+    source: Path | None  # the repository's bundle or directory; None: the image's working dir holds it
     wrong_patch: str = ""
+    image: str = ""  # a Docker image holding the repository (and its runtime) at ``workdir``; "": bwrap
+    workdir: str = "/work"  # where the agent finds the repository (an image's: its WORKDIR, /testbed)
 
     def test_files(self) -> list[str]:
         """The test files holding the FAIL_TO_PASS and PASS_TO_PASS tests, sorted."""
         return sorted({t.split("::")[0] for t in (*self.fail_to_pass, *self.pass_to_pass)})
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], repos_dir: Path) -> SweRecord:
-        """Parse one record. Raises ``ValueError`` naming the instance and the bad field."""
+    def from_dict(cls, raw: dict[str, Any], repos_dir: Path | None, image: str = "",
+                  workdir: str = "/work") -> SweRecord:
+        """Parse one record; its repository is ``repos_dir``'s bundle, or (``repos_dir`` None) in
+        ``image`` at ``workdir``. Raises ``ValueError`` naming the instance and the bad field."""
         if not isinstance(raw, dict):
             raise ValueError(f"an instance record must be a JSON object, got {type(raw).__name__}")
         name = raw.get("instance_id", "<no instance_id>")
@@ -65,12 +69,13 @@ class SweRecord:
         return cls(repo=raw["repo"], instance_id=raw["instance_id"], base_commit=raw["base_commit"],
                    patch=raw["patch"], test_patch=raw["test_patch"], problem_statement=raw["problem_statement"],
                    fail_to_pass=tests["FAIL_TO_PASS"], pass_to_pass=tests["PASS_TO_PASS"],
-                   source=repo_source(repos_dir, raw["repo"]), wrong_patch=str(raw.get("wrong_patch", "")))
+                   source=None if repos_dir is None else repo_source(repos_dir, raw["repo"]),
+                   wrong_patch=str(raw.get("wrong_patch", "")), image=image, workdir=workdir)
 
     def to_metadata(self) -> dict[str, Any]:
         """JSON-able fields for ``Task.metadata`` (``from_task`` reads them back)."""
         d = asdict(self)
-        d["source"] = str(self.source)
+        d["source"] = "" if self.source is None else str(self.source)
         d["fail_to_pass"], d["pass_to_pass"] = list(self.fail_to_pass), list(self.pass_to_pass)
         return d
 
@@ -80,7 +85,7 @@ class SweRecord:
         m = task.metadata.get("swe")
         if task.domain != DOMAIN or not isinstance(m, dict):
             raise ValueError(f"task {task.id!r} (domain {task.domain!r}) is not a code_repo task")
-        return cls(**{**m, "source": Path(m["source"]), "fail_to_pass": tuple(m["fail_to_pass"]),
+        return cls(**{**m, "source": Path(m["source"]) if m["source"] else None, "fail_to_pass": tuple(m["fail_to_pass"]),
                       "pass_to_pass": tuple(m["pass_to_pass"])})
 
 
@@ -139,13 +144,14 @@ def read_records(root: Path | None = None) -> list[SweRecord]:
 def render_prompt(record: SweRecord) -> str:
     """The task's user turn: where the repository is and what to do, then the issue, last, right
     before the agent's turn (a small model reads what is near its turn: docs/recipe.md, fifth session)."""
-    return (f"The repository {record.repo} is checked out in /work. Fix the issue below by editing the "
-            f"source files (not the tests), then call `submit`.\n\n<issue>\n{record.problem_statement.strip()}\n</issue>")
+    return (f"The repository {record.repo} is checked out in {record.workdir}. Fix the issue below by editing "
+            f"the source files (not the tests), then call `submit`.\n\n<issue>\n{record.problem_statement.strip()}\n</issue>")
 
 
 def to_task(record: SweRecord, max_turns: int = DEFAULT_MAX_TURNS) -> Task:
+    root = None if record.source is None else record.source.parent
     return Task(id=record.instance_id, domain=DOMAIN, prompt=render_prompt(record), tier="low",
-                max_turns=max_turns, root=record.source.parent, reward={"swe_tests": 1.0},
+                max_turns=max_turns, root=root, reward={"swe_tests": 1.0},
                 metadata={"swe": record.to_metadata()})
 
 

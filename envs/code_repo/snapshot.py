@@ -1,7 +1,8 @@
 """Repository snapshots on the host: trees of a shipped repository at an instance's commit.
 
-A repository ships as a git bundle (or any directory ``git clone`` accepts). ``RepoStore``
-clones each source once (bare) and derives, per instance, cached for the process:
+A repository ships as a git bundle (or any directory ``git clone`` accepts), or inside a
+Docker image at the record's working dir (``record.image``: that git repository is copied out
+of the image once, ``images.export_repo``). ``RepoStore`` clones each source once (bare) and derives, per instance, cached for the process:
 
 - ``workdir(record)``: the tree at ``base_commit`` as a fresh one-commit git repository,
   copied into each episode's ``/work``. A fresh history, so later commits of the source
@@ -79,18 +80,26 @@ class RepoStore:
         if cache_dir is None:
             weakref.finalize(self, shutil.rmtree, self.root, True)
 
-    def _bare(self, source: Path) -> Path:
-        key = ("bare", str(source))
+    def _bare(self, record: Any) -> Path:
+        key = ("bare", _source_key(record))
         if key not in self._done:
-            if not source.exists():
-                raise ValueError(f"repository source {str(source)!r} does not exist")
             dest = self.root / f"src-{len(self._done)}.git"
-            git("clone", "--bare", "-q", str(source), str(dest))
+            if record.source is None:
+                from jointrl.envs.code_repo.images import export_repo  # lazy: the docker SDK only for image records
+
+                exported = dest.with_suffix(".export")
+                export_repo(record.image, record.workdir, exported)
+                git("clone", "--bare", "-q", str(exported), str(dest))
+                shutil.rmtree(exported, ignore_errors=True)
+            else:
+                if not record.source.exists():
+                    raise ValueError(f"repository source {str(record.source)!r} does not exist")
+                git("clone", "--bare", "-q", str(record.source), str(dest))
             self._done[key] = dest
         return self._done[key]
 
-    def _tree(self, source: Path, commit: str, dest: Path) -> None:
-        data = git("--git-dir", str(self._bare(source)), "archive", "--format=tar", commit)
+    def _tree(self, record: Any, commit: str, dest: Path) -> None:
+        data = git("--git-dir", str(self._bare(record)), "archive", "--format=tar", commit)
         dest.mkdir(parents=True)
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             tar.extractall(dest, filter="data")
@@ -107,19 +116,19 @@ class RepoStore:
         """The base commit's tree as a one-commit git repository (do not modify it)."""
 
         def build(dest: Path) -> None:
-            self._tree(record.source, record.base_commit, dest)
+            self._tree(record, record.base_commit, dest)
             git("init", "-q", "-b", "main", cwd=dest)
             git("add", "-A", cwd=dest)
             git("commit", "-q", "-m", f"{record.repo} at {record.base_commit[:12]}", cwd=dest)
 
-        return self._cached(("work", str(record.source), record.base_commit), build)
+        return self._cached(("work", _source_key(record), record.base_commit), build)
 
     def canon(self, record: Any) -> Path:
         """The test infrastructure at the base commit with ``test_patch`` applied (do not modify it)."""
 
         def build(dest: Path) -> None:
             full = dest.with_name(dest.name + "-full")
-            self._tree(record.source, record.base_commit, full)
+            self._tree(record, record.base_commit, full)
             if record.test_patch.strip():
                 git("apply", "--whitespace=nowarn", "-", cwd=full, input=record.test_patch.encode())
             dest.mkdir()
@@ -130,7 +139,7 @@ class RepoStore:
                     shutil.copyfile(path, dest / rel)
             shutil.rmtree(full)
 
-        return self._cached(("canon", str(record.source), record.instance_id, record.base_commit), build)
+        return self._cached(("canon", _source_key(record), record.instance_id, record.base_commit), build)
 
     def patched(self, record: Any, patch: str) -> tuple[dict[str, str | None], dict[str, str | None]]:
         """(before, after): the text of each file ``patch`` touches at the base commit and after it."""
@@ -138,12 +147,16 @@ class RepoStore:
         with self._lock:
             tmp = Path(tempfile.mkdtemp(dir=self.root))
             try:
-                self._tree(record.source, record.base_commit, tmp / "t")
+                self._tree(record, record.base_commit, tmp / "t")
                 before = read_tree(tmp / "t", paths)
                 git("apply", "--whitespace=nowarn", "-", cwd=tmp / "t", input=patch.encode())
                 return before, read_tree(tmp / "t", paths)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _source_key(record: Any) -> str:
+    return f"image:{record.image}:{record.workdir}" if record.source is None else str(record.source)
 
 
 _default: RepoStore | None = None

@@ -36,10 +36,12 @@ import shlex
 import shutil
 import weakref
 from pathlib import Path
+from typing import Any
 
 from jointrl.envs.base import EnvError
-from jointrl.envs.sandbox.base import SandboxConfig
-from jointrl.envs.sandbox.bwrap import BwrapSandbox, sandbox_root
+from jointrl.envs.code_repo.images import open_sandbox
+from jointrl.envs.sandbox.base import Sandbox, SandboxConfig
+from jointrl.envs.sandbox.bwrap import sandbox_root
 
 TOOLS_DIR = Path(__file__).parent / "verifier_tools"
 CANON_MOUNT = "/verifier/canon"
@@ -67,13 +69,15 @@ def pytest_env(results_file: str, tools_dir: str = TOOLS_MOUNT) -> dict[str, str
             "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def command(test_files: list[str]) -> str:
-    """The shell command run in the verification sandbox (see the module docstring)."""
+def command(test_files: list[str], workdir: str = "/work") -> str:
+    """The shell command run in the verification sandbox (see the module docstring); ``workdir``:
+    where the repository is (an image record's, e.g. ``/testbed``)."""
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in pytest_env(RESULTS_FILE).items())
-    run = " ".join(shlex.quote(a) for a in pytest_argv(test_files))
-    return (f"chmod -R u+rwX /work 2>/dev/null; "
-            f"/usr/bin/python3 -I {TOOLS_MOUNT}/restore_tests.py {CANON_MOUNT} /work || exit {RESTORE_FAILED_EXIT}; "
-            f"cd /work && env {env} {run}")
+    run = " ".join(shlex.quote(a) for a in pytest_argv(test_files, rootdir=workdir))
+    w = shlex.quote(workdir)
+    return (f"chmod -R u+rwX {w} 2>/dev/null; "
+            f"/usr/bin/python3 -I {TOOLS_MOUNT}/restore_tests.py {CANON_MOUNT} {w} || exit {RESTORE_FAILED_EXIT}; "
+            f"cd {w} && env {env} {run}")
 
 
 def outcomes(results: str) -> dict[str, bool]:
@@ -106,23 +110,24 @@ class FinalRepo:
     sandbox it opens.
     """
 
-    def __init__(self, snapshot: Path, canon: Path, config: SandboxConfig) -> None:
-        self.snapshot, self.canon, self.config = snapshot, canon, config
+    def __init__(self, snapshot: Path, canon: Path, config: SandboxConfig, record: Any) -> None:
+        self.snapshot, self.canon, self.config, self.record = snapshot, canon, config, record
         self._finalizer = weakref.finalize(self, shutil.rmtree, snapshot, True)
 
     @classmethod
-    def take(cls, sandbox: BwrapSandbox, canon: Path, config: SandboxConfig) -> FinalRepo:
-        """Snapshot ``sandbox``'s ``/work`` now."""
+    def take(cls, sandbox: Sandbox, canon: Path, config: SandboxConfig, record: Any) -> FinalRepo:
+        """Snapshot ``sandbox``'s working dir now; verification sandboxes are ``record``'s kind
+        (bwrap, or a fresh container of its image)."""
         snapshot = sandbox_root() / f"snap-{secrets.token_hex(8)}"
         sandbox.copy_workdir_to(snapshot)
-        return cls(snapshot, canon, config)
+        return cls(snapshot, canon, config, record)
 
-    def __call__(self) -> BwrapSandbox:
+    def __call__(self) -> Sandbox:
         if not self._finalizer.alive:
             raise RuntimeError("the episode's final files were discarded")
         if not self.snapshot.is_dir():  # removed behind our back: infrastructure, not the policy
             raise EnvError(f"the snapshot of the episode's final files is gone: {str(self.snapshot)!r}")
-        return BwrapSandbox(self.config, workdir_from=self.snapshot,
+        return open_sandbox(self.record, self.config, self.snapshot,
                             ro_binds={str(self.canon): CANON_MOUNT, str(TOOLS_DIR): TOOLS_MOUNT},
                             rw_dirs=(VERIFIER_LOGS,), env={"HOME": "/tmp"})
 

@@ -14,7 +14,7 @@ from typing import Any
 from jointrl.envs.sandbox.base import SandboxConfig
 
 # Domains whose envs run on the docker backend (others run their tools from host venvs on bwrap).
-DOCKER_DOMAINS = ("terminal",)
+DOCKER_DOMAINS = ("terminal", "code_repo")
 
 
 @dataclass(frozen=True, slots=True)

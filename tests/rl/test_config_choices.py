@@ -16,7 +16,10 @@ from jointrl.rl.config import CONF_DIR, Config, Split, ThinkingTier, load_config
 # The free-text fields: names, paths, addresses. Anything else typed ``str`` would be a choice
 # decided by string comparison somewhere; a new one must be a StrEnum or be added here on purpose.
 FREE_TEXT = {"model.name", "model.path", "model.tokenizer", "envs.domains.*.task_dir", "envs.sandbox.rootfs", "cluster.ray_address", "logger.project",
-             "serve.host", "serve.model_name", "serve.record_path", "checkpoint", "run_name", "output_dir"}
+             "serve.host", "serve.model_name", "serve.record_path", "checkpoint", "run_name", "output_dir",
+             # a user's datasets: paths, their own split names, an image-name template
+             "envs.domains.*.dataset", "envs.domains.*.dataset_split", "envs.domains.*.dataset_image",
+             "recipe.sft_data", "recipe.sft_data_split"}
 # Values a choice needs beside it to pass the cross-field checks (``__post_init__``).
 COMPANIONS = {("algo.mismatch", m): {"algo.behaviour_logprobs": "learner"} for m in ("tis", "icepop", "mis")}
 
@@ -51,7 +54,8 @@ def test_no_config_choice_is_a_plain_str():
     plain = {key for key, tp in _leaves(Config) if _is_plain_str(tp) and typing.get_origin(tp) is not dict}
     assert plain == FREE_TEXT
     dict_str_values = {key for key, tp in _leaves(Config) if typing.get_origin(tp) is dict and _args(tp)[1] is str}
-    assert dict_str_values == {"recipe.grpo_task_dirs"}  # domain -> a task folder (a path)
+    # domain -> a task folder (a path); a record field -> the user's dataset's column name
+    assert dict_str_values == {"recipe.grpo_task_dirs", "envs.domains.*.dataset_columns"}
     for key, tp in _leaves(Config):
         for e in _enums(tp):
             assert issubclass(e, enum.StrEnum) and all(m.name == m.value for m in e), (key, e)  # OmegaConf reads names

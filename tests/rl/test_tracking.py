@@ -80,3 +80,67 @@ def test_offline_run_holds_config_scalars_histogram_and_trajectory_table(tmp_pat
     first, second = table["data"]
     assert first[2] == "task0" and first[5] == 1.0 and second[2] == "task2" and second[5] == 0.25  # evenly spaced
     assert "<|im_start|>assistant\n<think>plan</think>answer 0<|im_end|>" in first[-1]
+
+
+def test_parquet_shard_loads_with_datasets_and_pandas_as_the_jsonl(tmp_path):
+    """A real episode (engine routes recorded, a tool-call-free transcript) and scripted ones,
+    dumped by ``RunTracker.log``: the parquet shard read by ``datasets`` and by pandas holds the
+    JSONL's token ids, masks, log-probs, rewards, routes (same encoding) and transcripts."""
+    import asyncio
+
+    import datasets
+    import pandas as pd
+    import torch
+
+    from jointrl.envs.base import Message, Task
+    from jointrl.model import MoEConfig, MoETransformer
+    from jointrl.rl.agent_loop import AgentConfig, run_episode
+    from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
+    from jointrl.rl.types import SamplingParams, tensor_from_json
+
+    tpl = ChatTemplate()
+    model = MoETransformer.from_config(MoEConfig(initializer_range=0.1), dtype=torch.float64, seed=4).eval()
+    engine = LLMEngine(model, tpl.tok, EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=16,
+                                                    return_routed_experts=True))
+
+    class QuietEnv:
+        tools = []
+
+        async def reset(self, task):
+            return [Message(role="user", content=task.prompt)]
+
+        async def close(self):
+            pass
+
+    async def go():
+        try:
+            return await run_episode(QuietEnv(), engine, Task(id="r", domain="r", prompt="Route me.", tier="low",
+                                                              max_turns=1, reward={"format": 1.0}),
+                                     tpl, SamplingParams(max_tokens=9, temperature=0),
+                                     AgentConfig(max_context=512, thinking_budget={"low": 2}), group_id="g")
+        finally:
+            await engine.close()
+
+    real = asyncio.run(go())
+    real.reward, real.reward_info = 0.5, {"format": 0.5, "parts": {"x": [1, 2]}}
+    trajs = [real, *(_traj(i, r) for i, r in enumerate([1.0, 0.0]))]
+    cfg = load_config([f"output_dir={tmp_path}", "logger.wandb_mode=disabled"])
+    metrics = {"reward/mean": 0.5, "tool_error_rate": 0.0, "env_error": 0, "perf/rollout_tokens_per_s": 1.0,
+               "time/rollout_s": 1.0, "time/reward_s": 0.1, "time/learner_s": 2.0, "time/push_s": 0.2}
+    RunTracker(cfg, tmp_path).log(7, metrics, trajs)
+
+    jsonl = [json.loads(x) for x in (tmp_path / "trajectories" / "step_000007.jsonl").read_text().splitlines()]
+    shard = str(tmp_path / "trajectories" / "step_000007.parquet")
+    ds = datasets.load_dataset("parquet", data_files=shard, split="train", cache_dir=str(tmp_path / "hf"))
+    df = pd.read_parquet(shard)
+    assert len(ds) == len(df) == len(jsonl) == 3 and set(ds.column_names) == set(jsonl[0])
+    for row, ref, (_, pdrow) in zip(ds, jsonl, df.iterrows()):
+        for key in ("token_ids", "loss_mask", "logprobs", "policy_version", "reward", "task_id", "finish_reason"):
+            assert row[key] == ref[key], key
+        assert list(pdrow["token_ids"]) == ref["token_ids"] and list(pdrow["loss_mask"]) == ref["loss_mask"]
+        assert pdrow["reward"] == ref["reward"]
+        assert json.loads(row["messages"]) == ref["messages"] and json.loads(row["reward_info"]) == ref["reward_info"]
+        assert row["routed_experts"] == ref["routed_experts"]
+    routes = tensor_from_json(ds[0]["routed_experts"])
+    assert routes.shape[0] == len(real.token_ids) and torch.equal(routes, real.routed_experts)
+    assert ds[1]["routed_experts"] is None and 1 in ds[0]["loss_mask"] and 0 in ds[0]["loss_mask"]

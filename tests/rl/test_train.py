@@ -61,6 +61,14 @@ def test_run_killed_after_checkpoint_resumes_at_next_step(tmp_path):
         assert r["domain"] == "terminal" and r["finish_reason"] in ("stop", "length", "tool_limit", "context_overflow")
         # the rollout ran the weights pushed after step 2
         assert {v for v, m in zip(r["policy_version"], r["loss_mask"]) if m} == {2}
+    # the same step as parquet, read by Hugging Face datasets: the JSONL's tokens, masks and rewards
+    import datasets
+
+    ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "trajectories" / "step_000003.parquet"),
+                               split="train", cache_dir=str(tmp_path / "hf"))
+    assert len(ds) == len(rows)
+    for got, r in zip(ds, rows):
+        assert (got["token_ids"], got["loss_mask"], got["reward"]) == (r["token_ids"], r["loss_mask"], r["reward"])
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_3"
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs and all(list(r.glob("*.wandb")) for r in runs)
