@@ -5,16 +5,19 @@ One placement group holds a bundle per learner rank, another a bundle per rollou
 placed with ``cluster.placement_strategy`` (``PACK`` keeps a group on as few nodes as
 possible: the learner ranks' collectives stay on one node's links when they fit). A bundle's
 ``GPU: auto`` means one GPU when the Ray cluster has any, none otherwise (so one config serves
-a GPU cluster and the CPU shim test). Env workers hold no bundle: they are spread over the
+a GPU cluster and the CPU shim test). Env workers never hold a GPU: each reserves
+``cluster.env_worker_cpus`` CPUs; where the Ray cluster has CPU-only nodes beside GPU nodes
+they go to the CPU-only ones (round-robin, by node affinity), otherwise they are spread over the
 nodes (``SPREAD``) beside the sandboxes they start. Actors get exactly their bundle's
-resources, so Ray refuses to start a run the cluster cannot hold instead of oversubscribing.
+resources, so Ray refuses to start a run the cluster cannot hold instead of oversubscribing;
+each actor sets its torch threads from the CPUs it holds (``rl/actor_resources.py``).
 """
 
 from __future__ import annotations
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from jointrl.rl.config import Config
 
@@ -30,13 +33,21 @@ def resolve_bundle(bundle: dict, cluster_gpus: float) -> dict[str, float]:
     return out
 
 
+def cpu_only_nodes() -> list[str]:
+    """Ids of the alive Ray nodes without GPUs, when some other alive node has GPUs; else []."""
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    cpu_only = [n["NodeID"] for n in alive if n["Resources"].get("GPU", 0) == 0]
+    return cpu_only if len(cpu_only) < len(alive) else []
+
+
 class Placement:
-    """The run's placement groups; ``learner(i)`` / ``rollout(i)`` / ``env_worker()`` are the
+    """The run's placement groups; ``learner(i)`` / ``rollout(i)`` / ``env_worker(i)`` are the
     ``.options(...)`` of each actor."""
 
     def __init__(self, cfg: Config, timeout_s: float = 300.0) -> None:
         cc = cfg.cluster
         gpus = ray.cluster_resources().get("GPU", 0.0)
+        self.env_cpus, self.env_nodes = cc.env_worker_cpus, cpu_only_nodes()
         self.learner_bundle = resolve_bundle(cc.learner_bundle, gpus)
         self.rollout_bundle = resolve_bundle(cc.rollout_bundle, gpus)
         self.groups = {
@@ -63,9 +74,18 @@ class Placement:
     def rollout(self, index: int) -> dict:
         return self._options("rollout", self.rollout_bundle, index)
 
+    def env_worker(self, index: int) -> dict:
+        """Env worker ``index``: ``cluster.env_worker_cpus`` CPUs, no GPU, on a CPU-only node
+        (round-robin) where the cluster has them, else spread."""
+        if not self.env_nodes:
+            return self.spread(self.env_cpus)
+        node = self.env_nodes[index % len(self.env_nodes)]
+        return {"num_cpus": self.env_cpus, "num_gpus": 0,
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+
     @staticmethod
-    def env_worker() -> dict:
-        return {"num_cpus": 0, "scheduling_strategy": "SPREAD"}
+    def spread(cpus: float) -> dict:
+        return {"num_cpus": cpus, "num_gpus": 0, "scheduling_strategy": "SPREAD"}
 
     def remove(self) -> None:
         for pg in self.groups.values():
