@@ -415,6 +415,7 @@ class ClusterConfig:
     rollout_bundle: dict[str, Any] = field(default_factory=lambda: {"CPU": 0.25})
     placement_strategy: PlacementStrategy = PlacementStrategy.PACK
     env_worker_cpus: float = 0.0  # CPUs each env worker reserves (its torch threads: max(1, floor)); never a GPU
+    colocate: bool = False  # rollout worker i shares learner rank i's bundle and GPUs (rl/placement.py)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.env_worker_cpus, (int, float)) and self.env_worker_cpus >= 0):

@@ -53,3 +53,28 @@ def test_each_actor_gets_its_bundles_threads_and_gpus(gpu_cluster):
     for w in (*learners, *rollout, *env):
         ray.kill(w)
     placement.remove()
+
+
+def test_colocated_rollout_worker_shares_its_learner_ranks_gpu(gpu_cluster):
+    cfg = load_config(["learner.num_ranks=2", "rollout.num_workers=2", "rollout.backend=simple", "run_name=coloc",
+                       "cluster.learner_bundle={CPU: 2, GPU: auto}", "cluster.rollout_bundle={CPU: 1, GPU: auto}",
+                       "cluster.colocate=true"])
+    placement = Placement(cfg)
+    assert list(placement.groups) == ["learner"]
+    assert ray.util.placement_group_table(placement.groups["learner"])["bundles"][0] == {"CPU": 3.0, "GPU": 1.0}
+    learners = [ray.remote(LearnerWorker).options(**placement.learner(r)).remote(cfg, r, 2) for r in range(2)]
+    rollout = [ray.remote(RolloutWorker).options(**placement.rollout(i)).remote(cfg, i) for i in range(2)]
+    placed = ray.get([w.resources.remote() for w in (*learners, *rollout)])
+    assert [r.threads for r in placed] == [2, 2, 1, 1]
+    for i in range(2):  # rank i and worker i: the same single GPU; ranks 0 and 1: different ones
+        assert placed[i].cuda_visible_devices == placed[2 + i].cuda_visible_devices == placed[i].gpu_ids[0]
+    assert placed[0].gpu_ids != placed[1].gpu_ids
+    for w in (*learners, *rollout):
+        ray.kill(w)
+    placement.remove()
+
+
+def test_colocate_needs_a_learner_rank_per_rollout_worker(gpu_cluster):
+    cfg = load_config(["learner.num_ranks=1", "rollout.num_workers=2", "cluster.colocate=true"])
+    with pytest.raises(ValueError, match="rollout.num_workers"):
+        Placement(cfg)
