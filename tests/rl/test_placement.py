@@ -6,9 +6,11 @@ tensors (no CUDA here, though Ray sets ``CUDA_VISIBLE_DEVICES``) and checkpoints
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,10 +27,18 @@ def _free_port() -> int:
 def test_train_on_logical_gpus_prints_the_placement_table(tmp_path):
     port = _free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    ray = str(Path(sys.executable).parent / "ray")
-    subprocess.run([ray, "start", "--head", f"--port={port}", "--num-gpus=4", "--num-cpus=8", "--disable-usage-stats",
-                    "--include-dashboard=false"], check=True, env=env, capture_output=True, timeout=120)
+    # `ray start --block` in its own session: ending it stops this head only (never `ray stop`,
+    # which stops every Ray instance of the machine)
+    head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}",
+                             "--num-gpus=4", "--num-cpus=8", "--disable-usage-stats", "--include-dashboard=false",
+                             "--block"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     try:
+        probe = f"import ray; ray.init(address='127.0.0.1:{port}', logging_level='ERROR')"
+        for _ in range(60):
+            if subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, timeout=60).returncode == 0:
+                break
+            time.sleep(2)
         run = subprocess.run(
             [sys.executable, "-m", "jointrl.rl.train", "cluster=slurm", f"cluster.ray_address=127.0.0.1:{port}",
              "cluster.learner_bundle.CPU=2", "cluster.rollout_bundle.CPU=1", "cluster.env_worker_cpus=1",
@@ -37,7 +47,12 @@ def test_train_on_logical_gpus_prints_the_placement_table(tmp_path):
              "algo.max_refill_attempts=0"],
             env=env, capture_output=True, text=True, timeout=900)
     finally:
-        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-5000:]
     table = log[log.index("placement:"):].splitlines()[2:8]
