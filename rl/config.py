@@ -452,9 +452,13 @@ class ClusterConfig:
     learner_bundle: dict[str, Any] = field(default_factory=lambda: {"CPU": 0.25})
     rollout_bundle: dict[str, Any] = field(default_factory=lambda: {"CPU": 0.25})
     placement_strategy: PlacementStrategy = PlacementStrategy.PACK
+    env_worker_cpus: float = 0.0  # CPUs each env worker reserves (its torch threads: max(1, floor)); never a GPU
+    colocate: bool = False  # rollout worker i shares learner rank i's bundle and GPUs (rl/placement.py)
 
     def __post_init__(self) -> None:
         _coerce_choices(self, "cluster")
+        if not (isinstance(self.env_worker_cpus, (int, float)) and self.env_worker_cpus >= 0):
+            raise ValueError(f"config key 'cluster.env_worker_cpus' = {self.env_worker_cpus!r} must be a number >= 0")
         for key in ("learner_bundle", "rollout_bundle"):
             for res, v in getattr(self, key).items():
                 if not (v == "auto" and res == "GPU") and not (isinstance(v, (int, float)) and v >= 0):

@@ -19,6 +19,7 @@ from jointrl.envs.base import Task
 from jointrl.envs.registry import make_env
 from jointrl.model.chat_template import ChatTemplate
 from jointrl.model.hf_chat_template import HFChatTemplate
+from jointrl.rl.actor_resources import ActorResources, claim
 from jointrl.rl.build import build_template
 from jointrl.rl.agent_loop import AgentConfig, run_episode_with_retries
 from jointrl.rl.image_inputs import ImageInputs
@@ -47,7 +48,8 @@ def episode_setup(cfg: Config) -> tuple[ChatTemplate | HFChatTemplate, AgentConf
 
 
 class EnvWorker:
-    def __init__(self, cfg: Config, rollout_handles: list, router) -> None:
+    def __init__(self, cfg: Config, rollout_handles: list, router, index: int = 0) -> None:
+        self._resources = claim("env", index)  # torch threads = the CPUs it holds (reward modules may use torch)
         self.cfg = cfg
         self.rollout_handles, self.router = rollout_handles, router
         self.template, self.agent_cfg = episode_setup(cfg)
@@ -72,11 +74,15 @@ class EnvWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def resources(self) -> ActorResources:
+        return self._resources
 
-def spawn_env_workers(cfg: Config, rollout_handles: list, router) -> list:
-    """``cfg.envs.num_workers`` env-worker actors, spread over the nodes. A dead actor is
+
+def spawn_env_workers(cfg: Config, rollout_handles: list, router, placement: Placement | None = None) -> list:
+    """``cfg.envs.num_workers`` env-worker actors placed by ``placement.env_worker(i)`` (CPU only:
+    on the CPU-only nodes where the cluster has them, else spread over all). A dead actor is
     restarted and its in-flight ``run_groups`` call retried by Ray (twice); after that the
     driver marks those episodes ``env_error``."""
     actor = ray.remote(max_restarts=2, max_task_retries=2, max_concurrency=1000)(EnvWorker)
-    return [actor.options(**Placement.env_worker()).remote(cfg, rollout_handles, router)
-            for _ in range(cfg.envs.num_workers)]
+    options = placement.env_worker if placement is not None else lambda i: Placement.spread(0)
+    return [actor.options(**options(i)).remote(cfg, rollout_handles, router, i) for i in range(cfg.envs.num_workers)]

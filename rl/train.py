@@ -27,6 +27,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from jointrl.envs.sandbox.userns import preflight
+from jointrl.rl.actor_resources import placement_table
 from jointrl.rl.advantages import AdvantageResult, GAE, GroupRelative, build_estimator
 from jointrl.rl.config import Algorithm, Config, RolloutMode, register_schemas, to_config
 from jointrl.rl.env_worker import spawn_env_workers
@@ -57,14 +58,16 @@ def train(cfg: Config) -> dict[str, float]:
     placement = Placement(cfg)
     learner = LearnerGroup(cfg, [placement.learner(r) for r in range(cfg.learner.num_ranks)])
     # a rollout worker that dies is restarted by Ray; the router re-admits it once it holds the pushed weights
-    rollout = [ray.remote(max_concurrency=1000, max_restarts=-1)(RolloutWorker).options(**placement.rollout(i)).remote(cfg)
-               for i in range(cfg.rollout.num_workers)]
+    rollout = [ray.remote(max_concurrency=1000, max_restarts=-1)(RolloutWorker).options(**placement.rollout(i))
+               .remote(cfg, i) for i in range(cfg.rollout.num_workers)]
     router = spawn_router(len(rollout))
     sampler = JointSampler.from_config(cfg.envs.domains, cfg.seed, cfg.envs.sandbox.backend)
-    rollouts = Rollouts(cfg, sampler, spawn_env_workers(cfg, rollout, router))
-    print(f"processes: learner ranks {ray.get([w.pid.remote() for w in learner.workers])} rollout workers "
-          f"{ray.get([w.pid.remote() for w in rollout])} env workers "
-          f"{ray.get([w.pid.remote() for w in rollouts.env_workers])}", flush=True)
+    rollouts = Rollouts(cfg, sampler, spawn_env_workers(cfg, rollout, router, placement))
+    placed = ray.get([w.resources.remote() for w in (*learner.workers, *rollout, *rollouts.env_workers)])
+    print(placement_table(placed), flush=True)
+    pids = {role: [r.pid for r in placed if r.role == role] for role in ("learner", "rollout", "env")}
+    print(f"processes: learner ranks {pids['learner']} rollout workers {pids['rollout']} env workers {pids['env']}",
+          flush=True)
     start = _resume(cfg, learner, ckpt_dir)
     push = WeightPush(cfg.rollout.weight_transport, learner.senders, rollout, cfg.rollout.weight_dist_backend)
     push(start)

@@ -3,23 +3,23 @@
 DeepSpeed's ZeRO files hold each rank's slice of one flat fp32 buffer per parameter group, and
 the expert-parallel files (``worker._save_ep_checkpoint``) each rank's experts: both load into
 the ``learner.num_ranks`` / ``learner.ep_size`` that wrote them only. Beside them every
-checkpoint gets ``step_N/portable/``: per parameter, by name, the whole fp32 master copy and
-Adam's two moments (gathered from the ZeRO partitions with DeepSpeed's
-``safe_get_full_fp32_param`` / ``safe_get_full_optimizer_state``), the non-trainable tensors
-(buffers, frozen ones), Adam's step count and the run's step. Expert-parallel rank ``r < ep_size``
-writes ``part_{r}.pt`` with its own experts' rows (and their first row: the tensor is rebuilt by
-concatenating the parts in row order); rank 0's part also holds every replicated tensor, so no
-rank ever holds more than its own share. ``topology.json`` names the writer's ``num_ranks`` /
-``ep_size`` / ZeRO stage. Without ZeRO (one rank, ``setup.zero_stage``) the optimizer is torch's
-AdamW itself: the parameters are the masters and its state holds the moments (both float64 for
-a float64 model, and so in the file).
+checkpoint gets ``step_N/portable/``: every rank writes ``part_{rank}.pt`` with what it holds, no
+collective and no gather: per parameter (by name) its fragment of ZeRO's flat fp32 master and of
+Adam's two moments (``flat``: start and length within the parameter as the rank holds it;
+``row_offset``: the first expert row, with expert parallelism), so the parts together hold each
+element once; rank 0's part also holds the non-trainable tensors (buffers, frozen ones). Each
+part has Adam's step count and the run's step; ``topology.json`` names the writer's
+``num_ranks`` / ``ep_size`` / ZeRO stage. Without ZeRO (one rank, ``setup.zero_stage``) the
+optimizer is torch's AdamW itself: the parameters are the masters and its state holds the
+moments (both float64 for a float64 model, and so in the file). Parts written before fragments
+(rank 0 held every replicated tensor whole) still read.
 
 Loading (``LearnerWorker.load_checkpoint`` when the topology differs): every rank rebuilds the
 whole tensors, cuts the rows of its experts, and writes model weights, fp32 masters and moments
 into its ZeRO partition (``safe_set_full_*``). The update that follows is the one the old
 topology would have taken, up to fp32 summation order (tests/rl/learner/test_reshard.py).
-The gathers are collectives: every rank calls ``save_portable`` with its parameters in the same
-order (they are: same model, same names on every rank).
+Loading still rebuilds whole tensors on every rank: while it loads, each rank's host memory holds
+the whole fp32 master and moments.
 """
 
 from __future__ import annotations
@@ -44,13 +44,14 @@ def topology(path: str | os.PathLike) -> dict | None:
 
 def save_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, *, rank: int, num_ranks: int,
                   ep_size: int, step: int, row_offsets: dict[str, int], zero_stage: int = 1) -> None:
-    """Every rank calls this (the gathers are collective); ranks ``0..ep_size-1`` write.
-    ``zero_optimizer``: DeepSpeed's ZeRO optimizer, or with ``zero_stage`` 0 torch's AdamW."""
-    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
-
+    """Every rank writes ``part_{rank}.pt`` with what it holds; no collective, no gather.
+    With ZeRO: per parameter, this rank's fragment of the flattened fp32 master and of Adam's two
+    moments (DeepSpeed's ``_hp_mapping``: ``flat`` = (start, numel) within the parameter as this
+    rank holds it, ``shape`` that parameter's shape, ``row_offset`` its first expert row); a rank
+    that holds no fragment of a parameter writes none. ``zero_optimizer``: DeepSpeed's ZeRO
+    optimizer, or with ``zero_stage`` 0 torch's AdamW (one rank: whole tensors, rank 0 only)."""
     _init_adam_state(zero_optimizer, zero_stage)
     inner, masters = _adam(zero_optimizer, zero_stage), _masters(zero_optimizer, zero_stage)
-    writes = rank < ep_size
     params: dict[str, dict] = {}
     for name, p in module.named_parameters():
         if not p.requires_grad:
@@ -58,17 +59,19 @@ def save_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, *,
         if zero_stage == 0:
             m = masters.get(p, p)
             entry = {"fp32": m, **{key: inner.state[m][key] for key in MOMENTS}}
-        else:
-            entry = {"fp32": safe_get_full_fp32_param(p)}
-            for key in MOMENTS:
-                entry[key] = safe_get_full_optimizer_state(p, key)
-        if writes and (rank == 0 or name in row_offsets):
-            # fp32 (ZeRO's masters); without ZeRO a float64 model's weights and moments stay float64
-            params[name] = {k: (None if v is None else v.detach().cpu().to(torch.promote_types(v.dtype, torch.float32)))
+            # without ZeRO a float64 model's weights and moments stay float64
+            params[name] = {k: v.detach().cpu().to(torch.promote_types(v.dtype, torch.float32)).clone()
                             for k, v in entry.items()}
-            params[name]["row_offset"] = row_offsets.get(name)
-    if not writes:
-        return
+        else:
+            frag = p._hp_mapping
+            if frag is None:  # all of p lives in other ranks' partitions
+                continue
+            keys = frag.get_optim_state_keys() if frag.optim_fragment else []
+            params[name] = {"fp32": frag.get_hp_fragment().detach().cpu().clone(),
+                            **{k: frag.get_hp_fragment(k).detach().cpu().clone() if k in keys else None for k in MOMENTS},
+                            "flat": (frag.lp_fragment_address.start, frag.lp_fragment_address.numel),
+                            "shape": tuple(p.shape)}
+        params[name]["row_offset"] = row_offsets.get(name)
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
     frozen = {k: v.detach().cpu() for k, v in module.state_dict().items() if k not in trainable} if rank == 0 else {}
     steps = [float(s["step"]) for s in _adam(zero_optimizer, zero_stage).state.values() if "step" in s]
@@ -83,20 +86,34 @@ def save_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, *,
 
 def read_portable(path: str | os.PathLike) -> dict:
     """The parts of ``path/portable`` joined: ``{"params": {name: {fp32, exp_avg, exp_avg_sq}},
-    "frozen", "adam_step", "step"}`` with whole tensors (expert rows of all parts, in row order)."""
+    "frozen", "adam_step", "step"}`` with whole tensors: fragments placed at their flat offsets
+    within each rank-held tensor, then expert rows of all parts concatenated in row order. Parts
+    written before fragments (whole tensors, or whole expert rows) read the same way."""
     parts = [torch.load(f, map_location="cpu", weights_only=False) for f in sorted((Path(path) / "portable").glob("part_*.pt"))]
     if not parts:
         raise ValueError(f"checkpoint {path} has no portable copy (portable/part_*.pt); it loads into the "
                          "learner.num_ranks / learner.ep_size that wrote it only")
-    pieces: dict[str, list[tuple[int, dict]]] = {}
+    pieces: dict[str, dict[int, dict]] = {}  # name -> row offset -> {key: tensor of that rank-held shape}
     for part in parts:
         for name, entry in part["params"].items():
-            pieces.setdefault(name, []).append((entry["row_offset"] or 0, entry))
+            held = pieces.setdefault(name, {})
+            r = entry["row_offset"] or 0
+            if "flat" not in entry:
+                held[r] = {k: entry[k] for k in ("fp32", *MOMENTS)}
+                continue
+            start, n = entry["flat"]
+            whole = held.setdefault(r, {k: None if entry[k] is None else torch.zeros(entry["shape"], dtype=entry[k].dtype)
+                                        for k in ("fp32", *MOMENTS)} | {"covered": 0})
+            for k in ("fp32", *MOMENTS):
+                if entry[k] is not None:
+                    whole[k].view(-1)[start:start + n] = entry[k]
+            whole["covered"] += n
     params = {}
-    for name, rows in pieces.items():
-        rows.sort(key=lambda r: r[0])
-        params[name] = {k: (None if rows[0][1][k] is None else torch.cat([e[k] for _, e in rows]))
-                        for k in ("fp32", *MOMENTS)}
+    for name, held in pieces.items():
+        rows = [held[r] for r in sorted(held)]
+        for w in rows:
+            assert w.pop("covered", w["fp32"].numel()) == w["fp32"].numel(), f"{path}: fragments of {name} miss elements"
+        params[name] = {k: (None if rows[0][k] is None else torch.cat([w[k] for w in rows])) for k in ("fp32", *MOMENTS)}
     return {"params": params, "frozen": parts[0]["frozen"], "adam_step": parts[0]["adam_step"], "step": parts[0]["step"]}
 
 

@@ -18,6 +18,7 @@ import socket
 
 import ray
 
+from jointrl.rl.actor_resources import ActorResources, claim
 from jointrl.rl.config import Config
 from jointrl.rl.learner.batch import TrainBatch
 from jointrl.rl.learner.checkpoint import Checkpointer
@@ -34,6 +35,7 @@ class LearnerWorker:
         """With ``master_addr`` / ``master_port`` the rank joins the process group now; without, it
         waits for ``start`` (``LearnerGroup``: rank 0's ``rendezvous_address`` first, so the group
         meets on rank 0's node, wherever Ray placed it)."""
+        self._resources = claim("learner", rank)  # torch threads = the bundle's CPUs, before any torch work
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         if master_addr is not None:
             self.start(master_addr, master_port)
@@ -65,6 +67,9 @@ class LearnerWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def resources(self) -> ActorResources:
+        return self._resources
 
     def train_step(self, shard: TrainBatch, num_tokens_global: int, num_seqs_global: int | None = None
                    ) -> dict[str, float]:

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from jointrl.rl.actor_resources import ActorResources, claim
 from jointrl.rl.build import build_model, build_tokenizer
 from jointrl.rl.config import Config
 from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
@@ -20,7 +21,8 @@ from jointrl.rl.weight_transport import WeightReceiver
 class RolloutWorker:
     """Async actor: concurrent ``generate`` calls from env workers are batched by the engine."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, index: int = 0) -> None:
+        self._resources = claim("rollout", index)  # torch threads = the bundle's CPUs, before the engine starts
         torch.manual_seed(cfg.seed)
         r = cfg.rollout
         if r.backend == "engine":
@@ -69,3 +71,6 @@ class RolloutWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def resources(self) -> ActorResources:
+        return self._resources

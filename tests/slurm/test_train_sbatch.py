@@ -1,8 +1,10 @@
 """slurm/train.sbatch end to end on this machine as a two-"node" allocation, with one requeue.
 
 Shims stand in for Slurm's commands only: `scontrol` (hostnames, requeue), `srun` (runs the
-step's command here), `sbatch` (runs the batch script with the job's environment and runs it
-again when it was requeued). Ray, the driver, DeepSpeed and the sandboxes are real.
+step's command here), `sbatch` (runs the batch script with the job's environment, the GPUs per
+node its ``#SBATCH --gpus-per-node`` line asks for as ``SLURM_GPUS_ON_NODE``, and runs it again
+when it was requeued). Ray (with those GPUs as logical GPUs), the driver, DeepSpeed and the
+sandboxes are real.
 """
 
 import os
@@ -32,7 +34,8 @@ exec "$@"
 """
 SBATCH = """#!/usr/bin/env bash
 script=$1; shift
-export SLURM_JOB_ID=4242 SLURM_JOB_NODELIST='node[1-2]' SLURM_RESTART_COUNT=0
+export SLURM_JOB_ID=4242 SLURM_JOB_NODELIST='node[1-2]' SLURM_RESTART_COUNT=0 SLURM_CPUS_ON_NODE=2
+export SLURM_GPUS_ON_NODE=$(sed -n 's/^#SBATCH --gpus-per-node=//p' "$script")
 while true; do
   rm -f "$SHIM_DIR/requeued"
   bash "$script" "$@" &
@@ -62,7 +65,9 @@ def test_sbatch_runs_two_nodes_and_resumes_after_a_requeue(tmp_path):
            "JOINTRL_RAY_PORT": str(_free_port()), "JOINTRL_HEAD_ADDR": "127.0.0.1", "JOINTRL_NODE_START_DELAY": "2",
            "PYTHONUNBUFFERED": "1"}
     overrides = [f"output_dir={out}", "algo.total_steps=3", "algo.prompts_per_step=2", "algo.group_size=2",
-                 "checkpoint_every=10", "envs.num_workers=2", "rollout.max_tokens_per_turn=48"]
+                 "checkpoint_every=10", "envs.num_workers=2", "rollout.max_tokens_per_turn=48",
+                 # two "nodes" of 2 CPUs on this machine: bundles smaller than slurm.yaml's 8 CPUs
+                 "cluster.learner_bundle.CPU=0.5", "cluster.rollout_bundle.CPU=0.5", "cluster.env_worker_cpus=0.25"]
     proc = subprocess.Popen(["sbatch", str(ROOT / "slurm" / "train.sbatch"), *overrides], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines, signalled = [], False
@@ -76,7 +81,15 @@ def test_sbatch_runs_two_nodes_and_resumes_after_a_requeue(tmp_path):
     rc = proc.wait()
     log = "".join(lines)
     assert rc == 0, log[-5000:]
-    assert "on 2 nodes" in log and "restart 1" in log
+    assert "on 2 nodes (8 GPUs, 2 CPUs each)" in log and "restart 1" in log  # the script's GPU request
+    # both runs (before and after the requeue) placed the learner rank and the rollout worker on a GPU each
+    tables = [log[i:].splitlines()[2:6] for i in range(len(log)) if log.startswith("placement:", i)]
+    assert len(tables) == 2, log[-5000:]
+    for table in tables:
+        gpus = {f"{w[0]}{w[1]}": (w[3], w[4]) for w in map(str.split, table)}  # actor -> (Ray node, GPU ids)
+        assert "-" not in (gpus["learner0"][1], gpus["rollout0"][1]), table
+        assert gpus["learner0"] != gpus["rollout0"], table  # not the same GPU of the same node
+        assert gpus["env0"][1] == gpus["env1"][1] == "-", table
     assert "SIGUSR1: stopping after step 1 for requeue" in log or "SIGUSR1: stopping after step 2" in log
     assert "requeueing job 4242" in log
     steps = [int(x.split()[1]) for x in log.splitlines() if x.startswith("step ")]

@@ -56,6 +56,15 @@ def test_resume_with_other_ranks_and_ep_size(cluster, tmp_path):
     a.train_step(_batch(1))
     a.save_checkpoint(str(tmp_path / "ep2"), 1)
     saved = _masters(a)
+    # each rank wrote its own ZeRO fragments (no gather): the parts hold each master element once
+    parts = [torch.load(f, weights_only=False) for f in sorted((tmp_path / "ep2" / "step_1" / "portable").glob("part_*"))]
+    assert len(parts) == 2
+    held: dict[str, int] = {}
+    for part in parts:
+        for name, e in part["params"].items():
+            held[name] = held.get(name, 0) + e["flat"][1]
+    assert held == {k: v.numel() for k, v in saved.items()}
+    assert all(any(e["row_offset"] is None for e in part["params"].values()) for part in parts)  # shared ones split
     a.train_step(_batch(2))
     a_next = _masters(a)
     a.shutdown()
