@@ -12,7 +12,7 @@ if ! command -v dockerd >/dev/null 2>&1 || ! command -v mmdebstrap >/dev/null 2>
 fi
 bash "$(dirname "$0")/../start-dockerd"
 if ! docker image inspect debian:bookworm-slim >/dev/null 2>&1; then
-    mmdebstrap --quiet --variant=minbase bookworm - http://deb.debian.org/debian | docker import - debian:bookworm-slim >/dev/null
+    mmdebstrap --quiet --variant=minbase bookworm - | docker import - debian:bookworm-slim >/dev/null
 fi
 # The terminal domain's image (envs/images/terminal.Dockerfile), tagged as envs/sandbox/docker.py's
 # ensure_image names it (a hash of the Dockerfile), so the test session finds it built (~40 s once).
