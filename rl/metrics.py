@@ -17,11 +17,6 @@ from jointrl.rl.advantages import AdvantageResult
 from jointrl.rl.types import FinishReason, Task, Trajectory
 
 
-def thinking_tokens(t: Trajectory) -> int:
-    """Sampled reasoning tokens, as the turns counted them (``rl/rollout/turn.generate_turn``)."""
-    return t.think_tokens
-
-
 def staleness(t: Trajectory, policy_version: int) -> int:
     """Versions between the policy being trained and the oldest weights that sampled ``t``."""
     versions = [v for v, m in zip(t.policy_version, t.loss_mask) if m]
@@ -71,7 +66,7 @@ def _episode_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         m[f"finish/{reason}"] = sum(t.finish_reason == reason for t in trajs)
     for tier in sorted({t.tier for t in ok}):
         ts = [t for t in ok if t.tier == tier]
-        m[f"thinking_tokens/{tier}"] = sum(thinking_tokens(t) for t in ts) / len(ts)
+        m[f"thinking_tokens/{tier}"] = sum(t.think_tokens for t in ts) / len(ts)  # as the turns counted them
     return m
 
 
