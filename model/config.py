@@ -15,12 +15,20 @@ from typing import Any
 # The byte tokenizer: 256 byte ids followed by the chat template's special tokens.
 BYTE_VOCAB_SIZE = 256 + 8
 
-LAYER_TYPES = ("full", "kda", "gated_dsa")
+LAYER_TYPES = ("full", "kda", "gated_dsa", "sliding")
 # MoEConfig fields of the hybrid's attention: not Qwen3-MoE fields, so `to_hf_dict` leaves them out.
 HYBRID_FIELDS = ("layer_types", "attn_output_gate", "linear_num_heads", "linear_head_dim",
                  "linear_conv_kernel_dim", "linear_lower_bound", "kda_chunk_size", "index_n_heads",
                  "index_head_dim", "index_topk", "dsa_mode", "dsa_query_chunk", "image_patch_dim",
                  "image_token_id")
+# gpt-oss's attention, FFN and RoPE options (model/gpt_oss.py), with the value that turns each off: a
+# config with any other value is a gpt-oss-family model, exported by model/gpt_oss.save_gpt_oss.
+GPT_OSS_VALUES: dict[str, Any] = {
+    "attention_bias": False, "attention_sinks": False, "attention_window": None, "router_bias": False,
+    "swiglu_limit": None, "swiglu_alpha": 1.702, "rope_type": "default", "rope_factor": 1.0,
+    "rope_original_max_position_embeddings": 4096, "rope_beta_fast": 32.0, "rope_beta_slow": 1.0,
+    "rope_truncate": True}
+ROPE_TYPES = ("default", "yarn")
 
 # MoE options beyond Qwen3-MoE, with the value that makes them Qwen3-MoE: `to_hf_dict` requires
 # exactly these values and leaves the fields out; `from_hf_dict` rejects them as Qwen3-MoE fields.
@@ -98,6 +106,19 @@ class MoEConfig:
     # ---- optional image input (model/image.py): patch features → Linear → the <image> slots ----
     image_patch_dim: int = 0            # features per patch (C·p·p); 0 = text only, no image_proj
     image_token_id: int = BYTE_VOCAB_SIZE - 1  # the byte tokenizer's `<image>`
+    # ---- gpt-oss (model/gpt_oss.py); the defaults (GPT_OSS_VALUES) turn each option off ----
+    attention_bias: bool = False        # biases on q/k/v/o projections
+    attention_sinks: bool = False       # a learned logit per head in every softmax denominator
+    attention_window: int | None = None  # keys a "sliding" layer's query sees (itself included)
+    router_bias: bool = False           # router logits x Wᵀ + b
+    swiglu_limit: float | None = None   # experts: clamped SwiGLU with biases, (up+1)·g·σ(α g); None: plain SwiGLU
+    swiglu_alpha: float = 1.702         #   its α
+    rope_type: str = "default"          # "default" or "yarn" (NTK-by-parts, Peng et al. 2023)
+    rope_factor: float = 1.0            # YaRN: context extension factor s
+    rope_original_max_position_embeddings: int = 4096  # YaRN: the pre-extension context
+    rope_beta_fast: float = 32.0        # YaRN: ramp bounds (rotations)
+    rope_beta_slow: float = 1.0
+    rope_truncate: bool = True          # YaRN: round the ramp bounds to integers
 
     def __post_init__(self) -> None:
         if self.layer_types is not None:
@@ -156,6 +177,28 @@ class MoEConfig:
         if self.head_dim % 2:
             raise ValueError(f"MoEConfig.head_dim must be even for RoPE, got {self.head_dim}")
         self._check_moe_fields()
+        self._check_gpt_oss_fields()
+
+    def _check_gpt_oss_fields(self) -> None:
+        for name in ("attention_bias", "attention_sinks", "router_bias", "rope_truncate"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"MoEConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        w = self.attention_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(f"MoEConfig.attention_window must be None or a positive int, got {w!r}")
+        if "sliding" in self.kinds and w is None:
+            raise ValueError("MoEConfig.layer_types has 'sliding' layers but attention_window is None")
+        if self.swiglu_limit is not None and (isinstance(self.swiglu_limit, bool) or not self.swiglu_limit > 0):
+            raise ValueError(f"MoEConfig.swiglu_limit must be None or a float > 0, got {self.swiglu_limit!r}")
+        if self.router_bias and self.scoring_func != "softmax":
+            raise ValueError("MoEConfig.router_bias needs scoring_func='softmax' (the sigmoid router has its selection bias)")
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"MoEConfig.rope_type must be one of {list(ROPE_TYPES)}, got {self.rope_type!r}")
+        if self.rope_type == "yarn" and not self.rope_factor >= 1:
+            raise ValueError(f"MoEConfig.rope_factor must be >= 1 for yarn, got {self.rope_factor!r}")
+        if self.is_gpt_oss and self.is_hybrid:
+            raise ValueError("MoEConfig: gpt-oss options (attention_sinks, swiglu_limit, ...) combine only with "
+                             "'full' and 'sliding' layers, without attn_output_gate or image input")
 
     def _check_moe_fields(self) -> None:
         for name, allowed in (("scoring_func", SCORING_FUNCS), ("qk_norm", QK_NORMS)):
@@ -200,7 +243,12 @@ class MoEConfig:
     @property
     def is_hybrid(self) -> bool:
         """True when a layer is not plain Qwen3-MoE attention (exported with remote code, not as qwen3_moe)."""
-        return any(k != "full" for k in self.kinds) or self.attn_output_gate or self.image_patch_dim > 0
+        return any(k not in ("full", "sliding") for k in self.kinds) or self.attn_output_gate or self.image_patch_dim > 0
+
+    @property
+    def is_gpt_oss(self) -> bool:
+        """True when a gpt-oss option is on (exported by model/gpt_oss.save_gpt_oss, not as qwen3_moe)."""
+        return "sliding" in self.kinds or any(getattr(self, k) != v for k, v in GPT_OSS_VALUES.items())
 
     # ---- presets -------------------------------------------------------------------------------
 
@@ -218,8 +266,11 @@ class MoEConfig:
         if self.is_hybrid:
             raise ValueError("to_hf_dict writes Qwen3-MoE configs; a config with layer_types "
                              f"{list(self.kinds)} / attn_output_gate exports through model.hf_hybrid")
+        if self.is_gpt_oss:
+            raise ValueError("to_hf_dict writes Qwen3-MoE configs; a gpt-oss config exports through "
+                             "model.gpt_oss.save_gpt_oss")
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-             if f.name != "rope_theta" and f.name not in HYBRID_FIELDS}
+             if f.name != "rope_theta" and f.name not in HYBRID_FIELDS and f.name not in GPT_OSS_VALUES}
         for name, qwen3_value in QWEN3_MOE_VALUES.items():
             if getattr(self, name) != qwen3_value:
                 raise ValueError(f"to_hf_dict writes Qwen3-MoE configs, which have no {name}="
@@ -268,7 +319,8 @@ class MoEConfig:
                                  "allowed: {'rope_type': 'default', 'rope_theta': float}")
             if "rope_theta" in rope:
                 d.setdefault("rope_theta", rope["rope_theta"])
-        names = {f.name for f in dataclasses.fields(cls)} - set(QWEN3_MOE_VALUES) - {"first_k_dense_replace"}
+        names = ({f.name for f in dataclasses.fields(cls)} - set(QWEN3_MOE_VALUES) - set(GPT_OSS_VALUES)
+                 - {"first_k_dense_replace"})
         unknown = sorted(k for k in d if k not in names and k not in _HF_IGNORED_KEYS)
         if unknown:
             raise ValueError(f"unsupported Qwen3-MoE config field(s) {unknown}")

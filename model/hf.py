@@ -10,6 +10,7 @@ plus `model.safetensors` (or sharded `model.safetensors.index.json`). Per archit
 | mixtral    | none                      | softmax, always renormalised    | `block_sparse_moe.` → `mlp.`; w1/w3/w2 → gate/up/down_proj |
 | olmoe      | over all heads (`full`)   | softmax, `norm_topk_prob`       | —                                 |
 | kimi_linear| (KDA layers only)         | sigmoid + bias, groups, shared  | as mixtral; KDA: q/k/v_conv1d → conv1d, f_a/f_b/dt_bias/A_log → forget_gate |
+| gpt_oss    | none (sinks, sliding)     | softmax + bias over top-k       | router → gate; experts: MXFP4 blocks+scales, gate/up de-interleaved (model/hf_gpt_oss.py) |
 
 kimi_linear's full-attention layers are MLA, which we do not implement: only all-KDA checkpoints
 load (a `full_attention` layer is a ValueError naming `layer_types`).
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from jointrl.model import hf_gpt_oss
 from jointrl.model.config import _HF_IGNORED_KEYS, MoEConfig
 from jointrl.model.moe_transformer import MoETransformer
 
@@ -80,8 +82,11 @@ def config_from_hf(d: dict[str, Any]) -> MoEConfig:
         return MoEConfig.from_hf_dict(d)
     if model_type == "kimi_linear":
         return _kimi_linear_config(d)
+    if model_type == "gpt_oss":
+        return hf_gpt_oss.config_from_gpt_oss(d)
     if model_type not in _ARCHS:
-        raise ValueError(f"unsupported model_type {model_type!r}; supported: {['qwen3_moe', 'kimi_linear', *_ARCHS]}")
+        raise ValueError(f"unsupported model_type {model_type!r}; "
+                         f"supported: {['qwen3_moe', 'kimi_linear', 'gpt_oss', *_ARCHS]}")
     arch = _ARCHS[model_type]
     d = {**arch["defaults"], **{k: v for k, v in d.items() if k != "model_type"}}
     for key, allowed in arch["required"].items():
@@ -235,7 +240,8 @@ def write_shards(items: Iterable[tuple[str, torch.Tensor]], out: Path, max_shard
 
 def load_hf(directory: str | Path, dtype: torch.dtype | None = None, device: torch.device | str | None = None,
             ep_rank: int = 0, ep_size: int = 1, config: MoEConfig | None = None) -> MoETransformer:
-    """Load a Qwen3-MoE, Mixtral, OLMoE or (all-KDA) kimi_linear checkpoint directory; `dtype` None keeps the stored dtype.
+    """Load a Qwen3-MoE, Mixtral, OLMoE, gpt-oss or (all-KDA) kimi_linear checkpoint directory; `dtype` None
+    keeps the stored dtype (gpt-oss's MXFP4 experts are dequantized into it, one tensor at a time).
 
     Streams: the model is built on the meta device, each tensor is then allocated once in its
     final dtype and device, and filled tensor by tensor from the `*.safetensors` files (read
@@ -262,6 +268,7 @@ def load_hf(directory: str | Path, dtype: torch.dtype | None = None, device: tor
     lo, n_local = ep_rank * E // ep_size, E // ep_size
     shards = shard_files(src)
     rewrites = _KEY_REWRITES.get(raw.get("model_type"), [])
+    gpt_oss = raw.get("model_type") == "gpt_oss"
     with torch.device("meta"):
         model = MoETransformer(config)
     if dtype is None:
@@ -269,12 +276,10 @@ def load_hf(directory: str | Path, dtype: torch.dtype | None = None, device: tor
     targets = _materialise(model, dtype, device, n_local)
     filled = dict.fromkeys(targets, 0)
     unexpected: list[str] = []
+    fetch = _fetcher(src, shards) if gpt_oss else None
     for shard in shards:
         with SafetensorsFile(shard) as f:
-            for key in f.keys():
-                name = key
-                for pattern, replacement in rewrites:
-                    name = pattern.sub(replacement, name)
+            for key, name, entry in _entries(f, rewrites, fetch, dtype):
                 if config.tie_word_embeddings and name == "lm_head.weight":
                     continue
                 place = _place(name, targets, config.moe_intermediate_size, lo, n_local)
@@ -284,7 +289,7 @@ def load_hf(directory: str | Path, dtype: torch.dtype | None = None, device: tor
                 dest, index, rows = place
                 if rows is None:
                     continue  # another rank's expert
-                t = f.get(key)[rows]
+                t = entry[rows]
                 view = targets[dest][index]
                 if t.shape != view.shape:
                     raise ValueError(f"checkpoint {src}: {key} has shape {tuple(t.shape)}, expected {tuple(view.shape)}")
@@ -296,6 +301,58 @@ def load_hf(directory: str | Path, dtype: torch.dtype | None = None, device: tor
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model
+
+
+def _entries(f: SafetensorsFile, rewrites: list[tuple[re.Pattern[str], str]],
+             fetch: Callable[[str], torch.Tensor] | None, dtype: torch.dtype):
+    """(checkpoint key, our name, tensor) for each entry of one shard: names rewritten; with `fetch`
+    (gpt-oss) through `hf_gpt_oss.checkpoint_tensors`, which dequantizes MXFP4 experts into `dtype`."""
+    for key in f.keys():
+        if fetch is not None:
+            for name, t in hf_gpt_oss.checkpoint_tensors(key, f.get(key), fetch, dtype):
+                yield key, name, t
+            continue
+        name = key
+        for pattern, replacement in rewrites:
+            name = pattern.sub(replacement, name)
+        yield key, name, f.get(key)
+
+
+def _fetcher(src: Path, shards: list[Path]) -> Callable[[str], torch.Tensor]:
+    """key → a copy of that tensor, from whichever shard holds it (the MXFP4 scales beside their blocks)."""
+    index = src / "model.safetensors.index.json"
+    where = ({k: src / v for k, v in json.loads(index.read_text())["weight_map"].items()} if index.exists()
+             else dict.fromkeys(_keys(shards[0]), shards[0]))
+
+    def fetch(key: str) -> torch.Tensor:
+        with SafetensorsFile(where[key]) as g:
+            return g.get(key).clone()
+    return fetch
+
+
+def _keys(shard: Path) -> list[str]:
+    with SafetensorsFile(shard) as f:
+        return f.keys()
+
+
+def save_gpt_oss(model: MoETransformer, directory: str | Path, mxfp4: bool = True,
+                 max_shard_bytes: int = SHARD_BYTES) -> Path:
+    """Write a gpt-oss-shaped model in gpt-oss's checkpoint layout (model/hf_gpt_oss.py), sharded with an
+    index: routed experts as MXFP4 `_blocks` + `_scales` with the hub's `quantization_config` (`mxfp4`),
+    else transformers' unquantized [E, H, 2I] / [E, I, H]; everything else in the model's dtype."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    config = hf_gpt_oss.gpt_oss_hf_dict(model.config)
+    state = model.state_dict()
+    config["dtype"] = str(state["model.embed_tokens.weight"].dtype).removeprefix("torch.")
+    if mxfp4:
+        config["quantization_config"] = hf_gpt_oss.quantization_config()
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    items = ((k, v.detach().to("cpu").contiguous()) for name, t in state.items()
+             if not (model.config.tie_word_embeddings and name == "lm_head.weight")
+             for k, v in hf_gpt_oss.export_tensors(name, t, mxfp4))
+    write_shards(items, out, max_shard_bytes)
+    return out
 
 
 def shard_files(src: Path) -> list[Path]:

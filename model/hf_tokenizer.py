@@ -4,7 +4,8 @@ writes the byte tokenizer and ChatML template as Hugging Face files.
 
 ``HFTokenizer``: a fast tokenizer (``tokenizer.json``; slow and remote-code tokenizers are a
 ValueError) from a local directory. The loop's special ids are found by their strings among the
-added tokens (``SPECIAL_ROLES``: Qwen3's, which is ChatML plus ``<think>`` and ``<tool_call>``);
+added tokens (``SPECIAL_ROLES``: Qwen3's, which is ChatML plus ``<think>`` and ``<tool_call>``;
+a vocabulary with harmony's tokens and no ``<|im_start|>`` takes ``model/harmony.HARMONY_ROLES``);
 a vocabulary without one of them is a ValueError naming it. ``encode`` runs the same
 normalizer, pre-tokenizer and BPE without the added tokens, so text containing ``<|im_end|>``
 becomes the ordinary tokens of those characters, never the special id (transformers' own
@@ -34,6 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from jointrl.model.chat_template import TOOL_INSTRUCTIONS
+from jointrl.model.harmony import HARMONY_ROLES, HARMONY_TOKENS
 from jointrl.model.tokenizer import SPECIAL_TOKENS
 
 # Tokenizer attribute -> the token string that plays that role (ChatML + Qwen3's reasoning / tools).
@@ -63,12 +65,18 @@ class HFTokenizer:
         if not self.hf.is_fast:
             raise ValueError(f"tokenizer: {str(src)!r} loads as a slow tokenizer; a tokenizer.json one is needed")
         self.special_ids: dict[str, int] = dict(self.hf.get_added_vocab())
-        missing = [t for t in SPECIAL_ROLES.values() if t not in self.special_ids]
+        # harmony (gpt-oss): its tokens play the loop's roles (model/harmony.py); else ChatML + Qwen3's
+        self.harmony = "<|im_start|>" not in self.special_ids and all(
+            t in self.special_ids for t in HARMONY_TOKENS.values())
+        roles = HARMONY_ROLES if self.harmony else SPECIAL_ROLES
+        missing = [t for t in roles.values() if t not in self.special_ids]
         if missing:
             raise ValueError(f"tokenizer: {str(src)!r} lacks the special token(s) {missing} the agent loop needs "
                              f"(as added tokens of tokenizer.json)")
-        for attr, text in SPECIAL_ROLES.items():
+        for attr, text in roles.items():
             setattr(self, attr, self.special_ids[text])
+        # stop ids besides im_end_id that end a turn (harmony's <|call|>); generate_turn adds them
+        self.turn_stop_ids: tuple[int, ...] = (self.special_ids["<|call|>"],) if self.harmony else ()
         self.image_id: int | None = next((self.special_ids[t] for t in IMAGE_TOKENS if t in self.special_ids), None)
         self.pad_id: int = self.hf.pad_token_id if self.hf.pad_token_id is not None else self.eos_id
         self.vocab_size: int = len(self.hf)

@@ -35,8 +35,8 @@ class KVCache:
             return [torch.zeros(shape, dtype=dt, device=device) if k in kinds else None for k in config.kinds]
         kv = (batch, config.num_key_value_heads, 0, config.head_dim)
         N, K, W = config.linear_num_heads, config.linear_head_dim, config.linear_conv_kernel_dim
-        return cls(keys=per_kind(("full", "gated_dsa"), kv, dtype),
-                   values=per_kind(("full", "gated_dsa"), kv, dtype),
+        return cls(keys=per_kind(("full", "gated_dsa", "sliding"), kv, dtype),
+                   values=per_kind(("full", "gated_dsa", "sliding"), kv, dtype),
                    index_keys=per_kind(("gated_dsa",), (batch, 0, config.index_head_dim), dtype),
                    conv_states=per_kind(("kda",), (batch, 3 * N * K, W - 1), dtype),
                    recurrent_states=per_kind(("kda",), (batch, N, K, K), compute_dtype(dtype)),

@@ -19,13 +19,14 @@ from torch import nn
 from jointrl.model.attention import Attention, AttentionBatch
 from jointrl.model.config import MoEConfig
 from jointrl.model.dsa import GatedDSAAttention, indexer_loss
+from jointrl.model.gpt_oss import ClampedSwiGLUExperts, SinkAttention
 from jointrl.model.image import ImageProjector
 from jointrl.model.kda import KimiDeltaAttention
 from jointrl.model.state import AttentionState
 from jointrl.model.moe import MLP, SparseMoeBlock
 from jointrl.model.routing import expert_load, load_balancing_loss
 from jointrl.model.norm import RMSNorm
-from jointrl.model.rope import RotaryEmbedding
+from jointrl.model.rope import RotaryEmbedding, Yarn
 
 
 @dataclass(slots=True)
@@ -40,7 +41,16 @@ class ModelOutput:
     indexer_loss: torch.Tensor | None = None
 
 
-MIXERS = {"full": Attention, "kda": KimiDeltaAttention, "gated_dsa": GatedDSAAttention}
+MIXERS = {"full": Attention, "kda": KimiDeltaAttention, "gated_dsa": GatedDSAAttention, "sliding": SinkAttention}
+
+
+def mixer(config: MoEConfig, layer_idx: int) -> nn.Module:
+    """Layer `layer_idx`'s token mixer: its kind's class; gpt-oss options (biases, sinks) make a "full"
+    layer a `SinkAttention` too."""
+    kind = config.kinds[layer_idx]
+    if kind == "full" and (config.attention_sinks or config.attention_bias):
+        return SinkAttention(config, layer_idx)
+    return MIXERS[kind](config, layer_idx)
 
 
 class DecoderLayer(nn.Module):
@@ -50,10 +60,12 @@ class DecoderLayer(nn.Module):
         super().__init__()
         # Registration order = HF's, so state_dict() lists keys in the same order. The token mixer
         # (`self_attn` whatever its kind) is the layer's `layer_types` entry.
-        self.self_attn = MIXERS[config.kinds[layer_idx]](config, layer_idx)
+        self.self_attn = mixer(config, layer_idx)
         # The first `first_k_dense_replace` layers have a dense SwiGLU MLP (DeepSeek-V3), no router.
         self.is_moe = layer_idx >= config.first_k_dense_replace
         self.mlp = SparseMoeBlock(config) if self.is_moe else MLP(config.hidden_size, config.intermediate_size)
+        if self.is_moe and config.swiglu_limit is not None:  # gpt-oss's experts (model/gpt_oss.py)
+            self.mlp.experts = ClampedSwiGLUExperts(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -76,7 +88,10 @@ class MoEBackbone(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
+        yarn = None if config.rope_type == "default" else Yarn(
+            config.rope_factor, config.rope_original_max_position_embeddings, config.rope_beta_fast,
+            config.rope_beta_slow, config.rope_truncate)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, yarn)
         self.index_rotary_emb = RotaryEmbedding(config.index_head_dim, config.rope_theta)  # no parameters
         if config.image_patch_dim:
             self.image_projector = ImageProjector(config.image_patch_dim, config.hidden_size, config.image_token_id)
@@ -112,7 +127,7 @@ class MoETransformer(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
-            elif name.endswith("norm.bias"):
+            elif name.endswith(("norm.bias", "proj_bias")):
                 p.zero_()
             elif name.endswith("A_log"):
                 u = torch.rand(p.shape, generator=gen, dtype=torch.float32)

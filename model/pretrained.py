@@ -6,7 +6,7 @@ model shape it implies.
 problem: a missing directory, no ``config.json``, an unsupported ``model_type`` or config field
 (``model/hf.config_from_hf``), no weights (``model.safetensors`` or an index), no
 ``tokenizer.json``, or a tokenizer without a special token the loop needs
-(``model/hf_tokenizer.SPECIAL_ROLES``) or with more ids than the model's vocabulary.
+(``model/hf_tokenizer.SPECIAL_ROLES``, or harmony's ``model/harmony.HARMONY_ROLES``) or with more ids than the model's vocabulary.
 
 ``fill_shape(fields, path)``: the model config's fields with every unset (None) one taken from
 the checkpoint's; a set shape field that disagrees with ``config.json`` is a ValueError naming
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jointrl.model.config import MoEConfig
+from jointrl.model.harmony import HARMONY_ROLES, HARMONY_TOKENS
 from jointrl.model.hf import config_from_hf
 
 # MoEConfig fields a run may set differently from config.json: they do not change the weights' shapes or meaning.
@@ -47,7 +48,8 @@ def check_pretrained(path: str | Path, tokenizer: str | Path | None = None) -> M
     if not (tok_dir / "tokenizer.json").is_file():
         raise ValueError(f"{key}={str(tok_dir)!r} has no tokenizer.json (a fast Hugging Face tokenizer is needed)")
     added = {t["content"]: t["id"] for t in json.loads((tok_dir / "tokenizer.json").read_text()).get("added_tokens", [])}
-    missing = [t for t in _ROLES if t not in added]
+    harmony = "<|im_start|>" not in added and all(t in added for t in HARMONY_TOKENS.values())
+    missing = [t for t in (HARMONY_ROLES.values() if harmony else _ROLES) if t not in added]
     if missing:
         raise ValueError(f"{key}={str(tok_dir)!r}: tokenizer.json lacks the special token(s) {missing} the agent loop needs")
     if max(added.values()) >= config.vocab_size:

@@ -41,6 +41,8 @@ class TopKRouter(nn.Module):
         self.n_group, self.topk_group = config.n_group, config.topk_group
         self.routed_scaling_factor = float(config.routed_scaling_factor)
         self.weight = nn.Parameter(torch.zeros(config.num_experts, config.hidden_size))
+        # gpt-oss: logits x Wᵀ + b (softmax scoring only; the sigmoid router's bias is the selection bias below)
+        self.bias = nn.Parameter(torch.zeros(config.num_experts)) if config.router_bias else None
         bias = torch.zeros(config.num_experts) if self.sigmoid else None
         self.register_buffer("e_score_correction_bias", bias, persistent=True)
 
@@ -73,7 +75,7 @@ class TopKRouter(nn.Module):
                 scores_NE = torch.sigmoid(logits_NE)
                 probs_NE = scores_NE / scores_NE.sum(dim=-1, keepdim=True)
             else:
-                logits_NE = F.linear(x_NH, self.weight)
+                logits_NE = F.linear(x_NH, self.weight, self.bias)
                 scores_NE = probs_NE = torch.softmax(logits_NE, dim=-1, dtype=cd)
         if replay_ids_Nk is None:
             ids_Nk = self._select(scores_NE.detach())

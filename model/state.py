@@ -76,7 +76,7 @@ def state_layout(config: MoEConfig, dtype: torch.dtype = torch.bfloat16) -> Stat
     s = torch.empty((), dtype=compute_dtype(dtype)).element_size()
     per_token = fixed = 0
     for kind in config.kinds:
-        if kind in ("full", "gated_dsa"):
+        if kind in ("full", "gated_dsa", "sliding"):  # sliding: kept whole (the window is a mask)
             per_token += 2 * config.num_key_value_heads * config.head_dim * b
         if kind == "gated_dsa":
             per_token += config.index_head_dim * b

@@ -34,7 +34,9 @@ class Tokenizer(Protocol):
     ``think_end_id`` open and close reasoning, ``tool_call_id`` / ``tool_call_end_id`` wrap one
     call's JSON, ``eos_id`` ends a document, ``pad_id`` pads batches, ``image_id`` is an image slot
     (None where the vocabulary has none). ``special_ids`` maps every special token's string to
-    its id. ``encode(text)`` never returns an id in ``special_ids``' values."""
+    its id. ``encode(text)`` never returns an id in ``special_ids``' values. ``harmony``: the
+    roles are played by harmony's tokens (gpt-oss, model/harmony.py); ``turn_stop_ids``: stop ids
+    besides ``im_end_id`` that end a turn (harmony's ``<|call|>``)."""
 
     vocab_size: int
     special_ids: dict[str, int]
@@ -47,6 +49,8 @@ class Tokenizer(Protocol):
     tool_call_id: int
     tool_call_end_id: int
     image_id: int | None
+    harmony: bool
+    turn_stop_ids: tuple[int, ...]
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -68,6 +72,8 @@ class ByteTokenizer:
         self.think_end_id = self.special_ids["</think>"]
         self.tool_call_id = self.special_ids["<tool_call>"]
         self.tool_call_end_id = self.special_ids["</tool_call>"]
+        self.harmony = False
+        self.turn_stop_ids: tuple[int, ...] = ()
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))

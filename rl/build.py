@@ -10,6 +10,7 @@ import torch
 from jointrl.model import MoEConfig, MoETransformer
 from jointrl.model.chat_template import ChatTemplate
 from jointrl.model.hf import load_hf
+from jointrl.model.harmony import HarmonyTemplate
 from jointrl.model.hf_chat_template import HFChatTemplate
 from jointrl.model.hf_tokenizer import HFTokenizer
 from jointrl.model.tokenizer import ByteTokenizer, Tokenizer
@@ -26,12 +27,15 @@ def build_tokenizer(cfg: Config) -> Tokenizer:
     return HFTokenizer(source)
 
 
-def build_template(cfg: Config, image_tokens: int = 0) -> ChatTemplate | HFChatTemplate:
+def build_template(cfg: Config, image_tokens: int = 0) -> ChatTemplate | HFChatTemplate | HarmonyTemplate:
     """The run's chat template: the checkpoint's own Jinja (``HFChatTemplate``, checked for the prefix
-    property at construction) when ``model.path`` is set, else the byte ChatML ``ChatTemplate``."""
+    property at construction) when ``model.path`` is set, else the byte ChatML ``ChatTemplate``; a
+    harmony tokenizer (gpt-oss) gets ``HarmonyTemplate``, our renderer of the published format."""
     tok = build_tokenizer(cfg)
     if isinstance(tok, ByteTokenizer):
         return ChatTemplate(tok, image_tokens=image_tokens)
+    if tok.harmony:
+        return HarmonyTemplate(tok, image_tokens=image_tokens)
     return HFChatTemplate(tok, image_tokens=image_tokens)
 
 

@@ -6,8 +6,9 @@ parallelism the per-rank ``ep_rank_XXX.pt`` files, whose expert slices are joine
 expert order. The model's shape comes from the run's ``config.yaml`` (the driver writes it
 beside ``checkpoints/``), else from ``conf/`` and the overrides given.
 
-``hf``: ``transformers``-loadable safetensors through the model's exporters (``model/hf.save_hf``
-for Qwen3-MoE shapes: shards of at most 4 GB plus ``model.safetensors.index.json``, written shard
+``hf``: ``transformers``-loadable safetensors through the model's exporters (``model/hf.save_gpt_oss``
+for gpt-oss, in its own layout -- MXFP4 experts as ``*_blocks`` + ``*_scales`` with ``format=mxfp4``;
+``model/hf.save_hf`` for Qwen3-MoE shapes: shards of at most 4 GB plus ``model.safetensors.index.json``, written shard
 by shard; ``model/hf_hybrid.save_hybrid`` -- remote code -- for hybrids) plus the tokenizer and
 chat template: the run's ``model.path`` checkpoint's own files, copied, else the byte
 tokenizer's (``model/hf_tokenizer.py``).
@@ -30,7 +31,7 @@ import torch
 from omegaconf import OmegaConf
 
 from jointrl.kernels.mxfp4 import quantize_mxfp4
-from jointrl.model.hf import SHARD_BYTES, save_hf
+from jointrl.model.hf import SHARD_BYTES, save_gpt_oss, save_hf
 from jointrl.model.hf_hybrid import save_hybrid
 from jointrl.model.hf_tokenizer import copy_tokenizer, save_tokenizer
 from jointrl.model.moe_transformer import MoETransformer
@@ -58,7 +59,9 @@ def export_hf(model: MoETransformer, out: str | Path, tokenizer_dir: str | Path 
     hybrids) + the tokenizer and chat template: copied from ``tokenizer_dir`` (the checkpoint the
     run started from, ``model.path``) when given, else the byte tokenizer's (``model/hf_tokenizer``)."""
     out = Path(out)
-    if any(kind != "full" for kind in model.config.kinds):
+    if model.config.is_gpt_oss:  # gpt-oss's own layout: experts unquantized here, MXFP4 in export_mxfp4
+        save_gpt_oss(model, out, mxfp4=tensors is not None, max_shard_bytes=max_shard_bytes)
+    elif any(kind != "full" for kind in model.config.kinds):
         if tensors is not None:
             raise ValueError("MXFP4 export of hybrid models is not supported")
         save_hybrid(model, out)
@@ -73,7 +76,8 @@ def export_hf(model: MoETransformer, out: str | Path, tokenizer_dir: str | Path 
 
 def export_mxfp4(model: MoETransformer, out: str | Path, step: int, tokenizer_dir: str | Path | None = None,
                  max_shard_bytes: int = SHARD_BYTES) -> Path:
-    """``export_hf`` with routed experts stored as their per-expert MXFP4 packing, shard by shard."""
+    """``export_hf`` with routed experts stored as their per-expert MXFP4 packing, shard by shard (gpt-oss:
+    the hub's ``*_blocks`` / ``*_scales`` layout and ``quant_method: mxfp4``, model/hf_gpt_oss.py)."""
     out = export_hf(model, out, tokenizer_dir, _mxfp4_tensors, {"quantization_config": quantization_config()},
                     max_shard_bytes)
     (out / "README.md").write_text(MODEL_CARD.format(step=step, rule=SCALE_RULE))

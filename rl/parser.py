@@ -9,6 +9,15 @@ is not a call. Parsing is strict (no JSON repair): a malformed call becomes a
 ``CallError`` that the agent loop returns to the model as an error observation. Whether a
 well-formed call names a real tool with valid arguments is the env's to judge
 (``jointrl.envs.base.validate_call``).
+
+Harmony (``tok.harmony``, gpt-oss; model/harmony.py): the turn continues the generation prompt's
+open analysis message and is a sequence of messages ``<|start|>{header}<|message|>{body}{end}``,
+end one of <|end|>, <|return|> (final answer: the turn ended) or <|call|> (a tool call: the turn
+ended). The header names the channel after <|channel|> and a recipient ``to=functions.NAME`` in the
+role or channel part (both forms are published), optionally ``<|constrain|>json``. Analysis bodies
+are the reasoning; the final body (else commentary preambles) the content; a ``functions.`` recipient
+is a call whose body is its JSON arguments object (any other recipient, or a call not ended by
+<|call|>, is a ``CallError``).
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ class ParsedTurn:
 
 
 def parse_turn(ids: list[int], tok: Tokenizer) -> ParsedTurn:
+    if tok.harmony:
+        return parse_harmony_turn(ids, tok)
     ended = bool(ids) and ids[-1] == tok.im_end_id
     body = ids[:-1] if ended else ids
     if body and body[0] == tok.think_id:
@@ -89,4 +100,78 @@ def _parse_call(raw: str, call_id: str) -> ToolCall | CallError:
     extra = set(obj) - {"name", "arguments"}
     if extra:
         return CallError(f"tool call has unexpected keys {sorted(extra)}; allowed: name, arguments", raw)
+    return ToolCall(name=name, arguments=args, id=call_id)
+
+
+def parse_harmony_turn(ids: list[int], tok: Tokenizer) -> ParsedTurn:
+    """A harmony turn (module docstring), read by special-token ids."""
+    sp = tok.special_ids
+    start, message, end, ret, call = (sp[t] for t in ("<|start|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"))
+    turn = ParsedTurn(reasoning="", content="", ended=bool(ids) and ids[-1] in (ret, call))
+    reasoning, finals, preambles = [], [], []
+    header: list[int] | None = None  # None: in a body (the first: the prompt's analysis message)
+    body: list[int] = []
+    channel, recipient = "analysis", ""
+    stray: list[int] = []
+
+    def close(end_id: int | None) -> None:
+        text = tok.decode(body)
+        if recipient:
+            if end_id != call:
+                turn.calls.append(CallError(f"tool call to {recipient} must end with <|call|>", text))
+            elif not recipient.startswith("functions."):
+                turn.calls.append(CallError(f"unknown recipient {recipient!r}; call tools as to=functions.NAME", text))
+            else:
+                turn.calls.append(_parse_args(recipient.removeprefix("functions."), text, f"call_{len(turn.calls) + 1}"))
+        elif channel == "analysis":
+            reasoning.append(text)
+            turn.closed_thinking = turn.closed_thinking or end_id is not None
+        elif channel == "final":
+            finals.append(text)
+        else:
+            preambles.append(text)
+
+    for i in ids:
+        if header is not None:
+            if i == message:
+                channel, recipient = _harmony_header(tok.decode(header))
+                header, body = None, []
+            else:
+                header.append(i)
+        elif body is not None:
+            if i in (end, ret, call):
+                close(i)
+                body = None  # between messages
+            else:
+                body.append(i)
+        elif i == start:
+            header = []
+        else:
+            stray.append(i)
+    if header is None and body is not None:
+        close(None)  # the turn stopped inside a message (length)
+    turn.reasoning = "\n".join(reasoning)
+    turn.content = "\n".join(finals or preambles)
+    if stray:
+        turn.calls.append(CallError("text between harmony messages (after <|end|>, before <|start|>)", tok.decode(stray)))
+    return turn
+
+
+def _harmony_header(text: str) -> tuple[str, str]:
+    """(channel, recipient) of a header such as ``assistant<|channel|>commentary to=functions.run <|constrain|>json``."""
+    text = text.replace("<|constrain|>", " <|constrain|>")
+    role_part, _, channel_part = text.partition("<|channel|>")
+    words = role_part.split() + channel_part.split()
+    recipient = next((w[3:] for w in words if w.startswith("to=")), "")
+    channel = next((w for w in channel_part.split() if not w.startswith(("to=", "<|constrain|>"))), "")
+    return channel, recipient
+
+
+def _parse_args(name: str, raw: str, call_id: str) -> ToolCall | CallError:
+    try:
+        args = json.loads(raw)
+    except json.JSONDecodeError as e:
+        return CallError(f"arguments of {name!r} are not valid JSON ({e.msg} at char {e.pos})", raw)
+    if not isinstance(args, dict):
+        return CallError(f"arguments of {name!r} must be a JSON object, got {type(args).__name__}", raw)
     return ToolCall(name=name, arguments=args, id=call_id)

@@ -140,6 +140,9 @@ def shard_experts(model: nn.Module, ep_size: int, ep_rank: int, fake_quant: bool
     ``ep_size > 1`` needs ``torch.distributed`` initialised; the expert-parallel groups are
     DeepSpeed's (``groups._create_expert_and_data_parallel``), created here if missing.
     """
+    if getattr(model.config, "swiglu_limit", None) is not None:
+        raise ValueError("learner.ep_size > 1 and learner.fake_quant_experts do not support gpt-oss's clamped-SwiGLU "
+                         "experts yet (model/gpt_oss.ClampedSwiGLUExperts); use ep_size=1, fake_quant_experts=false")
     group = None
     if ep_size > 1:
         from deepspeed.utils import groups

@@ -62,7 +62,7 @@ def _messages(system: Any, raw: Any) -> list[Message]:
         out.append(Message(role="system", content=text))
     if not isinstance(raw, list) or not raw:
         raise RequestError("'messages' must be a non-empty list", "messages")
-    open_calls: set[str] = set()
+    open_calls: dict[str, str] = {}  # tool_use id -> tool name, of the preceding assistant message
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -87,7 +87,7 @@ def _messages(system: Any, raw: Any) -> list[Message]:
                                           id=_field(b, "id", str, f"{w}.", required=True)))
                 else:
                     raise RequestError(f"'{w}.type' {b['type']!r} is not supported in an assistant message", f"{w}.type")
-            open_calls = {c.id for c in calls}
+            open_calls = {c.id: c.name for c in calls}
             out.append(Message(role="assistant", content="".join(text), reasoning="".join(reasoning), tool_calls=calls))
             continue
         text = []
@@ -98,13 +98,13 @@ def _messages(system: Any, raw: Any) -> list[Message]:
                 if cid not in open_calls:
                     raise RequestError(f"'{w}.tool_use_id' {cid!r} answers no tool_use of the preceding assistant "
                                        "message (or answers it twice)", f"{w}.tool_use_id")
-                open_calls.discard(cid)
-                out.append(Message(role="tool", content=_result_text(b.get("content"), f"{w}.content")))
+                called = open_calls.pop(cid)  # the result names its call's tool (harmony renders the name)
+                out.append(Message(role="tool", content=_result_text(b.get("content"), f"{w}.content"), name=called))
             elif b["type"] == "text":
                 text.append(_field(b, "text", str, f"{w}.", required=True))
             else:
                 raise RequestError(f"'{w}.type' {b['type']!r} is not supported in a user message", f"{w}.type")
-        open_calls = set()
+        open_calls = {}
         if text or not any(b["type"] == "tool_result" for b in blocks):
             out.append(Message(role="user", content="".join(text)))
     return out

@@ -82,7 +82,8 @@ class ModelRunner:
                  kv_dtype: torch.dtype | None = None) -> None:
         cfg = model.config
         kinds = tuple(getattr(cfg, "kinds", ("full",) * cfg.num_hidden_layers))
-        self.hybrid = set(kinds) != {"full"}  # kda / gated_dsa layers: through the model's own forward
+        # kda / gated_dsa layers, and gpt-oss's (sinks, sliding window, biases): through the model's own forward
+        self.hybrid = set(kinds) != {"full"} or getattr(cfg, "is_gpt_oss", False)
         self.invariant = batch_invariant
         if batch_invariant:
             _check_batch_invariant(self.hybrid, next(model.parameters()).dtype)
@@ -94,7 +95,7 @@ class ModelRunner:
                              f"(this one: {self.dtype}, hybrid={self.hybrid}); use auto (the model's dtype)")
         self.Hq, self.Hkv, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         P = num_blocks * block_size
-        kv_layers = [i for i, k in enumerate(kinds) if k in ("full", "gated_dsa")]
+        kv_layers = [i for i, k in enumerate(kinds) if k in ("full", "gated_dsa", "sliding")]
         index_layers = [i for i, k in enumerate(kinds) if k == "gated_dsa"]
         self.pool_index = {layer: j for j, layer in enumerate(kv_layers)}      # layer -> kv_LPCHD row
         self.index_pool = {layer: j for j, layer in enumerate(index_layers)}  # layer -> index_LPD row

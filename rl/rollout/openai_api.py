@@ -56,7 +56,7 @@ def _messages(raw: Any) -> list[Message]:
     if not isinstance(raw, list) or not raw:
         raise RequestError("'messages' must be a non-empty list", "messages")
     out: list[Message] = []
-    open_calls: set[str] = set()
+    open_calls: dict[str, str] = {}  # call id -> tool name, of the preceding assistant message
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -85,15 +85,15 @@ def _messages(raw: Any) -> list[Message]:
                 if not isinstance(args, dict):
                     raise RequestError(f"'{w}.function.arguments' must encode a JSON object", f"{w}.function.arguments")
                 calls.append(ToolCall(name=name, arguments=args, id=cid))
-            open_calls = {c.id for c in calls}
+            open_calls = {c.id: c.name for c in calls}
             out.append(Message(role="assistant", content=content, reasoning=reasoning, tool_calls=calls))
         elif role == "tool":
             cid = _field(m, "tool_call_id", str, f"{where}.", required=True)
             if cid not in open_calls:
                 raise RequestError(f"'{where}.tool_call_id' {cid!r} answers no tool call of the preceding assistant "
                                    "message (or answers it twice)", f"{where}.tool_call_id")
-            open_calls.discard(cid)
-            out.append(Message(role="tool", content=content, name=_field(m, "name", str, f"{where}.", default="")))
+            called = open_calls.pop(cid)  # the result names its call's tool (harmony renders the name)
+            out.append(Message(role="tool", content=content, name=_field(m, "name", str, f"{where}.", default="") or called))
         else:
             out.append(Message(role="system" if role == "developer" else role, content=content))
     return out

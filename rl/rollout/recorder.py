@@ -23,7 +23,7 @@ samples that wrote the same words with different log-probs, so agents that recor
 data should send the id;
 a request that extends a conversation fully continues it under the same id, one that
 diverges inside it starts a new conversation (a fork) sharing the prefix tokens. A generated
-turn that did not end with ``<|im_end|>`` (cut by max_tokens) is never reused: the match
+turn that did not end with ``<|im_end|>`` (harmony: ``<|return|>`` or ``<|call|>``; cut by max_tokens) is never reused: the match
 stops before it and the message is re-rendered. The first divergence point is logged.
 
 Recording. With ``record_path`` set, ``finish(id, ...)`` appends the conversation as one
@@ -176,9 +176,9 @@ class ConversationStore:
         rendered alone), if that rendering is a prefix of ``full``; else None (not reusable: a
         template that renders a message differently when more follow, e.g. Qwen3's grouped tool
         responses)."""
-        im_end, ends = self.template.tok.im_end_id, []
+        marks, ends = _end_ids(self.template.tok), []
         for ids in prefixes:
-            end = len(ids) - ids[::-1].index(im_end) if im_end in ids else None
+            end = next((len(ids) - j for j, i in enumerate(reversed(ids)) if i in marks), None)
             ends.append(base + end if end is not None and ids[:end] == full[:end] else None)
         return ends
 
@@ -186,7 +186,7 @@ class ConversationStore:
     def commit(self, prep: Prepared, out: GenerationOutput, reply: Message) -> Conversation:
         """Record ``prompt + out`` as the conversation's new state; returns the conversation."""
         n_prompt = len(prep.prompt_ids)
-        ended = bool(out.token_ids) and out.token_ids[-1] == self.template.tok.im_end_id
+        ended = bool(out.token_ids) and out.token_ids[-1] in _end_ids(self.template.tok, generated=True)
         with self._lock:
             base = prep.base
             if base is not None:
@@ -280,3 +280,10 @@ def read_trajectories(path: str | Path) -> list[Trajectory]:
         names = {f.name for f in dataclasses.fields(Trajectory)}
         out.append(Trajectory(messages=msgs, **{k: v for k, v in d.items() if k in names}))
     return out
+
+
+def _end_ids(tok, generated: bool = False) -> frozenset[int]:
+    """Ids that end a message: ``im_end_id``; with harmony (model/harmony.py) also <|call|> and, in a
+    rendering (not ``generated``), <|end|> (a sampled turn ends only at a stop: <|return|> or <|call|>)."""
+    extra = (tok.think_end_id,) if tok.harmony and not generated else ()
+    return frozenset((tok.im_end_id, *tok.turn_stop_ids, *extra))

@@ -20,6 +20,11 @@ reasoning's last token, which no forward had taken as input yet). Guarantees:
 continuation samples from a seed derived from the request's (``continuation_seed``), so a
 seeded or greedy turn replays exactly; ``think_tokens`` counts the sampled reasoning tokens
 (``</think>`` excluded). A ``<think>`` the model opens after its reasoning closed is not budgeted.
+
+Harmony (gpt-oss, model/harmony.py) plays the same roles with its own tokens: the generation prompt
+ends ``<|channel|>analysis<|message|>`` (``think_id``), the budget's forced close is ``<|end|>``
+(``think_end_id``), after which the model writes its next message header itself; ``tok.turn_stop_ids``
+(``<|call|>``) join the stop ids, beside the engine's ``im_end_id`` (``<|return|>``).
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ async def generate_turn(engine: RolloutEngine, prompt_ids: list[int], params: Sa
     given). Returns the turn as one ``GenerationOutput`` (module docstring)."""
     if think_budget is not None and think_budget < 0:
         raise ValueError(f"think_budget must be >= 0 or None, got {think_budget}")
+    if any(i not in params.stop_token_ids for i in tok.turn_stop_ids):  # harmony's <|call|> ends a turn too
+        params = dataclasses.replace(params, stop_token_ids=(*params.stop_token_ids, *tok.turn_stop_ids))
     if tok.think_end_id in params.stop_token_ids:
         return await _generate(engine, prompt_ids, params, image_patches)
     if prompt_ids[-1] != tok.think_id:

@@ -60,3 +60,23 @@ def test_divergence_forks_and_a_cut_turn_is_not_reused():
     prep3 = store.prepare([*edited, Message(role="assistant", content="ab"), Message(role="user", content="x")], TOOLS)
     assert prep3.matched == len(edited)  # the cut turn is re-rendered, not reused
     assert json.loads(json.dumps(prep3.prompt_ids)) == prep3.prompt_ids
+
+
+def test_harmony_follow_up_reuses_a_call_turn_ended_by_call(gpt_oss_dir):
+    """Harmony (model/harmony.py): messages end at <|end|> / <|call|> / <|return|>, so a follow-up after a
+    tool-call turn (which ends <|call|>, not im_end_id) reuses the sampled tokens."""
+    from jointrl.model.harmony import HarmonyTemplate  # the harmony fixture's tokenizer, only in this test
+    from jointrl.model.hf_tokenizer import HFTokenizer
+
+    tpl = HarmonyTemplate(HFTokenizer(gpt_oss_dir))
+    tok = tpl.tok
+    store = ConversationStore(tpl)
+    prep = store.prepare(START, TOOLS)
+    ids = [*tok.encode("hm"), tok.think_end_id, *tok.encode_with_specials(
+        '<|start|>assistant to=functions.calc<|channel|>commentary <|constrain|>json<|message|>{"expr": "1"}<|call|>')]
+    out = GenerationOutput(ids, [-0.5] * len(ids), [1] * len(ids), "stop", policy_version=3)
+    conv = store.commit(prep, out, reply("c1"))
+    result = Message(role="tool", content="1", name="calc")  # the API names a result after its call
+    prep2 = store.prepare([*START, reply("c1"), result], TOOLS)
+    assert prep2.base is conv and prep2.reused_tokens == len(prep.prompt_ids) + len(ids)
+    assert prep2.prompt_ids == prep.prompt_ids + ids + tpl.continuation([result])
