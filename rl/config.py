@@ -24,7 +24,7 @@ from omegaconf.errors import KeyValidationError, ValidationError
 
 from jointrl.envs.base import TIERS
 from jointrl.envs.splits import SPLITS
-from jointrl.model.config import LAYER_TYPES, QK_NORMS, SCORING_FUNCS, MoEConfig
+from jointrl.model.config import LAYER_TYPES, QK_NORMS, ROPE_TYPES, SCORING_FUNCS, MoEConfig
 from jointrl.rl.losses.common import Aggregation, KLEstimator
 from jointrl.rl.losses.mismatch import MismatchMode
 from jointrl.model.pretrained import fill_shape
@@ -46,6 +46,7 @@ def _choice(name: str, values: tuple[str, ...], doc: str) -> type[enum.StrEnum]:
 LayerType = _choice("LayerType", LAYER_TYPES, "A decoder layer's attention kind (model/config.LAYER_TYPES).")
 ScoringFunc = _choice("ScoringFunc", SCORING_FUNCS, "The router's scoring function (model/config.SCORING_FUNCS).")
 QKNorm = _choice("QKNorm", QK_NORMS, "Where attention normalises q and k (model/config.QK_NORMS).")
+RopeType = _choice("RopeType", ROPE_TYPES, "How RoPE scales its frequencies (model/config.ROPE_TYPES).")
 
 
 class ModelDtype(enum.StrEnum):
@@ -218,7 +219,8 @@ def _model_schema() -> type:
     """``ModelConfig``: ``name`` and ``dtype``, then every ``MoEConfig`` field with its default, so
     the Hydra schema never drifts from the model (YAML lists stand for ``layer_types``' tuple)."""
     hints = typing.get_type_hints(MoEConfig) | {"layer_types": typing.Optional[list[LayerType]],
-                                                "scoring_func": ScoringFunc, "qk_norm": QKNorm, "dsa_mode": DSAMode}
+                                                "scoring_func": ScoringFunc, "qk_norm": QKNorm, "dsa_mode": DSAMode,
+                                                "rope_type": RopeType}
     fields = [("name", str, field(default="tiny_moe")), ("dtype", ModelDtype, field(default=ModelDtype.float32))]
     for f in dataclasses.fields(MoEConfig):  # Optional: model=hf leaves them unset (None), filled from model.path
         fields.append((f.name, typing.Optional[hints[f.name]], field(default=f.default)))

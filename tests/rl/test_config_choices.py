@@ -22,6 +22,7 @@ FREE_TEXT = {"model.name", "model.path", "model.tokenizer", "envs.domains.*.task
              "recipe.sft_data", "recipe.sft_data_split"}
 # Values a choice needs beside it to pass the cross-field checks (``__post_init__``).
 COMPANIONS = {("algo.mismatch", m): {"algo.behaviour_logprobs": "learner"} for m in ("tis", "icepop", "mis")}
+COMPANIONS[("model.layer_types", "sliding")] = {"model.attention_window": 4}  # a sliding layer needs its window
 
 
 def _args(tp) -> tuple:
