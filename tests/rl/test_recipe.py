@@ -1,6 +1,6 @@
 """``jointrl recipe`` (rl/recipe.py) in miniature: SFT on three terminal tasks' oracle transcripts
 (two train, one held out), eval, a GRPO step, an eval of it, curves, wandb -- the real
-sandboxes, Ray learner group, rollout engine and DeepSpeed checkpoints of the full recipe."""
+sandboxes, Ray learner group, rollout engine and checkpoints of the full recipe."""
 
 from __future__ import annotations
 
