@@ -6,7 +6,7 @@ Reads the recorder's JSONL (``rl/rollout/recorder.read_trajectories``), groups t
 ``group_id`` (the agent sets it when it finishes a conversation), computes group-relative
 advantages (``grpo_advantages``: zero-variance groups are dropped) and takes
 ``algo.total_steps`` learner steps on the same batch (``LearnerGroup``, DeepSpeed over gloo),
-starting from ``checkpoint=`` if given (a DeepSpeed checkpoint dir of a training run), and
+starting from ``checkpoint=`` if given (a training run's checkpoints dir), and
 saves a checkpoint to ``<output_dir>/checkpoints`` that ``jointrl serve checkpoint=...`` serves.
 """
 

@@ -430,6 +430,9 @@ class LearnerConfig:
     # blocks, no trim) instead of returning it to the OS and page-faulting it back in: a bench_moe step under
     # learner.autocast took 6-9 K page faults, ~400 with it (rl/learner/setup.keep_freed_memory)
     keep_freed_memory: bool = True
+    # the newest complete checkpoints kept in <output_dir>/checkpoints (older ones are removed once a newer one
+    # is committed); 0 keeps all. Each is ~12 bytes per parameter (fp32 master + Adam's two moments: rl/checkpoint_format.py)
+    checkpoint_keep: int = 2
 
     def __post_init__(self) -> None:
         _coerce_choices(self, "learner")
@@ -440,6 +443,7 @@ class LearnerConfig:
         _check_positive("learner.lr", self.lr)
         _check_positive("learner.indexer_loss_coef", self.indexer_loss_coef, allow_zero=True)
         _check_positive("learner.ep_size", self.ep_size)
+        _check_positive("learner.checkpoint_keep", self.checkpoint_keep, allow_zero=True)
         if self.num_ranks % self.ep_size:
             raise ValueError(f"config key 'learner.ep_size' = {self.ep_size} must divide learner.num_ranks = {self.num_ranks}")
         if self.ep_size > 1 and self.zero_stage == 0:
@@ -578,13 +582,15 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
-    checkpoint: str | None = None  # the policy's weights (serve, eval: HF or DeepSpeed dir; train: a DeepSpeed run's
+    checkpoint: str | None = None  # the policy's weights (serve, eval: an HF dir or a run's checkpoints; train: a run's
     # checkpoints, e.g. jointrl sft's, as the initial and reference policy; resume=true takes precedence); None: untrained
     run_name: str = "default"
     output_dir: str = "runs/default"
     seed: int = 0
     resume: bool = False
-    checkpoint_every: int = 2  # learner steps between checkpoints; 0 disables
+    # learner steps between checkpoints (and the last step, and on SIGUSR1/SIGTERM); 0 disables. A 30B model's
+    # checkpoint is ~360 GB (12 bytes per parameter), written in the background (rl/checkpoint_format.py)
+    checkpoint_every: int = 10
 
     def __post_init__(self) -> None:
         _check_positive("checkpoint_every", self.checkpoint_every, allow_zero=True)

@@ -1,9 +1,9 @@
 """``jointrl export checkpoint=<dir> format=hf|mxfp4|both out=<dir> [config overrides]``.
 
 Reads a training checkpoint (``<output_dir>/checkpoints`` -- its ``latest`` tag -- or
-``.../checkpoints/step_N``): DeepSpeed's ``mp_rank_00_model_states.pt``, or with expert
-parallelism the per-rank ``ep_rank_XXX.pt`` files, whose expert slices are joined back in
-expert order. The model's shape comes from the run's ``config.yaml`` (the driver writes it
+``.../checkpoints/step_N``) in the one format (``rl/checkpoint_format.py``): every learner rank's
+part, fp32 masters joined (expert rows in expert order) and cast to the model's dtype, whatever
+``learner.num_ranks`` / ``ep_size`` wrote it; Adam's moments are not read. The model's shape comes from the run's ``config.yaml`` (the driver writes it
 beside ``checkpoints/``), else from ``conf/`` and the overrides given.
 
 ``hf``: ``transformers``-loadable safetensors through the model's exporters (``model/hf.save_gpt_oss``
@@ -35,8 +35,8 @@ from jointrl.model.hf import SHARD_BYTES, save_gpt_oss, save_hf
 from jointrl.model.hf_hybrid import save_hybrid
 from jointrl.model.hf_tokenizer import copy_tokenizer, save_tokenizer
 from jointrl.model.moe_transformer import MoETransformer
+from jointrl.rl.checkpoint_format import read_policy
 from jointrl.rl.config import Config, load_config
-from jointrl.rl.learner.checkpoint import load_deepspeed
 from jointrl.rl.weight_sync import is_routed_expert
 
 FORMATS = ("hf", "mxfp4", "both")
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> Path:
         raise SystemExit(f"jointrl export: format={fmt!r} is not allowed; allowed values: {list(FORMATS)}")
     checkpoint, out = Path(mine["checkpoint"]), Path(mine["out"])
     cfg = run_config(checkpoint, overrides)
-    model, step = load_deepspeed(cfg, checkpoint)
+    model, step = read_policy(cfg, checkpoint)
     tokenizer = cfg.model.tokenizer or cfg.model.path  # the run started from a checkpoint: its tokenizer
     targets = {"hf": [("hf", out)], "mxfp4": [("mxfp4", out)], "both": [("hf", out / "hf"), ("mxfp4", out / "mxfp4")]}
     for kind, d in targets[fmt]:

@@ -2,9 +2,12 @@
 
 Slurm sends ``SIGUSR1`` to the batch shell 120 s before the time limit
 (``#SBATCH --signal=B:USR1@120``); ``slurm/train.sbatch`` forwards it to the driver. The
-driver never stops mid-step: at the end of the step it saves a checkpoint and exits with
-``REQUEUE_EXIT_CODE``, which tells the batch script to ``scontrol requeue`` the job; the
-requeued job starts with ``resume=true`` and continues at the next step.
+driver never stops mid-step: at the end of the step it saves a checkpoint, waits until every
+learner rank's part is on disk and ``latest`` names it (``rl/checkpoint_format.py``; otherwise
+checkpoints are written in the background), and exits with ``REQUEUE_EXIT_CODE``, which tells the
+batch script to ``scontrol requeue`` the job; the requeued job starts with ``resume=true`` and
+continues at the next step. The signal's lead time must cover the rest of a step plus writing
+one checkpoint (12 bytes a parameter over all ranks).
 """
 
 from __future__ import annotations

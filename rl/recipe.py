@@ -193,7 +193,9 @@ def recipe(cfg: Config) -> dict:
     grpo_cfg = dataclasses.replace(cfg, envs=grpo_envs(cfg), rollout=grpo_rollout(cfg),
                                    output_dir=str(grpo_dir), run_name=f"{cfg.run_name}-grpo",
                                    checkpoint=str(sft_dir / "checkpoints"), checkpoint_every=rc.eval_every or total,
-                                   resume=(grpo_dir / "checkpoints" / "latest").is_file())
+                                   resume=(grpo_dir / "checkpoints" / "latest").is_file(),
+                                   # every eval step's checkpoint is evaluated after training: keep them all
+                                   learner=dataclasses.replace(cfg.learner, checkpoint_keep=0))
     if not _finished(grpo_dir / "checkpoints", total):
         stage("grpo", train, grpo_cfg)
     for s in steps[1:]:

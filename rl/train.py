@@ -87,11 +87,12 @@ def train(cfg: Config) -> dict[str, float]:
         rec.routing = ray.get(router.stats.remote())
         metrics, histograms = step_metrics(rec, rollouts.sampler.realized_mix(rec.groups), rollouts.sampler.target_mix)
         tracker.log(step, metrics, rec.trajs, histograms=histograms)
-        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.algo.total_steps \
-                or preempt.requested:
-            learner.save_checkpoint(str(ckpt_dir), step)
+        stop = preempt.requested  # read once: a signal after this stops the run after the next step
+        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.algo.total_steps or stop:
+            # written in the background (the driver exits only once it is committed: wait, shutdown)
+            learner.save_checkpoint(str(ckpt_dir), step, wait=stop)
             print(f"checkpoint step {step} -> {ckpt_dir}", flush=True)
-        if preempt.requested and step < cfg.algo.total_steps:
+        if stop and step < cfg.algo.total_steps:
             print(f"{preempt.signal_name}: stopping after step {step} for requeue", flush=True)
             tracker.finish()
             raise SystemExit(REQUEUE_EXIT_CODE)

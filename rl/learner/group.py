@@ -55,8 +55,16 @@ class LearnerGroup:
         weights and its experts, the others their experts; replicas beyond ep_size send nothing)."""
         return self.workers[: self.ep_size]
 
-    def save_checkpoint(self, directory: str, step: int) -> None:
+    def save_checkpoint(self, directory: str, step: int, wait: bool = False) -> None:
+        """Every rank's part of ``directory/step_N``: returns once each is in host memory (the disk
+        write goes on in the background), or with ``wait`` once the checkpoint is committed."""
         ray.get([w.save_checkpoint.remote(directory, step) for w in self.workers])
+        if wait:
+            self.wait_checkpoint()
+
+    def wait_checkpoint(self) -> None:
+        """Until the checkpoint being written is committed (``latest`` names it); raises if it was not."""
+        ray.get([w.wait_checkpoint.remote() for w in self.workers])
 
     def load_checkpoint(self, directory: str) -> int | None:
         steps = ray.get([w.load_checkpoint.remote(directory) for w in self.workers])
@@ -64,5 +72,10 @@ class LearnerGroup:
         return steps[0]
 
     def shutdown(self) -> None:
-        for w in self.workers:
-            ray.kill(w)
+        """Stop the ranks, once the checkpoint being written (if any) is committed (or failed: raised
+        after the ranks are stopped)."""
+        try:
+            self.wait_checkpoint()
+        finally:
+            for w in self.workers:
+                ray.kill(w)

@@ -1,55 +1,45 @@
-"""A checkpoint that loads into any number of learner ranks and any ``ep_size``.
+"""A learner rank's part of a checkpoint (``rl/checkpoint_format.py``): taken from its optimizer,
+and loaded back into any number of learner ranks and any ``ep_size``.
 
-DeepSpeed's ZeRO files hold each rank's slice of one flat fp32 buffer per parameter group, and
-the expert-parallel files (``worker._save_ep_checkpoint``) each rank's experts: both load into
-the ``learner.num_ranks`` / ``learner.ep_size`` that wrote them only. Beside them every
-checkpoint gets ``step_N/portable/``: every rank writes ``part_{rank}.pt`` with what it holds, no
-collective and no gather: per parameter (by name) its fragment of ZeRO's flat fp32 master and of
-Adam's two moments (``flat``: start and length within the parameter as the rank holds it;
-``row_offset``: the first expert row, with expert parallelism), so the parts together hold each
-element once; rank 0's part also holds the non-trainable tensors (buffers, frozen ones). Each
-part has Adam's step count and the run's step; ``topology.json`` names the writer's
-``num_ranks`` / ``ep_size`` / ZeRO stage. Without ZeRO (one rank, ``setup.zero_stage``) the
-optimizer is torch's AdamW itself: the parameters are the masters and its state holds the
-moments (both float64 for a float64 model, and so in the file). Parts written before fragments
-(rank 0 held every replicated tensor whole) still read.
+``host_part`` copies what this rank holds to host memory, no collective and no gather: with ZeRO,
+per parameter its fragment of ZeRO's flat fp32 master and of Adam's two moments (DeepSpeed's
+``_hp_mapping``); without ZeRO (one rank, ``setup.zero_stage``) the optimizer is torch's AdamW
+itself: the parameters (or, in bf16, DeepSpeed's fp32 masters of them) and its state's moments,
+whole (float64 for a float64 model, and so in the file).
 
-Loading (``LearnerWorker.load_checkpoint`` when the topology differs): every rank rebuilds the
-whole tensors, cuts the rows of its experts, and writes model weights, fp32 masters and moments
-into its ZeRO partition (``safe_set_full_*``). The update that follows is the one the old
-topology would have taken, up to fp32 summation order (tests/rl/learner/test_reshard.py).
-Loading still rebuilds whole tensors on every rank: while it loads, each rank's host memory holds
-the whole fp32 master and moments.
+``load_into_rank`` reads a checkpoint back. Written by the same ``num_ranks`` / ``ep_size`` with ZeRO
+(every rank's fragments where they were): each rank reads its own part only, writes its fragments
+into its ZeRO partition, and the ranks all-gather the model's weights from the masters, as a step
+does. Any other topology: every rank rebuilds the whole tensors from all parts (memory-mapped),
+cuts the rows of its experts, and writes model weights, fp32 masters and moments into its
+partition (``safe_set_full_*``); while it loads, each rank's host memory holds the whole fp32
+master and moments. Either way the update that follows is the one the writer would have taken,
+up to fp32 summation order (tests/rl/learner/test_reshard.py; bit for bit in the same topology).
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import torch
 from torch import nn
 
-MOMENTS = ("exp_avg", "exp_avg_sq")
+from jointrl.rl.checkpoint_format import MOMENTS, read_part, read_parts, topology
 
 
-def topology(path: str | os.PathLike) -> dict | None:
-    """``{"num_ranks", "ep_size", "zero_stage"}`` of the checkpoint at ``path`` (a ``step_N`` dir;
-    no ``zero_stage`` when written before it was recorded), or None when it has no portable copy
-    (written before it existed)."""
-    f = Path(path) / "portable" / "topology.json"
-    return json.loads(f.read_text()) if f.is_file() else None
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in host memory (one copy, from the device or within the host)."""
+    return t.detach().to("cpu", copy=True)
 
 
-def save_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, *, rank: int, num_ranks: int,
-                  ep_size: int, step: int, row_offsets: dict[str, int], zero_stage: int = 1) -> None:
-    """Every rank writes ``part_{rank}.pt`` with what it holds; no collective, no gather.
-    With ZeRO: per parameter, this rank's fragment of the flattened fp32 master and of Adam's two
-    moments (DeepSpeed's ``_hp_mapping``: ``flat`` = (start, numel) within the parameter as this
-    rank holds it, ``shape`` that parameter's shape, ``row_offset`` its first expert row); a rank
-    that holds no fragment of a parameter writes none. ``zero_optimizer``: DeepSpeed's ZeRO
-    optimizer, or with ``zero_stage`` 0 torch's AdamW (one rank: whole tensors, rank 0 only)."""
+def host_part(module: nn.Module, zero_optimizer, *, rank: int, step: int, row_offsets: dict[str, int],
+              zero_stage: int) -> dict:
+    """This rank's part (``rl/checkpoint_format.py``) copied to host memory: the training step may
+    change the live tensors as soon as this returns. With ZeRO, per parameter this rank's fragment
+    (``flat`` = (start, numel) within the parameter as this rank holds it, ``shape``, ``row_offset``
+    its first expert row); a rank that holds no fragment of a parameter writes none.
+    ``zero_optimizer``: DeepSpeed's ZeRO optimizer, or with ``zero_stage`` 0 torch's AdamW (or
+    DeepSpeed's bf16 wrapper of it)."""
     _init_adam_state(zero_optimizer, zero_stage)
     inner, masters = _adam(zero_optimizer, zero_stage), _masters(zero_optimizer, zero_stage)
     params: dict[str, dict] = {}
@@ -60,70 +50,65 @@ def save_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, *,
             m = masters.get(p, p)
             entry = {"fp32": m, **{key: inner.state[m][key] for key in MOMENTS}}
             # without ZeRO a float64 model's weights and moments stay float64
-            params[name] = {k: v.detach().cpu().to(torch.promote_types(v.dtype, torch.float32)).clone()
-                            for k, v in entry.items()}
+            params[name] = {k: _host(v).to(torch.promote_types(v.dtype, torch.float32)) for k, v in entry.items()}
         else:
             frag = p._hp_mapping
             if frag is None:  # all of p lives in other ranks' partitions
                 continue
             keys = frag.get_optim_state_keys() if frag.optim_fragment else []
-            params[name] = {"fp32": frag.get_hp_fragment().detach().cpu().clone(),
-                            **{k: frag.get_hp_fragment(k).detach().cpu().clone() if k in keys else None for k in MOMENTS},
+            params[name] = {"fp32": _host(frag.get_hp_fragment()),
+                            **{k: _host(frag.get_hp_fragment(k)) if k in keys else None for k in MOMENTS},
                             "flat": (frag.lp_fragment_address.start, frag.lp_fragment_address.numel),
                             "shape": tuple(p.shape)}
         params[name]["row_offset"] = row_offsets.get(name)
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
-    frozen = {k: v.detach().cpu() for k, v in module.state_dict().items() if k not in trainable} if rank == 0 else {}
-    steps = [float(s["step"]) for s in _adam(zero_optimizer, zero_stage).state.values() if "step" in s]
-    out = Path(path) / "portable"
-    out.mkdir(parents=True, exist_ok=True)
-    torch.save({"params": params, "frozen": frozen, "adam_step": max(steps, default=0.0), "step": step},
-               out / f"part_{rank:03d}.pt")
-    if rank == 0:
-        (out / "topology.json").write_text(json.dumps({"num_ranks": num_ranks, "ep_size": ep_size, "zero_stage": zero_stage,
-                                                       "step": step}))
+    frozen = {k: _host(v) for k, v in module.state_dict().items() if k not in trainable} if rank == 0 else {}
+    steps = [float(s["step"]) for s in inner.state.values() if "step" in s]
+    return {"params": params, "frozen": frozen, "adam_step": max(steps, default=0.0), "step": step}
 
 
-def read_portable(path: str | os.PathLike) -> dict:
-    """The parts of ``path/portable`` joined: ``{"params": {name: {fp32, exp_avg, exp_avg_sq}},
-    "frozen", "adam_step", "step"}`` with whole tensors: fragments placed at their flat offsets
-    within each rank-held tensor, then expert rows of all parts concatenated in row order. Parts
-    written before fragments (whole tensors, or whole expert rows) read the same way."""
-    parts = [torch.load(f, map_location="cpu", weights_only=False) for f in sorted((Path(path) / "portable").glob("part_*.pt"))]
-    if not parts:
-        raise ValueError(f"checkpoint {path} has no portable copy (portable/part_*.pt); it loads into the "
-                         "learner.num_ranks / learner.ep_size that wrote it only")
-    pieces: dict[str, dict[int, dict]] = {}  # name -> row offset -> {key: tensor of that rank-held shape}
-    for part in parts:
-        for name, entry in part["params"].items():
-            held = pieces.setdefault(name, {})
-            r = entry["row_offset"] or 0
-            if "flat" not in entry:
-                held[r] = {k: entry[k] for k in ("fp32", *MOMENTS)}
-                continue
-            start, n = entry["flat"]
-            whole = held.setdefault(r, {k: None if entry[k] is None else torch.zeros(entry["shape"], dtype=entry[k].dtype)
-                                        for k in ("fp32", *MOMENTS)} | {"covered": 0})
-            for k in ("fp32", *MOMENTS):
-                if entry[k] is not None:
-                    whole[k].view(-1)[start:start + n] = entry[k]
-            whole["covered"] += n
-    params = {}
-    for name, held in pieces.items():
-        rows = [held[r] for r in sorted(held)]
-        for w in rows:
-            assert w.pop("covered", w["fp32"].numel()) == w["fp32"].numel(), f"{path}: fragments of {name} miss elements"
-        params[name] = {k: (None if rows[0][k] is None else torch.cat([w[k] for w in rows])) for k in ("fp32", *MOMENTS)}
-    return {"params": params, "frozen": parts[0]["frozen"], "adam_step": parts[0]["adam_step"], "step": parts[0]["step"]}
+def load_into_rank(module: nn.Module, zero_optimizer, path: str | os.PathLike, row_offsets: dict[str, int],
+                   zero_stage: int, *, rank: int, num_ranks: int, ep_size: int) -> int:
+    """Load the checkpoint at ``path`` (a complete ``step_N``) into this rank's model and optimizer
+    (module docstring); every rank of the group calls together. → the step it was saved at."""
+    saved = topology(path)
+    assert saved is not None, path
+    # checkpoints that did not record a stage were written with ZeRO
+    same = (saved["num_ranks"], saved["ep_size"], saved.get("zero_stage", 1) > 0) == (num_ranks, ep_size, zero_stage > 0)
+    if same and zero_stage > 0:
+        return _load_own_part(module, zero_optimizer, path, rank)
+    return _load_whole(module, zero_optimizer, path, row_offsets, zero_stage)
 
 
-def load_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, row_offsets: dict[str, int],
-                  zero_stage: int = 1) -> int:
-    """Write the portable checkpoint at ``path`` into this rank's model and ZeRO partition (with
-    ``zero_stage`` 0: into the model and torch's AdamW ``zero_optimizer``); → the step it was saved at."""
+def _load_own_part(module: nn.Module, zero_optimizer, path, rank: int) -> int:
+    """The writer's topology with ZeRO: this rank's fragments straight into its partition, then the
+    model's weights all-gathered from the masters (``update_lp_params``: a collective)."""
+    part = read_part(path, rank)
+    _init_adam_state(zero_optimizer, 1)
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        frag, entry = p._hp_mapping, part["params"].get(name)
+        if frag is None:
+            assert entry is None, f"{path}: rank {rank} holds no fragment of {name}, its part does"
+            continue
+        assert entry is not None and tuple(entry["flat"]) == (frag.lp_fragment_address.start, frag.lp_fragment_address.numel), \
+            f"{path}: rank {rank}'s fragment of {name} is not where the writer held it"
+        with torch.no_grad():
+            frag.get_hp_fragment().copy_(entry["fp32"])
+            for key in MOMENTS:
+                if entry[key] is not None:
+                    frag.get_hp_fragment(key).copy_(entry[key])
+    zero_optimizer.update_lp_params()
+    frozen = part["frozen"] if rank == 0 else read_part(path, 0)["frozen"]
+    return _finish(module, zero_optimizer, 1, frozen, part)
+
+
+def _load_whole(module: nn.Module, zero_optimizer, path, row_offsets: dict[str, int], zero_stage: int) -> int:
+    """Another topology (or without ZeRO): whole tensors from all parts, this rank's rows of them."""
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
-    saved = read_portable(path)
+    saved = read_parts(path)
     _init_adam_state(zero_optimizer, zero_stage)
     inner, masters = _adam(zero_optimizer, zero_stage), _masters(zero_optimizer, zero_stage)
     for name, p in module.named_parameters():
@@ -153,9 +138,14 @@ def load_portable(module: nn.Module, zero_optimizer, path: str | os.PathLike, ro
         for key in MOMENTS:
             if entry[key] is not None:
                 safe_set_full_optimizer_state(p, rows(entry[key]), key)
+    return _finish(module, zero_optimizer, zero_stage, saved["frozen"], saved)
+
+
+def _finish(module: nn.Module, zero_optimizer, zero_stage: int, frozen: dict, saved: dict) -> int:
+    """The non-trainable tensors and Adam's step count; → the run's step."""
     with torch.no_grad():
         state = module.state_dict()
-        for name, t in saved["frozen"].items():
+        for name, t in frozen.items():
             if name in state:
                 state[name].copy_(t)
     for s in _adam(zero_optimizer, zero_stage).state.values():

@@ -20,8 +20,8 @@ from torch import nn
 
 from jointrl.kernels.cpu_extension import _libc
 from jointrl.rl.build import build_model
+from jointrl.rl.checkpoint_format import read_policy
 from jointrl.rl.config import Config, ModelDtype
-from jointrl.rl.learner.checkpoint import load_deepspeed
 from jointrl.rl.learner.expert_parallel import shard_experts
 from jointrl.rl.learner.forward import check_packable
 from jointrl.rl.learner.objective import Objective
@@ -115,7 +115,7 @@ def setup_rank(cfg: Config, rank: int, world_size: int, objective: Objective) ->
         keep_freed_memory()
     model = build_model(cfg)
     if cfg.checkpoint:
-        model.load_state_dict(load_deepspeed(cfg, cfg.checkpoint)[0].state_dict())
+        model.load_state_dict(read_policy(cfg, cfg.checkpoint)[0].state_dict())
     if lc.pack_sequences:
         check_packable(model.config)
     ref_model = None

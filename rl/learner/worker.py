@@ -8,7 +8,7 @@ concern per module:
     objective.py   the loss, mismatch correction, behaviour log-probs, advantage estimator
     step.py        TrainStep: micro-batches -> loss -> backward -> one clipped update; log-probs
     push.py        WeightPusher: this rank's part of the weight push
-    checkpoint.py  Checkpointer: save / load in this topology or from the portable copy
+    checkpoint.py  Checkpointer: this rank's part of a checkpoint, written in the background; load
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class LearnerWorker:
         self.step = TrainStep(cfg, self.setup, objective, self.world_size)
         self.pusher = WeightPusher(cfg, self.engine.module, self.rank)
         self.checkpointer = Checkpointer(self.engine, self.rank, self.world_size, cfg.learner.ep_size,
-                                         self.setup.zero_stage)
+                                         self.setup.zero_stage, cfg.learner.checkpoint_keep)
         return self.rank
 
     def ready(self) -> int:
@@ -93,7 +93,12 @@ class LearnerWorker:
         return self.pusher.push(version)
 
     def save_checkpoint(self, directory: str, step: int) -> None:
+        """Copy this rank's part to host memory and write it in the background (``Checkpointer.save``)."""
         self.checkpointer.save(directory, step)
+
+    def wait_checkpoint(self) -> None:
+        """Until the checkpoint being written is committed; raises if it was not (``Checkpointer.wait``)."""
+        self.checkpointer.wait()
 
     def load_checkpoint(self, directory: str) -> int | None:
         """The latest checkpoint in ``directory`` (``Checkpointer.load``); the lr schedule resumes at its step."""

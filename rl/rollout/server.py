@@ -12,9 +12,9 @@ record a follow-up request extends (``recorder.py``). The engine is reached only
 ``RolloutEngine`` protocol; it is built like the rollout worker's (``rollout.backend``) and
 loaded through the weight push (``build_bundle`` / ``update_weights``, MXFP4 experts iff
 ``rollout.quantize_experts``), so it serves exactly what training rollouts would run.
-``checkpoint``: an HF directory (``model/hf.load_hf``), a DeepSpeed checkpoint directory of a
-run (``.../checkpoints`` -- its ``latest`` tag -- or ``.../checkpoints/step_N``; policy version
-N), or none (the untrained ``model`` from config). Streaming sends the turn's chunks once the
+``checkpoint``: an HF directory (``model/hf.load_hf``), a run's checkpoint
+(``.../checkpoints`` -- its ``latest`` tag -- or ``.../checkpoints/step_N``, read by
+``rl/checkpoint_format.read_policy``; policy version N), or none (the untrained ``model`` from config). Streaming sends the turn's chunks once the
 engine returns the turn (``generate`` yields whole turns).
 
 Client mistakes are 4xx JSON errors in each API's shape naming the field; an unexpected
@@ -26,20 +26,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import hydra
-import torch
 from aiohttp import web
 from omegaconf import DictConfig
 
 from jointrl.model.hf import load_hf
 from jointrl.model.moe_transformer import MoETransformer
-from jointrl.rl.build import build_model, build_template
+from jointrl.rl.build import build_template
+from jointrl.rl.checkpoint_format import read_policy
 from jointrl.rl.config import Config, register_schemas, to_config
 from jointrl.rl.rollout import anthropic_api, openai_api
 from jointrl.rl.rollout.chat import ChatService, RequestError, ServiceLimits
@@ -59,18 +58,7 @@ def load_policy(cfg: Config, checkpoint: str | None) -> tuple[MoETransformer | N
     path = Path(checkpoint)
     if (path / "config.json").is_file():
         return load_hf(path), 0
-    if (path / "latest").is_file():
-        path = path / (path / "latest").read_text().strip()
-    states = sorted(path.glob("mp_rank_*_model_states.pt"))
-    if not states:
-        raise ValueError(f"checkpoint {checkpoint!r} is neither an HF directory (config.json) nor a DeepSpeed "
-                         "checkpoint (latest, or mp_rank_00_model_states.pt)")
-
-    saved = torch.load(states[0], map_location="cpu", weights_only=False)
-    model = build_model(cfg)
-    model.load_state_dict(saved["module"])
-    match = re.search(r"(\d+)$", path.name)
-    return model, int(saved.get("step", match.group(1) if match else 0))
+    return read_policy(cfg, path)  # a run's checkpoints (its latest) or a step_N
 
 
 def build_engine(cfg: Config, checkpoint: str | None) -> RolloutEngine:

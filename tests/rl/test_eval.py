@@ -43,7 +43,7 @@ def test_bad_arguments_name_the_allowed_values(tmp_path):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """A run as the driver leaves it: config.yaml and a DeepSpeed checkpoint at step 3."""
+    """A run as the driver leaves it: config.yaml and a checkpoint at step 3."""
     from jointrl.rl.learner.worker import LearnerWorker
 
     out = tmp_path_factory.mktemp("run")
@@ -54,6 +54,7 @@ def checkpoint(tmp_path_factory):
         for p in lw.engine.module.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(0), dtype=p.dtype))
     lw.save_checkpoint(str(out / "checkpoints"), 3)
+    lw.wait_checkpoint()
     return out / "checkpoints"
 
 

@@ -1,4 +1,4 @@
-"""``jointrl export``: a DeepSpeed checkpoint -> transformers-loadable safetensors (our logits in
+"""``jointrl export``: a training checkpoint -> transformers-loadable safetensors (our logits in
 transformers, our tokenizer and chat template) and the compressed-tensors MXFP4 layout (the
 exact weights the rollout engine ran)."""
 
@@ -15,7 +15,8 @@ from jointrl.envs.base import Message, ToolCall, ToolSpec
 from jointrl.model.chat_template import ChatTemplate
 from jointrl.model.tokenizer import ByteTokenizer
 from jointrl.rl.config import load_config
-from jointrl.rl.export import load_deepspeed, main as export_main
+from jointrl.rl.checkpoint_format import read_policy
+from jointrl.rl.export import main as export_main
 from jointrl.rl.weight_sync import build_bundle, is_routed_expert
 
 IDS = [[257, 115, 121, 115, 10, 72, 105, 33, 258, 10, 257, 97, 10, 259, 120, 260, 50, 43, 50]]
@@ -29,7 +30,7 @@ def _port() -> int:
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """A run directory as the driver leaves it: config.yaml, and a DeepSpeed checkpoint at step 3
+    """A run directory as the driver leaves it: config.yaml, and a checkpoint at step 3
     whose weights are not the initial ones."""
     from jointrl.rl.learner.worker import LearnerWorker
 
@@ -42,6 +43,7 @@ def run_dir(tmp_path_factory):
         for p in lw.engine.module.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     lw.save_checkpoint(str(out / "checkpoints"), 3)
+    lw.wait_checkpoint()
     return out
 
 
@@ -49,14 +51,14 @@ def test_hf_export_reproduces_our_logits_tokenizer_and_template_in_transformers(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     export_main([f"checkpoint={run_dir / 'checkpoints'}", "format=hf", f"out={tmp_path}"])
-    ours, step = load_deepspeed(load_config(["seed=5"]), run_dir / "checkpoints" / "step_3")
+    ours, step = read_policy(load_config(["seed=5"]), run_dir / "checkpoints" / "step_3")
     assert step == 3
     ids = torch.tensor(IDS)
     with torch.no_grad():
         theirs = AutoModelForCausalLM.from_pretrained(tmp_path).eval()(ids).logits
         want = ours(ids).logits
     assert torch.allclose(theirs, want, atol=1e-5, rtol=0), (theirs - want).abs().max()
-    fresh = load_deepspeed(load_config(["seed=6"]), run_dir / "checkpoints")[0]  # the checkpoint's weights, not the seed's
+    fresh = read_policy(load_config(["seed=6"]), run_dir / "checkpoints")[0]  # the checkpoint's weights, not the seed's
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), ours.state_dict().values()))
 
     tok, byte_tok, template = AutoTokenizer.from_pretrained(tmp_path), ByteTokenizer(), ChatTemplate()
@@ -84,7 +86,7 @@ def test_mxfp4_export_dequantizes_to_exactly_the_rollout_engines_weights(run_dir
 
     export_main([f"checkpoint={run_dir / 'checkpoints'}", "format=mxfp4", f"out={tmp_path}"])
     cfg = load_config(["seed=5"])
-    policy, step = load_deepspeed(cfg, run_dir / "checkpoints")
+    policy, step = read_policy(cfg, run_dir / "checkpoints")
     engine = RolloutWorker(cfg).engine  # receives the checkpoint's weights as the driver pushes them
     engine.update_weights(step, build_bundle(policy.state_dict(), step, is_quantized=is_routed_expert))
     ran = engine.model.state_dict()
@@ -138,7 +140,9 @@ def _ep_rank(rank: int, port: int, out: str, q) -> None:
         for name, p in lw.engine.module.named_parameters():
             if ".experts." in name:  # each rank moves its own experts; shared weights stay equal
                 p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    lw.engine.optimizer.refresh_fp32_params()  # the fp32 masters (what a checkpoint holds) follow, as after a step
     lw.save_checkpoint(str(Path(out) / "checkpoints"), 2)
+    lw.wait_checkpoint()
     logprobs = lw.logprobs(IDS)  # the expert-parallel forward: every rank takes part
     if rank == 0:
         buf = io.BytesIO()
@@ -165,8 +169,9 @@ def test_expert_sharded_checkpoint_exports_the_expert_parallel_model(tmp_path, m
     for p in procs:
         p.join(timeout=120)
         assert p.exitcode == 0
-    assert sorted(x.name for x in (tmp_path / "checkpoints" / "step_2").glob("ep_rank_*.pt")) == \
-        ["ep_rank_000.pt", "ep_rank_001.pt"]
+    # one part per rank, nothing else beside them (no DeepSpeed files)
+    assert sorted(x.name for x in (tmp_path / "checkpoints" / "step_2").iterdir()) == \
+        ["part_000.pt", "part_001.pt", "topology.json"]
     export_main([f"checkpoint={tmp_path / 'checkpoints'}", "format=hf", f"out={tmp_path / 'hf'}"])
     with torch.no_grad():
         logits = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()(torch.tensor(IDS)).logits

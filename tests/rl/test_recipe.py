@@ -1,6 +1,6 @@
 """``jointrl recipe`` (rl/recipe.py) in miniature: SFT on three terminal tasks' oracle transcripts
 (two train, one held out), eval, a GRPO step, an eval of it, curves, wandb -- the real
-sandboxes, Ray learner group, rollout engine and DeepSpeed checkpoints of the full recipe."""
+sandboxes, Ray learner group, rollout engine and checkpoints of the full recipe."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from jointrl.envs.registry import load_tasks
 from jointrl.rl.config import load_config
-from jointrl.rl.export import load_deepspeed
+from jointrl.rl.checkpoint_format import read_policy
 from jointrl.rl.learner.batch import logprobs_from_logits
 from jointrl.rl.recipe import eval_steps, heldout_curves, summary
 
@@ -109,7 +109,7 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
     # GRPO sampled at recipe.grpo_temperature: the engine's log-probs are the SFT policy's at T = 0.7, not
     # at rollout.temperature (1.0, which the evals keep)
     assert OmegaConf.load(out / "grpo" / "config.yaml").rollout.temperature == 0.7 and cfg.rollout.temperature == 1.0
-    policy, _ = load_deepspeed(cfg, out / "sft" / "checkpoints")
+    policy, _ = read_policy(cfg, out / "sft" / "checkpoints")
     t = trajs[0]
     with torch.no_grad():
         logits = policy(torch.tensor([t["token_ids"]])).logits.double()

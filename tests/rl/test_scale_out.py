@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -112,6 +113,10 @@ def test_driver_sigkill_resumes_with_the_same_next_batch(tmp_path):
     killed = _train(tmp_path / "killed", *exact)
     lines: list[str] = []
     _wait_for(killed, "checkpoint step 1", lines)
+    latest, deadline = tmp_path / "killed" / "checkpoints" / "latest", time.monotonic() + 300
+    while not (latest.is_file() and latest.read_text() == "step_1"):  # written in the background, then committed
+        assert time.monotonic() < deadline and killed.poll() is None, "".join(lines[-60:])
+        time.sleep(0.02)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
     resumed = _train(tmp_path / "killed", "resume=true", *exact)
@@ -126,7 +131,7 @@ def test_driver_sigkill_resumes_with_the_same_next_batch(tmp_path):
 
 def test_run_resumes_with_another_learner_layout(tmp_path):
     """A run checkpointed by 2 learner ranks with experts sharded (ep_size 2) resumes on 1 rank
-    through ``jointrl train resume=true``: the portable copy (rl/learner/portable_checkpoint.py)
+    through ``jointrl train resume=true``: each rank's part (rl/checkpoint_format.py)
     restores weights and Adam moments, and the run finishes its steps with nothing lost."""
     first = _train(tmp_path, "learner.num_ranks=2", "learner.ep_size=2", "learner.zero_stage=2",
                    "rollout.num_workers=1", "envs.num_workers=2", "algo.total_steps=1")

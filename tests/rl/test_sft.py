@@ -116,12 +116,12 @@ def test_jointrl_sft_writes_a_checkpoint_that_eval_loads(tmp_path):
     assert result["policy_version"] == 2 and result["rows"][0]["episodes"] == 1
     # jointrl train checkpoint=<sft run>/checkpoints: the learner starts from (and pushes) the SFT weights
     from jointrl.rl.build import build_model
-    from jointrl.rl.export import load_deepspeed
+    from jointrl.rl.checkpoint_format import read_policy
     from jointrl.rl.learner.worker import LearnerWorker
 
     grpo = load_config([f"checkpoint={tmp_path / 'checkpoints'}", "seed=1"])
     lw = LearnerWorker(grpo, rank=0, world_size=1, master_addr="127.0.0.1", master_port=_free_port())
-    saved = load_deepspeed(grpo, tmp_path / "checkpoints")[0].state_dict()
+    saved = read_policy(grpo, tmp_path / "checkpoints")[0].state_dict()
     assert any(not torch.equal(v, saved[k]) for k, v in build_model(load_config(["seed=1"])).state_dict().items())
     assert all(torch.equal(v, saved[k]) for k, v in lw.engine.module.state_dict().items())
 

@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,10 @@ def _wait_for(proc: subprocess.Popen, needle: str) -> list[str]:
 def test_run_killed_after_checkpoint_resumes_at_next_step(tmp_path):
     first = _train(tmp_path)
     _wait_for(first, "checkpoint step 1")
+    latest, deadline = tmp_path / "checkpoints" / "latest", time.monotonic() + 300
+    while not (latest.is_file() and latest.read_text() == "step_1"):  # written in the background, then committed
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.02)
     os.killpg(first.pid, signal.SIGKILL)  # no clean shutdown: as if the node died
     first.wait()
     assert not (tmp_path / "trajectories" / "step_000003.jsonl").exists()

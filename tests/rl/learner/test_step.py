@@ -166,6 +166,7 @@ def test_cosine_lr_schedule_decays_over_total_steps_and_resumes(tmp_path):
         got.append(lw.train_step(batch, batch.num_loss_tokens)["lr"])
         assert all(g["lr"] == pytest.approx(want[k]) for g in lw.engine.optimizer.param_groups)
     lw.save_checkpoint(str(tmp_path), 2)
+    lw.wait_checkpoint()
     _, resumed = learner("learner.lr_schedule=cosine", "algo.total_steps=4", "learner.lr=0.01")
     assert resumed.load_checkpoint(str(tmp_path)) == 2
     got += [resumed.train_step(batch, batch.num_loss_tokens)["lr"] for _ in range(2)]

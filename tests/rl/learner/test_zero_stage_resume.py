@@ -1,9 +1,7 @@
 """One rank in fp32 / fp64 runs ZeRO-0 (``setup.zero_stage``); before, it ran ZeRO-1. A checkpoint
-written under either resumes under the other (through the portable copy) and under its own: the
+written under either resumes under the other and under its own (rl/checkpoint_format.py): the
 weights and Adam's moments come along, so the next step takes the update the writer took (to the
 fp32 rounding of ZeRO's master weights)."""
-
-import shutil
 
 import pytest
 import torch
@@ -48,11 +46,12 @@ def test_one_rank_runs_zero_0_except_bf16():
         assert zero_stage(cfg, 2) == stage
 
 
-@pytest.mark.parametrize("first,then", [(1, 0), (0, 1), (0, 0)])
+@pytest.mark.parametrize("first,then", [(1, 0), (0, 1), (0, 0), (1, 1)])
 def test_resume_across_zero_stages(monkeypatch, tmp_path, first, then):
     a = _worker(monkeypatch, first)
     _step(a, 1)
     a.save_checkpoint(str(tmp_path), 1)
+    a.wait_checkpoint()
     saved = _weights(a)
     _step(a, 2)
     a_next = _weights(a)
@@ -66,19 +65,19 @@ def test_resume_across_zero_stages(monkeypatch, tmp_path, first, then):
         torch.testing.assert_close(t - saved[n], a_next[n] - saved[n], rtol=1e-4, atol=2.5e-7, msg=n)
 
 
-def test_pre_portable_zero_checkpoint_names_the_way_out(monkeypatch, tmp_path):
-    """A one-rank ZeRO-1 checkpoint from before the portable copy cannot resume without ZeRO: the
-    error says so and how to start from its weights, instead of DeepSpeed's on a missing optimizer."""
+def test_checkpoint_of_deepspeed_files_only_names_the_way_out(monkeypatch, tmp_path):
+    """A checkpoint as jointrl wrote them before parts (DeepSpeed's own files, ``latest``) does not
+    resume: the error says what it is and what reads it, instead of a missing file deep in the load."""
     a = _worker(monkeypatch, 1)
     _step(a, 1)
-    a.save_checkpoint(str(tmp_path), 1)
-    shutil.rmtree(tmp_path / "step_1" / "portable")
+    a.engine.save_checkpoint(str(tmp_path), tag="step_1", client_state={"step": 1})
+    assert (tmp_path / "latest").read_text() == "step_1"
     b = _worker(monkeypatch, 0)
-    with pytest.raises(ValueError, match="no portable copy.*checkpoint="):
+    with pytest.raises(ValueError, match="holds only DeepSpeed's own files.*jointrl version that wrote it"):
         b.load_checkpoint(str(tmp_path))
 
 
-@pytest.mark.parametrize("first,then", [(0, 0), (0, 1), (1, 0)])
+@pytest.mark.parametrize("first,then", [(0, 0), (0, 1), (1, 0), (1, 1)])
 def test_bf16_without_zero_checkpoints_and_resumes(tmp_path, first, then):
     """bfloat16 with ``learner.zero_stage=0`` (DeepSpeed's FP16_UnfusedOptimizer: fp32 masters beside the
     bf16 weights, torch's AdamW over the masters) writes a checkpoint, and it resumes without ZeRO and
@@ -94,6 +93,7 @@ def test_bf16_without_zero_checkpoints_and_resumes(tmp_path, first, then):
     a = worker(first)
     _step(a, 1)
     a.save_checkpoint(str(tmp_path), 1)
+    a.wait_checkpoint()
     saved = _weights(a)
     _step(a, 2)
     a_next = _weights(a)
