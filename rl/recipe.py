@@ -26,7 +26,9 @@ points of the held-out curve differ only by the policy.
 
 CPU seconds per stage are those of this process and its descendants (Ray's processes and workers,
 sandboxes), taken before the stage shuts Ray down: on a shared machine the wall time overstates
-the cost, this does not.
+the cost, this does not. They come from a cpuacct cgroup of the recipe's own (``rl/cpu_clock.py``),
+joined before the first stage starts anything; without one (no cgroup v1, not root) sandboxed
+commands that have ended are missed and ``curves.json`` says ``cpu_exact: false``.
 """
 
 from __future__ import annotations
@@ -45,25 +47,22 @@ from omegaconf import DictConfig, OmegaConf
 
 from jointrl.rewards.base import succeeded
 from jointrl.rl.config import Config, register_schemas, to_config
+from jointrl.rl.cpu_clock import CpuClock
 from jointrl.rl.eval import EvalSpec, evaluate, row_name
 from jointrl.rl.sft import sft
 from jointrl.rl.train import train
 
 
-def _cpu_s() -> float:
-    """CPU seconds of this process and its live descendants (Ray's processes, their workers),
-    each with the children it reaped (sandboxes, finished workers)."""
-    import psutil
+_CLOCK: CpuClock | None = None
 
-    me = psutil.Process()
-    total = 0.0
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:  # exited in between: its time is in its parent's children_*
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and everything it started: Ray's processes, their workers and their
+    sandboxes (``rl/cpu_clock.py``: a cpuacct cgroup where the host has one, else a lower bound)."""
+    global _CLOCK
+    if _CLOCK is None:
+        _CLOCK = CpuClock("jointrl-recipe")
+    return _CLOCK()
 
 
 def _finished(ckpt_dir: Path, step: int) -> bool:
@@ -266,6 +265,7 @@ def recipe(cfg: Config) -> dict:
     curves = {"train": train_curves(grpo_dir / "trajectories"), "heldout": heldout_curves(evals)}
     result = {"run_name": cfg.run_name, "seed": cfg.seed, "domains": list(eval_envs(cfg).domains), "eval_k": rc.eval_k,
               "grpo_steps": total, "sft_steps": sft_steps, "sft_from": rc.sft_from, "summary": summary(curves["heldout"], init),
+              "cpu_exact": bool(_CLOCK and _CLOCK.exact),
               "stages": stages, **curves}
     (out / "curves.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(curves, out / "curves.png", f"{cfg.run_name}: seed {cfg.seed}, {sft_steps} SFT + {total} GRPO steps, "

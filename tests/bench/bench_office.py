@@ -6,8 +6,8 @@ Not collected by pytest; run as ``python tests/bench/bench_office.py`` (root, bu
 cold then warm, in this process, so a loaded host moves both alike; wall and CPU seconds (this
 process and every descendant: sandboxes, LibreOffice, the warm server) are medians over the
 rounds. The warm server is started once before the rounds (a worker's first episode pays it). CPU
-seconds come from a cgroup v1 ``cpuacct`` group of this process (``CpuClock``), which counts the
-sandboxes' processes too.
+seconds come from a cgroup v1 ``cpuacct`` group of this process (``rl/cpu_clock.py``), which counts
+the sandboxes' processes too.
 """
 
 from __future__ import annotations
@@ -17,50 +17,14 @@ import asyncio
 import os
 import statistics
 import time
-from pathlib import Path
-
-import psutil
 
 from jointrl.envs.office import OfficeEnv, load_tasks
 from jointrl.envs.office.recalc import shared_server
 from jointrl.envs.office.tasks import load_policy
 from jointrl.rewards import Episode, combine
+from jointrl.rl.cpu_clock import CpuClock
 
-CPUACCT = Path("/sys/fs/cgroup/cpuacct")
-
-
-class CpuClock:
-    """CPU seconds of this process and everything it starts, sandboxes included. Sandboxed processes
-    are reaped inside their own pid namespaces, so their time never reaches our rusage; a cgroup v1
-    ``cpuacct`` group of our own does see it (the sandboxes move only into memory / pids groups).
-    Without cgroup v1 cpuacct: our rusage alone (and the table says so)."""
-
-    def __init__(self) -> None:
-        self.group = CPUACCT / f"jointrl-bench-{os.getpid()}"
-        try:
-            self.group.mkdir()
-            (self.group / "cgroup.procs").write_text(str(os.getpid()))
-        except OSError:
-            self.group = None
-
-    def __call__(self) -> float:
-        if self.group is not None:
-            return int((self.group / "cpuacct.usage").read_text()) / 1e9
-        t = psutil.Process().cpu_times()
-        return t.user + t.system + t.children_user + t.children_system
-
-    def close(self) -> None:
-        if self.group is not None:
-            (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
-            for _ in range(50):
-                try:
-                    self.group.rmdir()
-                    return
-                except OSError:  # a sandbox process still exiting
-                    time.sleep(0.1)
-
-
-cpu_s = CpuClock()
+cpu_s = CpuClock("jointrl-bench")
 
 
 def play(task, warm: bool) -> dict[str, float]:
