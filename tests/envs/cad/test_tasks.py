@@ -122,6 +122,7 @@ def test_the_bounding_box_scores_clearly_below_the_part(task):
     assert 0.0 < traj.reward <= BBOX_AT_MOST, traj.reward_info
 
 
+@pytest.mark.slow
 @needs_sandbox
 @pytest.mark.parametrize("family", EASY_FAMILIES, ids=lambda f: f.__name__)
 def test_easy_families_oracle_solves_and_the_slip_fails(family):

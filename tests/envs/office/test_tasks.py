@@ -114,6 +114,7 @@ def test_rebuilding_reproduces_the_shipped_documents(tmp_path):
     assert content(tmp_path) == content(TASKS[0].root.parent)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("soffice") is None or not Path(TOOL_VENV).is_dir(),
                     reason="needs root, LibreOffice and the office tool venv")
 def test_easy_families_build_and_their_oracle_solves_and_slip_fails(tmp_path):
