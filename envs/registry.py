@@ -23,7 +23,7 @@ from typing import Any
 
 from jointrl.envs.base import DatasetSource, Env, Task, ToolCall
 from jointrl.envs.sandbox.settings import DOCKER_DOMAINS, check_backend
-from jointrl.envs.splits import select
+from jointrl.envs.splits import check_families, select
 
 # domain name -> module exposing load_tasks / make_env
 DOMAINS: dict[str, str] = {
@@ -65,10 +65,11 @@ def _module(domain: str) -> Any:
 
 
 def load_tasks(domain: str, task_dir: str | None = None, split: str = "all", backend: str = "bwrap",
-               dataset: DatasetSource | None = None) -> list[Task]:
+               dataset: DatasetSource | None = None, heldout_families=()) -> list[Task]:
     """The domain's shipped tasks, or those under ``task_dir`` or in ``dataset``, that run on
-    ``backend`` (``envs.sandbox.backend``); only ``split``'s (``train`` | ``heldout`` | ``all``,
-    ``jointrl.envs.splits``). An empty split is an error."""
+    ``backend`` (``envs.sandbox.backend``); only ``split``'s (``train`` | ``heldout`` | ``unseen`` |
+    ``all``, ``jointrl.envs.splits``, with ``heldout_families`` kept out of train / heldout). An
+    empty split, or a held-out family the tasks do not have, is an error."""
     check_backend(domain, backend)
     path = Path(task_dir) if task_dir else None
     kwargs: dict[str, Any] = {"backend": backend} if domain in DOCKER_DOMAINS else {}
@@ -78,7 +79,9 @@ def load_tasks(domain: str, task_dir: str | None = None, split: str = "all", bac
                              f"those that do: {list(DATASET_DOMAINS)}")
         kwargs["dataset"] = dataset
     tasks = _module(domain).load_tasks(path, **kwargs)
-    chosen = select(tasks, split)
+    if heldout_families:
+        check_families(tasks, heldout_families, domain)
+    chosen = select(tasks, split, heldout_families)
     if tasks and not chosen:
         raise ValueError(f"domain {domain!r}: its {split!r} split is empty (all {len(tasks)} tasks are in the other "
                          f"split); set envs.domains.{domain}.split=all to use them")

@@ -26,7 +26,9 @@ Integrity: the submitted code is rebuilt in a fresh verification sandbox (``Epis
 ``CadEnv.verify_sandbox``) from the text the env recorded at ``submit``; nothing the episode's
 interpreter printed or exported is read. That code may write any STL it likes -- which is
 just another way of answering, checked like any other (closed, compared to the target).
-The target is built from the task's reference program in a sandbox of its own, and cached.
+The target is built from the task's reference program in a sandbox of its own, and cached: in
+memory and on disk (``target_cache_dir``, keyed by the program, the runner and the venv), so each
+reference part is built once per machine, not once per process.
 A sandbox or target-build failure raises ``EnvError`` (infrastructure, never scored 0).
 """
 
@@ -35,13 +37,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from jointrl.envs.base import EnvError, Task
 from jointrl.envs.cad.env import SUBMISSION
-from jointrl.envs.cad.interpreter import CadConfig, build_stl
+from jointrl.envs.cad.interpreter import RUNNER, CadConfig, build_stl
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
 from jointrl.rewards.base import Episode, RewardResult, register
 
@@ -151,12 +155,39 @@ def _key(code: str) -> str:
     return hashlib.sha256(code.encode()).hexdigest()
 
 
+def target_cache_dir() -> Path:
+    """Where reference parts' STLs are kept across processes: ``$JOINTRL_CAD_CACHE``, else
+    ``$XDG_CACHE_HOME/jointrl/cad_targets``, else ``~/.cache/jointrl/cad_targets``."""
+    if os.environ.get("JOINTRL_CAD_CACHE"):
+        return Path(os.environ["JOINTRL_CAD_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jointrl" / "cad_targets"
+
+
+def target_key(reference: str) -> str:
+    """The cache key of a reference part: its code, the runner that builds and tessellates it, and the venv."""
+    runner = hashlib.sha256(RUNNER.read_bytes()).hexdigest()
+    return hashlib.sha256(f"{runner}\0{CadConfig().venv}\0{reference}".encode()).hexdigest()
+
+
 @functools.lru_cache(maxsize=256)
 def _target(reference: str) -> Built:
+    """The reference part's mesh: built once per machine (a fresh sandbox, as a submission is), then
+    read from :func:`target_cache_dir` by every process (each env worker of each recipe stage). Only the
+    host writes the cache, from the task's own reference program; no sandbox ever mounts it."""
+    path = target_cache_dir() / f"{target_key(reference)}.stl"
+    if path.is_file():
+        return Built(mesh_from_stl(path.read_bytes()))
     with BwrapSandbox(CadConfig().sandbox_config(), shell=False) as sandbox:
         stl, summary = build_stl(sandbox, reference, CadConfig())
     if stl is None:
         raise EnvError(f"the task's reference part does not build: {summary.get('error')}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(stl)
+        tmp.replace(path)  # atomic: a concurrent reader sees the whole file or none
+    except OSError:
+        pass  # a read-only cache costs a rebuild per process, nothing else
     return Built(mesh_from_stl(stl))
 
 

@@ -20,8 +20,10 @@ else 0.0; with ``task.metadata["partial_credit"]`` the score is the share that p
 
 Text comparisons are on ``answer_match.normalize``. The documents are read in a fresh
 verification sandbox over a copy of the episode's final files (``Episode.verify_sandbox``,
-``envs/office/env.py``): the tool script, from a read-only mount, recalculates every workbook with
-LibreOffice and writes their content to ``/logs/verifier``, which the policy never had. The
+``envs/office/env.py``): every workbook there is first recalculated by LibreOffice -- this process's
+warm one (``envs/office/recalc.py``: its own sandbox, which never runs policy code and keeps no
+document past its request) or, without it, one started in that sandbox -- and the tool script, from
+a read-only mount, writes every document's content to ``/logs/verifier``, which the policy never had. The
 policy can only change documents through the edit operations, so a typed-in number where a
 formula belongs is caught by ``cell_formula``. A checker that cannot run raises ``EnvError``.
 Tasks with answer checks only never open a sandbox.
@@ -37,6 +39,7 @@ from typing import Any
 
 from jointrl.envs.base import EnvError, Task
 from jointrl.envs.office.env import VERIFY_TOOL_MOUNT, run_tool
+from jointrl.envs.office.recalc import shared_server
 from jointrl.rewards.answer_match import normalize as normalize_text
 from jointrl.rewards.answer_match import number_matches
 from jointrl.rewards.base import Episode, RewardResult, register
@@ -197,7 +200,15 @@ def final_facts(task: Task, episode: Episode) -> Facts:
     except OSError as e:
         raise EnvError(f"cannot open the verification sandbox of task {task.id!r}: {e}") from e
     try:
-        result = run_tool(sandbox, "facts", {"out": FACTS_FILE}, script_dir=VERIFY_TOOL_MOUNT)
+        server = shared_server()
+        if server is not None:  # the final workbooks recalculated in this process's warm LibreOffice
+            listed = run_tool(sandbox, "workbooks", {}, script_dir=VERIFY_TOOL_MOUNT)
+            if not listed["ok"]:
+                raise EnvError(f"the office checker failed on task {task.id!r}: {listed['error']}")
+            for path in json.loads(listed["text"]):
+                sandbox.write_file(path, server.recalc(sandbox.read_file(path)))
+        result = run_tool(sandbox, "facts", {"out": FACTS_FILE, "recalculated": server is not None},
+                          script_dir=VERIFY_TOOL_MOUNT)
         if not result["ok"]:
             raise EnvError(f"the office checker failed on task {task.id!r}: {result['error']}")
         return json.loads(sandbox.read_file(FACTS_FILE))

@@ -320,6 +320,8 @@ class DomainConfig:
     tiers: dict[ThinkingTier, float] = field(default_factory=dict)  # override each task's tier by weight; {} keeps the task's own
     reward: dict[str, float] = field(default_factory=dict)  # override each task's reward weights; {} keeps them
     split: Split = Split.train  # jointrl eval reads heldout
+    # whole families kept out of training (envs/splits.py family_of): eval reports them as <domain>/unseen
+    heldout_families: list[str] = field(default_factory=list)
     # records through Hugging Face datasets (code_repo; envs/code_repo/dataset.py): a local parquet /
     # arrow / JSONL file or a save_to_disk directory; None: task_dir's (or the shipped) instances.jsonl
     dataset: str | None = None
@@ -546,6 +548,16 @@ class RecipeConfig:
     # null: rollout.temperature, which every held-out eval keeps: explore more in training than
     # the policy is measured at, as verl's rollout vs val_kwargs temperatures
     grpo_temperature: float | None = None
+    # Comparisons (docs/recipe.md, the five-domain recipe): another run's output_dir whose SFT checkpoint
+    # and step-0 eval this run reuses instead of its own SFT (the single-domain runs of joint vs single)
+    sft_from: str | None = None
+    # the domains the GRPO stage trains on and its evals play ([]: all); a subset runs algo.total_steps
+    # x its weight share, so each domain gets the GRPO episodes the joint run gives it
+    grpo_domains: list[str] = field(default_factory=list)
+    grpo: bool = True  # false: no GRPO stage, the SFT checkpoint is the result (the SFT-only baseline)
+    # another run's output_dir: this run's SFT takes the steps that run's SFT + GRPO CPU seconds buy at
+    # that SFT's CPU seconds per step (its curves.json): the oracle-only SFT baseline at equal CPU
+    match_cpu_of: str | None = None
 
     def __post_init__(self) -> None:
         _coerce_choices(self, "recipe")
@@ -569,6 +581,8 @@ class RecipeConfig:
             raise ValueError(f"recipe.sft_domain_weights must give some domain a weight > 0, got {dict(self.sft_domain_weights)}")
         for domain in self.sft_demo_style:
             _check_choice("recipe.sft_demo_style", domain, tuple(DOMAINS))
+        for domain in self.grpo_domains:
+            _check_choice("recipe.grpo_domains", domain, tuple(DOMAINS))
 
 
 @dataclass

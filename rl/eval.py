@@ -87,7 +87,10 @@ def eval_tasks(cfg: Config, spec: EvalSpec) -> list[Task]:
     domain's configured reward weights, as in training."""
     tasks: list[Task] = []
     for domain, dc in cfg.envs.domains.items():
-        chosen = sorted(load_tasks(domain, dc.task_dir, spec.split, cfg.envs.sandbox.backend, dataset_source(dc)), key=lambda t: t.id)
+        if spec.split == "unseen" and not dc.heldout_families:
+            continue  # no held-out family in this domain: nothing unseen to play
+        chosen = sorted(load_tasks(domain, dc.task_dir, spec.split, cfg.envs.sandbox.backend, dataset_source(dc),
+                                   dc.heldout_families), key=lambda t: t.id)
         chosen = chosen[: spec.limit] if spec.limit else chosen
         tasks += [dataclasses.replace(t, reward=dict(dc.reward)) if dc.reward else t for t in chosen]
     return tasks
@@ -112,9 +115,10 @@ async def play(cfg: Config, tasks: list[Task], spec: EvalSpec,
     return list(await asyncio.gather(*(one(t, tier, i) for t in tasks for tier in spec.tiers for i in range(spec.k))))
 
 
-def table(trajs: list[Trajectory], k: int) -> list[dict]:
-    """One row per (domain, tier): tasks, episodes, pass@1, pass@k, mean reward, env errors.
-    An episode that ended in ``env_error`` counts as unsolved (and is counted)."""
+def table(trajs: list[Trajectory], k: int, split: str = "heldout") -> list[dict]:
+    """One row per (domain, tier): tasks, episodes, pass@1, pass@k, mean reward, env errors, each
+    marked with ``split`` (the tasks' split). An episode that ended in ``env_error`` counts as
+    unsolved (and is counted)."""
     by_task: dict[tuple[str, str, str], list[Trajectory]] = {}
     for t in trajs:
         by_task.setdefault((t.domain, t.tier, t.task_id), []).append(t)
@@ -124,7 +128,7 @@ def table(trajs: list[Trajectory], k: int) -> list[dict]:
         assert all(len(g) == k for g in groups), "every task is played k times"
         solved = [sum(succeeded(t.reward_info) for t in g) for g in groups]
         episodes = [t for g in groups for t in g]
-        rows.append({"domain": domain, "tier": tier, "tasks": len(groups), "episodes": len(episodes),
+        rows.append({"domain": domain, "tier": tier, "split": split, "tasks": len(groups), "episodes": len(episodes),
                      "pass@1": sum(pass_at(k, c, 1) for c in solved) / len(groups),
                      f"pass@{k}": sum(pass_at(k, c, k) for c in solved) / len(groups),
                      "reward": sum(t.reward for t in episodes) / len(episodes),
@@ -140,13 +144,16 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join([line(cols), "-+-".join("-" * w for w in widths), *map(line, cells)])
 
 
-def write_results(cfg: Config, out: Path, rows: list[dict], trajs: list[Trajectory], meta: dict) -> dict:
-    """``eval.json``, ``episodes.jsonl`` and the wandb run under ``out``; returns the JSON."""
+def write_results(cfg: Config, out: Path, rows: list[dict], trajs: list[Trajectory], meta: dict,
+                  splits: list[str] | None = None) -> dict:
+    """``eval.json``, ``episodes.jsonl`` and the wandb run under ``out``; returns the JSON.
+    ``splits``: each trajectory's split (default: ``meta["split"]`` for all)."""
     out.mkdir(parents=True, exist_ok=True)
+    splits = splits or [meta["split"]] * len(trajs)
     result = {**meta, "rows": rows,
-              "episodes": [{"domain": t.domain, "task_id": t.task_id, "tier": t.tier, "sample": i % meta["k"],
+              "episodes": [{"domain": t.domain, "task_id": t.task_id, "tier": t.tier, "split": sp, "sample": i % meta["k"],
                             "reward": t.reward, "success": succeeded(t.reward_info), "finish_reason": str(t.finish_reason)}
-                           for i, t in enumerate(trajs)]}  # play's order: task, tier, sample
+                           for i, (t, sp) in enumerate(zip(trajs, splits))]}  # play's order: task, tier, sample
     (out / "eval.json").write_text(json.dumps(result, indent=1) + "\n")
     with open(out / "episodes.jsonl", "w") as f:
         for t in trajs:
@@ -157,7 +164,7 @@ def write_results(cfg: Config, out: Path, rows: list[dict], trajs: list[Trajecto
         tracker = RunTracker(dataclasses.replace(cfg, run_name=f"{cfg.run_name}-eval"), out)
         import wandb
 
-        scalars = {f"eval/{r['domain']}/{r['tier']}/{c}": r[c] for r in rows for c in r if c.startswith("pass@")}
+        scalars = {f"eval/{row_name(r)}/{r['tier']}/{c}": r[c] for r in rows for c in r if c.startswith("pass@")}
         cols = list(rows[0]) if rows else []
         tracker.run.log({**scalars, "eval": wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])},
                         step=meta["policy_version"])
@@ -165,11 +172,23 @@ def write_results(cfg: Config, out: Path, rows: list[dict], trajs: list[Trajecto
     return result
 
 
+def row_name(row: dict) -> str:
+    """``<domain>`` for a row of trained families, ``<domain>/unseen`` for one of held-out families."""
+    return f"{row['domain']}/unseen" if row.get("split") == "unseen" else row["domain"]
+
+
 def evaluate(cfg: Config, spec: EvalSpec, out: Path,
              engine_for: Callable[[Task, int], RolloutEngine] | None = None, policy: str = "model") -> dict:
     """Play, tabulate, write. ``engine_for`` None: the engine over ``cfg.checkpoint`` (or the
-    untrained model), shared by every episode; else ``policy`` names what it plays."""
+    untrained model), shared by every episode; else ``policy`` names what it plays.
+
+    ``split=heldout`` with held-out families configured (``envs.domains.<d>.heldout_families``) also
+    plays every task of those families, in the same run: their rows say ``split: unseen``, apart from
+    the held-out seeds of the trained families (``split: heldout``)."""
     tasks = eval_tasks(cfg, spec)
+    unseen = []
+    if spec.split == "heldout" and any(dc.heldout_families for dc in cfg.envs.domains.values()):
+        unseen = eval_tasks(cfg, dataclasses.replace(spec, split="unseen"))
     engine = None
     if engine_for is None:
         from jointrl.rl.rollout.server import build_engine  # lazy: the server's aiohttp only for a model policy
@@ -179,20 +198,22 @@ def evaluate(cfg: Config, spec: EvalSpec, out: Path,
 
     async def run() -> list[Trajectory]:
         try:
-            return await play(cfg, tasks, spec, engine_for)
+            return await play(cfg, tasks + unseen, spec, engine_for)
         finally:
             if engine is not None:
                 await engine.close()
 
     trajs = asyncio.run(run())
-    rows = table(trajs, spec.k)
+    n = len(tasks) * len(spec.tiers) * spec.k  # play's order: the split's tasks first, then the unseen ones
+    rows = table(trajs[:n], spec.k, spec.split) + table(trajs[n:], spec.k, "unseen")
+    splits = [spec.split] * n + ["unseen"] * (len(trajs) - n)
     version = engine.version if engine is not None else 0
     meta = {"policy": policy, "checkpoint": cfg.checkpoint if engine is not None else None, "policy_version": version,
             "split": spec.split, "k": spec.k, "tiers": list(spec.tiers), "domains": list(cfg.envs.domains)}
     print(f"eval: {f'checkpoint {cfg.checkpoint} (policy version {version})' if engine is not None else policy}, "
           f"split {spec.split}, k={spec.k}", flush=True)
     print(format_table(rows), flush=True)
-    return write_results(cfg, out, rows, trajs, meta)
+    return write_results(cfg, out, rows, trajs, meta, splits)
 
 
 def eval_config(overrides: list[str]) -> Config:

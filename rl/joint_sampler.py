@@ -13,6 +13,7 @@ from collections import Counter
 
 from jointrl.envs.base import Task
 from jointrl.envs.registry import dataset_source, load_tasks
+from jointrl.envs.splits import family_of
 from jointrl.rl.config import DomainConfig
 
 
@@ -44,8 +45,11 @@ class JointSampler:
     @classmethod
     def from_config(cls, domains: dict[str, DomainConfig], seed: int, backend: str = "bwrap") -> JointSampler:
         """Over each domain's configured tasks (``task_dir``) of its configured ``split`` that run on
-        ``backend`` (``envs.sandbox.backend``)."""
-        return cls({d: load_tasks(d, dc.task_dir, dc.split, backend, dataset_source(dc)) for d, dc in domains.items()}, domains, seed)
+        ``backend`` (``envs.sandbox.backend``), less its ``heldout_families``."""
+        tasks = {d: [t for t in load_tasks(d, dc.task_dir, dc.split, backend, dataset_source(dc), dc.heldout_families)
+                     if family_of(t) not in dc.heldout_families]  # never a held-out family, whatever the split
+                 for d, dc in domains.items()}
+        return cls(tasks, domains, seed)
 
     @staticmethod
     def realized_mix(batch: list[tuple[Task, str]]) -> dict[str, float]:

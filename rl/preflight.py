@@ -40,8 +40,10 @@ def check(overrides: list[str], split: str | None = None) -> None:
         if (why := unavailable_reason()) is not None:
             raise ValueError(f"envs.sandbox.backend=docker: {why}")
     for domain, dc in cfg.envs.domains.items():
+        if split == "unseen" and not dc.heldout_families:
+            continue  # jointrl eval split=unseen plays only the domains that hold families out
         try:
-            tasks = load_tasks(domain, dc.task_dir, split or dc.split, backend, dataset_source(dc))
+            tasks = load_tasks(domain, dc.task_dir, split or dc.split, backend, dataset_source(dc), dc.heldout_families)
         except ValueError as e:
             raise ValueError(f"envs.domains.{domain}: {e}") from e
         if not tasks:

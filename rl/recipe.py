@@ -10,6 +10,12 @@
                    against the GRPO step; one wandb run ``<run_name>-recipe`` with both as scalars
                    and the PNG
 
+Comparisons (``conf/experiment/cpu_joint5*.yaml``, docs/recipe.md): ``recipe.sft_from`` reuses another
+run's SFT checkpoint and step-0 eval; ``recipe.grpo_domains`` trains (and evaluates) a subset of the
+domains for ``algo.total_steps`` x their weight share (the episodes the joint run gives them);
+``recipe.grpo=false`` stops after SFT; ``recipe.match_cpu_of`` sizes the SFT to another run's SFT + GRPO
+CPU seconds.
+
 Each stage is its command's own function (``rl/sft.py``, ``rl/eval.py``, ``rl/train.py``) in this
 process, with the same config, so a stage can be rerun by hand with the command it names; Ray is
 started by a stage that needs it and shut down after it. A stage whose output is complete (the
@@ -20,7 +26,9 @@ points of the held-out curve differ only by the policy.
 
 CPU seconds per stage are those of this process and its descendants (Ray's processes and workers,
 sandboxes), taken before the stage shuts Ray down: on a shared machine the wall time overstates
-the cost, this does not.
+the cost, this does not. They come from a cpuacct cgroup of the recipe's own (``rl/cpu_clock.py``),
+joined before the first stage starts anything; without one (no cgroup v1, not root) sandboxed
+commands that have ended are missed and ``curves.json`` says ``cpu_exact: false``.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -38,25 +47,22 @@ from omegaconf import DictConfig, OmegaConf
 
 from jointrl.rewards.base import succeeded
 from jointrl.rl.config import Config, register_schemas, to_config
-from jointrl.rl.eval import EvalSpec, evaluate
+from jointrl.rl.cpu_clock import CpuClock
+from jointrl.rl.eval import EvalSpec, evaluate, row_name
 from jointrl.rl.sft import sft
 from jointrl.rl.train import train
 
 
-def _cpu_s() -> float:
-    """CPU seconds of this process and its live descendants (Ray's processes, their workers),
-    each with the children it reaped (sandboxes, finished workers)."""
-    import psutil
+_CLOCK: CpuClock | None = None
 
-    me = psutil.Process()
-    total = 0.0
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:  # exited in between: its time is in its parent's children_*
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and everything it started: Ray's processes, their workers and their
+    sandboxes (``rl/cpu_clock.py``: a cpuacct cgroup where the host has one, else a lower bound)."""
+    global _CLOCK
+    if _CLOCK is None:
+        _CLOCK = CpuClock("jointrl-recipe")
+    return _CLOCK()
 
 
 def _finished(ckpt_dir: Path, step: int) -> bool:
@@ -89,11 +95,13 @@ def train_curves(traj_dir: Path) -> dict[str, dict[str, list[float]]]:
 
 
 def heldout_curves(evals: dict[int, dict]) -> dict[str, dict[str, list]]:
-    """Per (domain, tier) row of the evals: ``step``, ``pass@1``, ``episodes``."""
+    """Per (domain, tier, split) row of the evals: ``step``, ``pass@1``, ``episodes``; named ``<domain>``
+    (held-out seeds of trained families), ``<domain>/unseen`` (held-out families), ``/<tier>`` appended
+    for a tier other than low."""
     curves: dict[str, dict[str, list]] = defaultdict(lambda: {"step": [], "pass@1": [], "episodes": []})
     for step in sorted(evals):
         for row in evals[step]["rows"]:
-            c = curves[row["domain"] if row["tier"] == "low" else f"{row['domain']}/{row['tier']}"]
+            c = curves[row_name(row) if row["tier"] == "low" else f"{row_name(row)}/{row['tier']}"]
             c["step"].append(step)
             c["pass@1"].append(row["pass@1"])
             c["episodes"].append(row["episodes"])
@@ -106,7 +114,7 @@ def summary(heldout: dict[str, dict[str, list]], init: dict | None) -> list[dict
     rows = []
     for name, c in heldout.items():
         first = next((r["pass@1"] for r in (init or {}).get("rows", [])
-                      if (r["domain"] if r["tier"] == "low" else f"{r['domain']}/{r['tier']}") == name), None)
+                      if (row_name(r) if r["tier"] == "low" else f"{row_name(r)}/{r['tier']}") == name), None)
         sft, grpo = c["pass@1"][0], c["pass@1"][-1]
         rows.append({"domain": name, "episodes": c["episodes"][-1], "init": first, "sft": sft, "grpo": grpo,
                      "gain_points": 100 * (grpo - sft)})
@@ -138,14 +146,58 @@ def plot(curves: dict, path: Path, title: str) -> None:
 
 
 def grpo_envs(cfg: Config):
-    """``cfg.envs`` with each domain of ``recipe.grpo_task_dirs`` training on that folder's tasks."""
-    extra = set(cfg.recipe.grpo_task_dirs) - set(cfg.envs.domains)
-    if extra:
-        raise ValueError(f"recipe.grpo_task_dirs names {sorted(extra)}, not among envs.domains "
-                         f"(allowed: {sorted(cfg.envs.domains)})")
+    """``cfg.envs`` with each domain of ``recipe.grpo_task_dirs`` training on that folder's tasks, and
+    only ``recipe.grpo_domains`` when it names some."""
+    for key in ("grpo_task_dirs", "grpo_domains"):
+        extra = set(getattr(cfg.recipe, key)) - set(cfg.envs.domains)
+        if extra:
+            raise ValueError(f"recipe.{key} names {sorted(extra)}, not among envs.domains "
+                             f"(allowed: {sorted(cfg.envs.domains)})")
+    keep = cfg.recipe.grpo_domains or list(cfg.envs.domains)
     domains = {name: dataclasses.replace(d, task_dir=cfg.recipe.grpo_task_dirs.get(name, d.task_dir))
-               for name, d in cfg.envs.domains.items()}
+               for name, d in cfg.envs.domains.items() if name in keep}
     return dataclasses.replace(cfg.envs, domains=domains)
+
+
+def eval_envs(cfg: Config):
+    """``cfg.envs`` less the domains ``recipe.grpo_domains`` leaves out: a single-domain run's evals
+    play its own domain only."""
+    keep = cfg.recipe.grpo_domains or list(cfg.envs.domains)
+    return dataclasses.replace(cfg.envs, domains={n: d for n, d in cfg.envs.domains.items() if n in keep})
+
+
+def grpo_steps(cfg: Config) -> int:
+    """GRPO steps: ``algo.total_steps`` for every domain; for ``recipe.grpo_domains`` a subset, that
+    times the subset's share of the domain weights, so each domain draws the episodes it draws in the
+    joint run (the joint sampler draws a batch's domains by weight).
+
+    >>> from jointrl.rl.config import load_config
+    >>> cfg = load_config(["+experiment=cpu_joint", "algo.total_steps=40", "recipe.grpo_domains=[code_repo]"])
+    >>> grpo_steps(cfg)  # code_repo weighs 0.25 of 1.0
+    10
+    """
+    if not cfg.recipe.grpo_domains:
+        return cfg.algo.total_steps
+    total = sum(d.weight for d in cfg.envs.domains.values())
+    share = sum(cfg.envs.domains[n].weight for n in cfg.recipe.grpo_domains) / total
+    return max(1, round(cfg.algo.total_steps * share))
+
+
+def matched_sft_steps(cfg: Config) -> int:
+    """``recipe.sft_steps``, or with ``recipe.match_cpu_of`` the SFT steps that run's SFT + GRPO CPU
+    seconds buy at its SFT's CPU seconds per step (its ``curves.json`` ``stages``)."""
+    ref = cfg.recipe.match_cpu_of
+    if not ref:
+        return cfg.recipe.sft_steps
+    path = Path(ref) / "curves.json"
+    if not path.is_file():
+        raise ValueError(f"recipe.match_cpu_of={ref}: no curves.json there (run that recipe first)")
+    done = json.loads(path.read_text())
+    stages = done["stages"]
+    if "sft" not in stages or "grpo" not in stages:
+        raise ValueError(f"recipe.match_cpu_of={ref}: its curves.json lacks the sft or grpo stage's CPU seconds "
+                         f"(a rerun that reused them does not count them; has: {sorted(stages)})")
+    return round(done["sft_steps"] * (stages["sft"]["cpu_s"] + stages["grpo"]["cpu_s"]) / stages["sft"]["cpu_s"])
 
 
 def grpo_rollout(cfg: Config):
@@ -180,33 +232,45 @@ def recipe(cfg: Config) -> dict:
         return result
 
     init = stage("eval_init", _eval, cfg, spec, None, out / "eval" / "init", "eval-init") if rc.eval_init else None
-    sft_dir = out / "sft"
+    sft_steps = matched_sft_steps(cfg)
+    sft_dir = Path(rc.sft_from).resolve() / "sft" if rc.sft_from else out / "sft"
     sft_cfg = dataclasses.replace(
         cfg, output_dir=str(sft_dir), run_name=f"{cfg.run_name}-sft", checkpoint=None, checkpoint_every=0, resume=False,
-        algo=dataclasses.replace(cfg.algo, total_steps=rc.sft_steps, prompts_per_step=rc.sft_prompts_per_step),
+        algo=dataclasses.replace(cfg.algo, total_steps=sft_steps, prompts_per_step=rc.sft_prompts_per_step),
         learner=dataclasses.replace(cfg.learner, lr=rc.sft_lr, lr_schedule=rc.sft_lr_schedule))
-    if not _finished(sft_dir / "checkpoints", rc.sft_steps):
+    if rc.sft_from:  # another run's SFT: its checkpoint, and its step-0 eval as this run's (the same episodes)
+        if not (Path(rc.sft_from) / "eval" / "step_0" / "eval.json").is_file() or not (sft_dir / "checkpoints").is_dir():
+            raise ValueError(f"recipe.sft_from={rc.sft_from}: needs that run's sft/checkpoints and eval/step_0 (run it first)")
+        (out / "eval" / "step_0").mkdir(parents=True, exist_ok=True)
+        if not (out / "eval" / "step_0" / "eval.json").is_file():
+            shutil.copyfile(Path(rc.sft_from) / "eval" / "step_0" / "eval.json", out / "eval" / "step_0" / "eval.json")
+    elif not _finished(sft_dir / "checkpoints", sft_steps):
         stage("sft", sft, sft_cfg)
     evals = {0: stage("eval_sft", _eval, cfg, spec, str(sft_dir / "checkpoints"), out / "eval" / "step_0", "eval-sft")}
-    grpo_dir, total = out / "grpo", cfg.algo.total_steps
-    steps = eval_steps(total, rc.eval_every)
+    grpo_dir, total = out / "grpo", grpo_steps(cfg) if rc.grpo else 0
+    steps = eval_steps(total, rc.eval_every) if total else [0]
+    one = dataclasses.replace(cfg, envs=eval_envs(cfg))  # the GRPO evals: only the domains GRPO trains
     grpo_cfg = dataclasses.replace(cfg, envs=grpo_envs(cfg), rollout=grpo_rollout(cfg),
+                                   algo=dataclasses.replace(cfg.algo, total_steps=max(total, 1)),
                                    output_dir=str(grpo_dir), run_name=f"{cfg.run_name}-grpo",
                                    checkpoint=str(sft_dir / "checkpoints"), checkpoint_every=rc.eval_every or total,
                                    resume=(grpo_dir / "checkpoints" / "latest").is_file(),
                                    # every eval step's checkpoint is evaluated after training: keep them all
                                    learner=dataclasses.replace(cfg.learner, checkpoint_keep=0))
-    if not _finished(grpo_dir / "checkpoints", total):
+    if total and not _finished(grpo_dir / "checkpoints", total):
         stage("grpo", train, grpo_cfg)
     for s in steps[1:]:
-        evals[s] = stage(f"eval_step_{s}", _eval, cfg, spec, str(grpo_dir / "checkpoints" / f"step_{s}"),
+        evals[s] = stage(f"eval_step_{s}", _eval, one, spec, str(grpo_dir / "checkpoints" / f"step_{s}"),
                          out / "eval" / f"step_{s}", f"eval-step{s}")
+    if rc.grpo_domains:  # step 0 (maybe another run's) played every domain: keep the trained ones' rows
+        evals[0] = {**evals[0], "rows": [r for r in evals[0]["rows"] if r["domain"] in rc.grpo_domains]}
     curves = {"train": train_curves(grpo_dir / "trajectories"), "heldout": heldout_curves(evals)}
-    result = {"run_name": cfg.run_name, "seed": cfg.seed, "domains": list(cfg.envs.domains), "eval_k": rc.eval_k,
-              "grpo_steps": total, "sft_steps": rc.sft_steps, "summary": summary(curves["heldout"], init),
+    result = {"run_name": cfg.run_name, "seed": cfg.seed, "domains": list(eval_envs(cfg).domains), "eval_k": rc.eval_k,
+              "grpo_steps": total, "sft_steps": sft_steps, "sft_from": rc.sft_from, "summary": summary(curves["heldout"], init),
+              "cpu_exact": bool(_CLOCK and _CLOCK.exact),
               "stages": stages, **curves}
     (out / "curves.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(curves, out / "curves.png", f"{cfg.run_name}: seed {cfg.seed}, {rc.sft_steps} SFT + {total} GRPO steps, "
+    plot(curves, out / "curves.png", f"{cfg.run_name}: seed {cfg.seed}, {sft_steps} SFT + {total} GRPO steps, "
                                      f"{cfg.model.name}, held-out k={rc.eval_k}")
     _log_wandb(cfg, out, curves)
     print(format_summary(result["summary"]), flush=True)

@@ -21,6 +21,7 @@ import secrets
 import shutil
 
 from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec, refuse, validate_call
+from jointrl.envs.browser.compact import compact_view
 from jointrl.envs.browser.driver_process import DriverProcess
 from jointrl.envs.browser.web.sites import PORTS, base_url
 from jointrl.envs.browser.web.text_browser import KEYS, SCROLLS
@@ -77,17 +78,22 @@ class BrowserEnv:
     ``metadata["mode"]`` overrides it); ``config`` sets the sandbox limits."""
 
     def __init__(self, config: SandboxConfig | None = None, mode: str = "text", action_timeout_s: float = 60.0,
-                 compact: bool = False) -> None:
-        """``compact``: the short system prompt and tool descriptions (``envs.prompt=compact``)."""
+                 compact: bool = False, compact_views: bool | None = None) -> None:
+        """``compact``: the short system prompt and tool descriptions (``envs.prompt=compact``), and in
+        text mode compact observations (``compact.py``: a same-page update as its changed lines);
+        ``compact_views`` (default: ``compact``) sets the latter alone."""
         if mode not in MODES:
             raise ValueError(f"browser mode must be one of {MODES}, got {mode!r}")
         self.config, self.mode, self.action_timeout_s = config or default_config(mode), mode, action_timeout_s
         self.compact = compact
+        self.compact_views = compact if compact_views is None else compact_views
         self.tools: list[ToolSpec] = list(TOOLS_COMPACT if compact else TOOLS)
         self.driver: DriverProcess | None = None
         self.task: Task | None = None
         self.done = False
         self.num_tool_errors = 0
+        self._text_mode = mode == "text"
+        self._last_view: str | None = None  # the previous full text view (compact mode's reference)
 
     async def reset(self, task: Task) -> list[Message]:
         await self.close()
@@ -100,6 +106,7 @@ class BrowserEnv:
         config = self.config if mode == self.mode else default_config(mode)
         self.driver = await asyncio.to_thread(DriverProcess, config, seed, mode)
         self.task, self.done, self.num_tool_errors = task, False, 0
+        self._text_mode, self._last_view = mode == "text", None
         return [Message(role="system", content=system_prompt(mode, self.compact)), Message(role="user", content=task.prompt)]
 
     async def step(self, call: ToolCall) -> Observation:
@@ -115,7 +122,11 @@ class BrowserEnv:
         image = base64.b64decode(reply["image"]) if reply.get("image") else None
         if not reply["ok"]:
             self.num_tool_errors += 1
-        return Observation(reply["text"], is_error=not reply["ok"], image=image)
+            return Observation(reply["text"], is_error=True, image=image)
+        text = reply["text"]
+        if self.compact_views and self._text_mode:
+            text, self._last_view = compact_view(self._last_view, text), text
+        return Observation(text, image=image)
 
     def verify_sandbox(self) -> BwrapSandbox:
         """A fresh sandbox over a copy of ``/work`` as it is now (the sites' state file); the caller closes it."""

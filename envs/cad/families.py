@@ -147,4 +147,24 @@ def hex_standoff(rng: random.Random) -> Part:
                 head + body.format(F=H, H=F, d=d))  # across-flats and height swapped
 
 
+def block(rng: random.Random) -> Part:
+    """Easy (EASY_FAMILIES): one box, its three sizes in the prompt."""
+    L, W = _u(rng, 20, 90), _u(rng, 10, 60)
+    T = rng.choice([t for t in range(5, 41) if abs(t - W) >= 6])
+    prompt = f"Model a rectangular block {L} long (X), {W} wide (Y) and {T} tall (Z), centred on the origin."
+    body = "result = cq.Workplane('XY').box({L}, {W}, {T})\n"
+    return Part(prompt + SUFFIX, body.format(L=L, W=W, T=T), body.format(L=L, W=T, T=W))  # width and height swapped
+
+
+def disc(rng: random.Random) -> Part:
+    """Easy (EASY_FAMILIES): one cylinder along Z, its diameter and height in the prompt."""
+    D = _u(rng, 10, 80, 2)
+    H = rng.choice([h for h in range(4, 61) if abs(h - D) >= 8])
+    prompt = f"Model a cylinder of diameter {D} and height {H} along Z, centred on the origin."
+    body = "result = cq.Workplane('XY').cylinder({H}, {D} / 2)\n"
+    return Part(prompt + SUFFIX, body.format(D=D, H=H), body.format(D=H, H=D))  # diameter and height swapped
+
+
 FAMILIES = (plate_holes, l_bracket, flange, shelled_box, pocket_block, stepped_shaft, cbore_plate, hex_standoff)
+# Easier families, not in the shipped set (tasks.py --families): for a model too small to solve the others.
+EASY_FAMILIES = (block, disc)

@@ -10,7 +10,8 @@ cycling through the families of ``families.py``; the shipped file is
 (a test checks it still equals the generator's output). A larger training set::
 
     python -m jointrl.envs.cad.tasks --seed 1 --count 5000 --out /data/cad/tasks.jsonl
-    # then envs.domains.cad.task_dir=/data/cad
+    # then envs.domains.cad.task_dir=/data/cad; --families plate-holes ... block disc picks families,
+    # the easy ones (families.EASY_FAMILIES) included
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import random
 from pathlib import Path
 
 from jointrl.envs.base import Task
-from jointrl.envs.cad.families import FAMILIES
+from jointrl.envs.cad.families import EASY_FAMILIES, FAMILIES
 
 DATA = Path(__file__).parent / "data"
 TASKS_FILE = "tasks.jsonl"
@@ -30,13 +31,14 @@ _REQUIRED = ("id", "prompt", "reference")
 _OPTIONAL = ("wrong", "tier", "max_turns", "normalize", "chamfer_tau", "mode")
 
 
-def generate(seed: int, count: int) -> list[dict]:
-    """``count`` task records, deterministic in ``seed`` (each from its own ``Random``)."""
+def generate(seed: int, count: int, families=FAMILIES) -> list[dict]:
+    """``count`` task records, deterministic in ``seed`` (each from its own ``Random``), cycling through
+    ``families`` (default: the shipped ones, ``FAMILIES``)."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     records = []
     for i in range(count):
-        family = FAMILIES[i % len(FAMILIES)]
+        family = families[i % len(families)]
         part = family(random.Random(f"jointrl-cad-{seed}-{i}"))
         records.append({"id": f"{family.__name__.replace('_', '-')}-s{seed}-{i:04d}", "prompt": part.prompt,
                         "reference": part.reference, "wrong": part.wrong})
@@ -81,9 +83,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    names = {f.__name__.replace("_", "-"): f for f in FAMILIES + EASY_FAMILIES}
+    parser.add_argument("--families", nargs="*", choices=sorted(names),
+                        help="cycle through these (default: the shipped families; the easy ones are named here)")
     args = parser.parse_args(argv)
+    families = tuple(names[n] for n in args.families) if args.families else FAMILIES
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(r) + "\n" for r in generate(args.seed, args.count)))
+    args.out.write_text("".join(json.dumps(r) + "\n" for r in generate(args.seed, args.count, families)))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from jointrl.envs.base import Task
 from jointrl.envs.office.env import TOOL_DIR, TOOL_VENV
-from jointrl.envs.office.generate import FAMILIES, generate
+from jointrl.envs.office.generate import EASY_FAMILIES, FAMILIES, generate
 from jointrl.envs.office.tasks import DOMAIN, TASKS_DIR
 from jointrl.envs.splits import SPLITS, select
 
@@ -56,7 +56,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=TASKS_DIR)
     p.add_argument("--seeds", type=int, default=SEEDS)
-    p.add_argument("--families", nargs="*", choices=sorted(FAMILIES))
+    p.add_argument("--families", nargs="*", choices=sorted({**FAMILIES, **EASY_FAMILIES}),
+                   help="default: the shipped families (FAMILIES); the easy ones are named here")
     p.add_argument("--split", default="all", choices=SPLITS, help="only this split's tasks (envs/splits.py)")
     a = p.parse_args()
     print(f"{len(build(a.out, a.seeds, a.families, a.split))} tasks in {a.out}")

@@ -8,10 +8,13 @@ library runs on the host; ``answer`` ends the episode and its text is ``Episode.
 The policy never gets a shell: documents change only through the edit operations.
 
 Workbooks: openpyxl does not compute formulas and drops every cached value when it saves, so
-``read_document`` of a workbook with an uncomputed formula (after an edit) first recalculates it
-with headless LibreOffice (in the sandbox, its own profile per process). The checker
-(``rewards/office_checks.py``) recalculates every workbook again, in a fresh sandbox, before
-reading it.
+before a workbook edited since its last recalculation is read, the host recalculates it in this
+process's warm LibreOffice (``recalc.py``: a sandbox of its own, one start per env worker, not per
+call) and writes it back.
+Without that server (``JOINTRL_OFFICE_RECALC=cold``, or no ``python3-uno``), ``read_document`` of a
+workbook with an uncomputed formula first recalculates it with a headless LibreOffice started in the
+episode's sandbox. The checker (``rewards/office_checks.py``) recalculates every workbook of the
+final snapshot again (the same server, else in the verification sandbox) before reading it there.
 
 Errors: a malformed call, or one the document refuses (no such sheet, text not found), returns
 ``Observation(is_error=True)`` and the episode goes on; a sandbox that cannot start or dies,
@@ -23,11 +26,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import posixpath
 import shlex
 from pathlib import Path
 from typing import Any
 
 from jointrl.envs.base import EnvError, Message, Observation, Task, ToolCall, ToolSpec, refuse
+from jointrl.envs.office.recalc import RecalcServer, shared_server
 from jointrl.envs.office.tools import MAX_ARGUMENT_CHARS, TOOLS, check_call
 from jointrl.envs.sandbox.base import SandboxConfig
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
@@ -96,14 +101,19 @@ class OfficeEnv:
     """``Env`` (and ``Verifiable``) for office tasks; ``config`` sets the sandbox limits, ``pool``
     (a ``SandboxPool`` of ``office_config(config)``) makes ``reset`` cheap."""
 
-    def __init__(self, config: SandboxConfig | None = None, pool: SandboxPool | None = None) -> None:
+    def __init__(self, config: SandboxConfig | None = None, pool: SandboxPool | None = None,
+                 recalc: RecalcServer | None | bool = True) -> None:
+        """``recalc``: the warm LibreOffice that recalculates edited workbooks (True: this process's
+        ``shared_server()``; None / False: none, reads recalculate in the sandbox)."""
         self.config = office_config(config)
         self.pool = pool
+        self.recalc = shared_server() if recalc is True else (recalc or None)
         self.tools: list[ToolSpec] = list(TOOLS)
         self.task: Task | None = None
         self.sandbox: BwrapSandbox | None = None
         self.done = False
         self.num_tool_errors = 0
+        self.edited: set[str] = set()  # workbooks (normalized paths) edited since their last recalculation
 
     async def reset(self, task: Task) -> list[Message]:
         """Open a fresh sandbox with the task's ``files/`` in ``/work`` (closing any previous one)."""
@@ -118,6 +128,7 @@ class OfficeEnv:
         except OSError as e:
             raise EnvError(f"cannot open a sandbox for task {task.id!r}: {e}") from e
         self.task, self.done, self.num_tool_errors = task, False, 0
+        self.edited.clear()
         return [Message(role="system", content=system_prompt()), Message(role="user", content=task.prompt)]
 
     async def step(self, call: ToolCall) -> Observation:
@@ -133,11 +144,29 @@ class OfficeEnv:
             return Observation(call.arguments["text"], done=True)
         command = {"list_files": "list", "read_document": "read", "edit_document": "edit"}[call.name]
         args = {**call.arguments, "limit": self.config.max_output_bytes // 2}
+        path = posixpath.normpath(args.get("path", ""))
+        if command == "read" and path in self.edited:  # recalculated now, as the tool would (in a LibreOffice start)
+            await asyncio.to_thread(self._recalculate, path)
         result = await asyncio.to_thread(run_tool, self.sandbox, command, args)
         if not result["ok"]:
             self.num_tool_errors += 1
             return Observation(f"Error: {result['error']}", is_error=True)
+        if command == "edit" and self.recalc is not None and path.endswith(".xlsx"):
+            self.edited.add(path)
         return Observation(result["text"])
+
+    def _recalculate(self, path: str) -> None:
+        """The edited workbook at ``path`` recalculated in the warm LibreOffice, written back (at its next
+        read, not at each edit: several edits cost one recalculation, none if it is not read again). A workbook
+        it cannot open stays as it is (a read then recalculates in the sandbox and reports the problem)."""
+        assert self.sandbox is not None and self.recalc is not None
+        self.edited.discard(path)
+        try:
+            self.sandbox.write_file(path, self.recalc.recalc(self.sandbox.read_file(path)))
+        except ValueError:
+            pass
+        except OSError as e:
+            raise EnvError(f"cannot recalculate {path!r} of task {self.task.id if self.task else '?'}: {e}") from e
 
     def verify_sandbox(self) -> BwrapSandbox:
         """A fresh verification sandbox over a copy of ``/work`` as it is now (``verifier.py``)."""

@@ -360,9 +360,44 @@ FAMILIES: dict[str, Callable[[random.Random], Task]] = {
 }
 
 
+def set_cell(rng: random.Random) -> Task:
+    """Easy (EASY_FAMILIES): every argument of the one edit is in the prompt, nothing to read or compute."""
+    cats = rng.sample(CATEGORIES, 5)
+    rows = [["Category", "Amount"], *[[c, a] for c, a in zip(cats, _amounts(rng, 5))]]
+    r, value = rng.randrange(2, 7), rng.randrange(100, 999)
+    prompt = f"In log.xlsx, set cell B{r} of sheet Log to {value}."
+    checks = [{"type": "cell_value", "path": "log.xlsx", "sheet": "Log", "cell": f"B{r}", "equals": value}]
+    right = edit("log.xlsx", "set_cell", sheet="Log", cell=f"B{r}", value=str(value))
+    below = edit("log.xlsx", "set_cell", sheet="Log", cell=f"B{r + 1}", value=str(value))  # the row under it
+    files = {"log.xlsx": {"kind": "xlsx", "sheets": [_sheet("Log", rows)]}}
+    return {"prompt": prompt, "files": files, "checks": checks,
+            "policies": {"oracle": [right, answer("done")], "wrong": [below, answer("done")]}}
+
+
+def replace_word(rng: random.Random) -> Task:
+    """Easy (EASY_FAMILIES): one replace_text whose two words the prompt gives."""
+    old, new, other = rng.sample(PROJECTS, 3)
+    doc = {"kind": "docx", "blocks": [{"heading": "Memo", "level": 0},
+                                      {"paragraph": f"Project {old} starts in {rng.choice(MONTHS)}."},
+                                      {"paragraph": f"Send questions about {old} to the project office."}]}
+    prompt = f"In memo.docx, replace the word {old} with {new} everywhere."
+    checks = [{"type": "text_absent", "path": "memo.docx", "text": old},
+              {"type": "paragraph_contains", "path": "memo.docx", "text": f"Project {new}"}]
+    right = edit("memo.docx", "replace_text", find=old, replace=new)
+    slip = edit("memo.docx", "replace_text", find=old, replace=other)  # another project's name
+    return {"prompt": prompt, "files": {"memo.docx": doc}, "checks": checks,
+            "policies": {"oracle": [right, answer("done")], "wrong": [slip, answer("done")]}}
+
+
+# Easier families, not in the shipped set (build them with build_tasks --families): one copied edit
+# each, for a model too small to solve the others (docs/recipe.md, the five-domain recipe).
+EASY_FAMILIES: dict[str, Callable[[random.Random], Task]] = {"set-cell": set_cell, "replace-word": replace_word}
+
+
 def generate(family: str, seed: int) -> Task:
-    """One task of ``family`` (``FAMILIES``); the same seed gives the same task."""
-    if family not in FAMILIES:
-        raise ValueError(f"unknown office task family {family!r}; available: {sorted(FAMILIES)}")
-    task = FAMILIES[family](random.Random(f"{family}/{seed}"))
+    """One task of ``family`` (``FAMILIES`` or ``EASY_FAMILIES``); the same seed gives the same task."""
+    every = {**FAMILIES, **EASY_FAMILIES}
+    if family not in every:
+        raise ValueError(f"unknown office task family {family!r}; available: {sorted(every)}")
+    task = every[family](random.Random(f"{family}/{seed}"))
     return {"id": f"{family}-{seed}", "family": family, "seed": seed, "max_turns": 10, **task}

@@ -19,7 +19,10 @@ FREE_TEXT = {"model.name", "model.path", "model.tokenizer", "envs.domains.*.task
              "serve.host", "serve.model_name", "serve.record_path", "checkpoint", "run_name", "output_dir",
              # a user's datasets: paths, their own split names, an image-name template
              "envs.domains.*.dataset", "envs.domains.*.dataset_split", "envs.domains.*.dataset_image",
-             "recipe.sft_data", "recipe.sft_data_split"}
+             "recipe.sft_data", "recipe.sft_data_split",
+             # another recipe run's output_dir (paths); a domain's family names (checked against its tasks,
+             # envs/splits.check_families); domain names (checked against the registry, as grpo_task_dirs' keys)
+             "recipe.sft_from", "recipe.match_cpu_of", "envs.domains.*.heldout_families", "recipe.grpo_domains"}
 # Values a choice needs beside it to pass the cross-field checks (``__post_init__``).
 COMPANIONS = {("algo.mismatch", m): {"algo.behaviour_logprobs": "learner"} for m in ("tis", "icepop", "mis")}
 COMPANIONS[("model.layer_types", "sliding")] = {"model.attention_window": 4}  # a sliding layer needs its window

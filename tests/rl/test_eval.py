@@ -12,7 +12,7 @@ from jointrl.envs.registry import DOMAINS, load_tasks, scripted_policy
 from jointrl.rewards.base import succeeded
 from jointrl.rl.config import load_config
 from jointrl.rl.learner.group import _free_port
-from jointrl.rl.eval import EvalSpec, evaluate, main, pass_at
+from jointrl.rl.eval import EvalSpec, evaluate, main, pass_at, row_name, scripted_limits
 from jointrl.rl.rollout.scripted import ScriptedEngine
 
 
@@ -105,6 +105,21 @@ def test_oracle_through_the_eval_path_solves_every_heldout_task(tmp_path):
     (row,) = result["rows"]
     assert (row["tasks"], row["pass@1"], row["pass@2"]) == (3, 0.5, 1.0)
     assert all(e["success"] == (e["sample"] == 0) for e in result["episodes"])
+
+
+def test_heldout_families_are_reported_apart_from_heldout_seeds(tmp_path):
+    """With held-out families, one eval plays the held-out seeds of the trained families and every task
+    of the held-out ones, and reports them in separate rows (``split``: heldout / unseen)."""
+    held = ["base64-decode", "word-freq"]
+    cfg = load_config(["envs=terminal", "logger.wandb_mode=disabled", f"envs.domains.terminal.heldout_families=[{','.join(held)}]"])
+    engine_for = lambda task, sample: ScriptedEngine(scripted_policy(task, "oracle" if task.id == held[0] else "noop"))  # noqa: E731
+    result = evaluate(scripted_limits(cfg), EvalSpec(tiers=("low",), k=1, limit=2), tmp_path, engine_for)
+    seeds, unseen = result["rows"]
+    assert (seeds["split"], seeds["tasks"], seeds["pass@1"]) == ("heldout", 2, 0.0)
+    assert (unseen["split"], unseen["tasks"], unseen["pass@1"]) == ("unseen", 2, 0.5)
+    assert {e["task_id"] for e in result["episodes"] if e["split"] == "unseen"} == set(held)
+    assert not {e["task_id"] for e in result["episodes"] if e["split"] == "heldout"} & set(held)
+    assert row_name(unseen) == "terminal/unseen" and row_name(seeds) == "terminal"
 
 
 def test_jointrl_eval_policy_oracle_with_the_defaults_scores_one(tmp_path):

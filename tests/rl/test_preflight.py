@@ -49,3 +49,9 @@ def test_debug_shows_the_exception_and_good_arguments_pass_through(monkeypatch):
         guard("train", ["checkpoint=/nonexistent", "--debug"])
     assert guard("eval", ["k=1", "policy=oracle", "--debug"]) == ["k=1", "policy=oracle"]
     assert guard("train", ["--cfg", "job"]) == ["--cfg", "job"]  # Hydra's own flags: left to Hydra
+
+
+def test_an_unknown_heldout_family_is_one_line_before_ray(capsys):
+    _fails(capsys, "recipe", ["envs=office", "envs.domains.office.heldout_families=[fix-formula,no-such]"],
+           "envs.domains.office: heldout_families names ['no-such'], not a family of domain 'office'")
+    assert guard("eval", ["envs=office", "envs.domains.office.heldout_families=[fix-formula]", "split=unseen"])

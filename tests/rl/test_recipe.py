@@ -4,6 +4,7 @@ sandboxes, Ray learner group, rollout engine and checkpoints of the full recipe.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -42,6 +43,36 @@ def test_the_experiment_config_composes():
         load_config(["+experiment=cpu_joint", "recipe.eval_tiers=[medium]"])
 
 
+def test_the_five_domain_recipe_composes_with_its_preregistered_families():
+    """conf/experiment/cpu_joint5.yaml: every domain, equal weights, each held-out family one its generator
+    makes (and not an easy one), the comparisons' overrides compose, per-seed output folders."""
+    from jointrl.envs.browser.tasks import KINDS
+    from jointrl.envs.cad.families import EASY_FAMILIES as CAD_EASY
+    from jointrl.envs.cad.families import FAMILIES as CAD
+    from jointrl.envs.code_repo.generate import FAMILIES as CODE_REPO
+    from jointrl.envs.office.generate import EASY_FAMILIES as OFFICE_EASY
+    from jointrl.envs.office.generate import FAMILIES as OFFICE
+    from jointrl.envs.terminal.generate import FAMILIES as TERMINAL
+    from jointrl.rl.recipe import grpo_steps
+
+    cfg = load_config(["+experiment=cpu_joint5", "seed=1"])
+    made = {"terminal": set(TERMINAL), "code_repo": set(CODE_REPO), "office": set(OFFICE), "browser": set(KINDS),
+            "cad": {f.__name__.replace("_", "-") for f in CAD}}
+    assert set(cfg.envs.domains) == set(made) and {d.weight for d in cfg.envs.domains.values()} == {0.2}
+    for name, d in cfg.envs.domains.items():
+        assert d.heldout_families and set(d.heldout_families) <= made[name], name
+    assert not {f.__name__ for f in CAD_EASY} & set(cfg.envs.domains["cad"].heldout_families)
+    assert not set(OFFICE_EASY) & set(cfg.envs.domains["office"].heldout_families)
+    assert cfg.output_dir == "runs/cpu_joint5_s1" and cfg.recipe.sft_demos == {"oracle": 0.5, "wrong": 0.5}
+    oracle = load_config(["+experiment=cpu_joint5", "~recipe.sft_demos.wrong", "recipe.grpo=false",
+                          "recipe.match_cpu_of=runs/cpu_joint5_s0"])
+    assert oracle.recipe.sft_demos == {"oracle": 0.5} and not oracle.recipe.grpo
+    single = load_config(["+experiment=cpu_joint5", "recipe.grpo_domains=[cad]", "recipe.sft_from=runs/cpu_joint5_s0",
+                          "output_dir=runs/cpu_joint5_single_${recipe.grpo_domains.0}_s0"])
+    assert single.output_dir == "runs/cpu_joint5_single_cad_s0"
+    assert grpo_steps(single) == 9 and grpo_steps(cfg) == 45  # 45 x 0.2: the joint run's CAD share
+
+
 def test_grpo_task_dirs_must_name_configured_domains():
     from jointrl.rl.recipe import grpo_envs
 
@@ -53,6 +84,28 @@ def test_grpo_task_dirs_must_name_configured_domains():
         grpo_envs(load_config(["envs=cpu_joint", "+recipe.grpo_task_dirs={cad: /fresh}"]))
     with pytest.raises(ValueError, match="recipe.grpo_task_dirs"):
         load_config(["+recipe.grpo_task_dirs={nosuch: /fresh}"])
+
+
+def test_comparison_runs_size_and_share_their_stages(tmp_path):
+    """Joint vs single: a single-domain run trains its domain alone for its weight share of the steps
+    and evaluates it alone; the oracle-only baseline's SFT buys another run's SFT + GRPO CPU seconds."""
+    from jointrl.rl.recipe import eval_envs, grpo_envs, grpo_steps, matched_sft_steps
+
+    cfg = load_config(["+experiment=cpu_joint", "algo.total_steps=40", "recipe.grpo_domains=[terminal]"])
+    assert grpo_steps(cfg) == 30 and grpo_steps(load_config(["+experiment=cpu_joint", "algo.total_steps=40"])) == 40
+    assert list(grpo_envs(cfg).domains) == ["terminal"] == list(eval_envs(cfg).domains)
+    with pytest.raises(ValueError, match="recipe.grpo_domains"):
+        load_config(["+experiment=cpu_joint", "recipe.grpo_domains=[nosuch]"])
+    with pytest.raises(ValueError, match=r"recipe.grpo_domains names \['cad'\], not among envs.domains"):
+        grpo_envs(load_config(["+experiment=cpu_joint", "recipe.grpo_domains=[cad]"]))
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    matched = load_config(["+experiment=cpu_joint", f"recipe.match_cpu_of={ref}"])
+    with pytest.raises(ValueError, match="no curves.json there"):
+        matched_sft_steps(matched)
+    (ref / "curves.json").write_text(json.dumps({"sft_steps": 1200, "stages": {"sft": {"cpu_s": 2000.0},
+                                                                               "grpo": {"cpu_s": 1000.0}}}))
+    assert matched_sft_steps(matched) == 1800 and matched_sft_steps(load_config(["+experiment=cpu_joint"])) == 1200
 
 
 def test_grpo_temperature_changes_only_the_grpo_stage():
@@ -131,3 +184,13 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
         ray.shutdown()
         wandb.teardown()
     assert "sft" not in again["stages"] and "grpo" not in again["stages"] and again["heldout"] == result["heldout"]
+    # a run on this one's SFT (recipe.sft_from) without GRPO: nothing trained, its step-0 eval reused
+    other = tmp_path / "other"
+    try:
+        sft_only = recipe(dataclasses.replace(cfg, output_dir=str(other), recipe=dataclasses.replace(
+            cfg.recipe, sft_from=str(out), grpo=False)))
+    finally:
+        ray.shutdown()
+        wandb.teardown()
+    assert set(sft_only["stages"]) == {"eval_sft"} and sft_only["grpo_steps"] == 0 and sft_only["sft_from"] == str(out)
+    assert sft_only["heldout"]["terminal"]["pass@1"] == result["heldout"]["terminal"]["pass@1"][:1]

@@ -10,8 +10,9 @@ to the model as an error observation). Commands:
   a formula that has no cached value is first recalculated;
 - ``edit {path, op, ...}``: one edit operation; workbooks are saved by openpyxl, which drops
   every cached formula value, so the next ``read`` recalculates them;
-- ``facts {out}``: recalculate every workbook, then write every document's content as JSON to
-  ``out`` (the checker's input, in the verification sandbox);
+- ``facts {out, recalculated}``: recalculate every workbook (unless the host already did, in its
+  warm LibreOffice: ``recalculated``), then write every document's content as JSON to ``out`` (the
+  checker's input, in the verification sandbox); ``workbooks``: the .xlsx paths, as JSON;
 - ``render {dir, files}``: write documents from their descriptions (building the shipped tasks);
   ``dump {paths}``: their content as JSON (the build's reproducibility test).
 
@@ -517,11 +518,13 @@ def main(command: str, args: dict) -> str:
         for name, spec in args["files"].items():
             render(os.path.join(args["dir"], name), spec)
         return f"{len(args['files'])} documents"
+    if command == "workbooks":  # the host recalculates these in its warm LibreOffice (envs/office/recalc.py)
+        return json.dumps([p for p in documents() if p.endswith(".xlsx")])
     if command == "facts":
         facts = {}
         for rel in documents():
             full = os.path.join(WORK, rel)
-            if full.endswith(".xlsx"):
+            if full.endswith(".xlsx") and not args.get("recalculated"):
                 recalc(full)
             try:
                 facts[rel] = dump(full)

@@ -250,3 +250,30 @@ def test_compact_prompt_keeps_the_tools_and_shrinks_the_system_turn():
     assert [(s.name, s.parameters) for s in compact.tools] == [(s.name, s.parameters) for s in full.tools]
     (full_ids, _), (compact_ids, home) = asyncio.run(system_turn(full)), asyncio.run(system_turn(compact))
     assert len(compact_ids) < len(full_ids) - 500 and "# Wiki" in home.text  # ~600 fewer byte tokens per episode
+
+
+@pytest.mark.parametrize("kind", ["best_under_price", "profile_update", "buy_quantity"])
+def test_compact_observations_send_same_page_updates_as_their_changed_lines(kind):
+    """The oracle through the agent loop, full views against compact ones (envs/browser/compact.py):
+    the same reward, a shorter transcript, and a form field typed into comes back as its own line."""
+    t = make_task(kind, 1)
+
+    async def play(compact):
+        env = BrowserEnv(compact=compact)
+        try:
+            return await run_episode(env, ScriptedEngine(policy(t, "oracle"), TPL), t, TPL,
+                                     SamplingParams(max_tokens=4096), AgentConfig(max_context=1 << 16), "g")
+        finally:
+            await env.close()
+
+    full, compact = asyncio.run(play(False)), asyncio.run(play(True))
+    assert full.reward == compact.reward == 1.0
+    full_obs = [m.content for m in full.messages if m.role == "tool"]
+    compact_obs = [m.content for m in compact.messages if m.role == "tool"]
+    assert len(full_obs) == len(compact_obs) and sum(map(len, compact_obs)) < 0.8 * sum(map(len, full_obs))
+    for f, c in zip(full_obs, compact_obs):
+        if c.startswith("Same page; changed:\n"):
+            assert all(line in f.split("\n") for line in c.split("\n")[1:])  # only lines of the full view
+        elif c != "Same page; nothing changed.":
+            assert "Title: " not in c and "| --- |" not in c and c.split("\n")[0] == f.split("\n")[0]
+    assert any(c.startswith("Same page; changed:") for c in compact_obs)

@@ -167,10 +167,13 @@ def _with_stale_cache(src: Path, dest: Path, cell: str, value: int) -> None:
             zout.writestr(item, data)
 
 
-def test_stale_and_missing_cached_values_are_recalculated_before_checking(tmp_path):
+@pytest.mark.parametrize("recalc", ["warm", "cold"])
+def test_stale_and_missing_cached_values_are_recalculated_before_checking(tmp_path, monkeypatch, recalc):
     """budget.xlsx with Budget!B2 raised by 1000 behind the spreadsheet's back: E2 = SUM(B2:D2)
     and B8 = SUM(B2:B7) still cache the old totals. openpyxl alone reads those stale values (and
-    None once an edit saved the file); the checker recalculates and sees the new ones."""
+    None once an edit saved the file); the checker recalculates and sees the new ones, with the warm
+    LibreOffice and with a start per recalculation."""
+    monkeypatch.setenv("JOINTRL_OFFICE_RECALC", recalc)
     shipped = TASKS["budget-lookup-0"]
     folder = tmp_path / "stale"
     shutil.copytree(shipped.root, folder)
@@ -185,7 +188,7 @@ def test_stale_and_missing_cached_values_are_recalculated_before_checking(tmp_pa
     assert float(_openpyxl_reads(folder / "files" / "budget.xlsx", "Budget", "E2")) == cached_e2  # stale
 
     async def episode(calls):
-        env = OfficeEnv()
+        env = OfficeEnv(recalc=recalc == "warm")
         try:
             await env.reset(task)
             for c in calls:

@@ -1,7 +1,9 @@
-"""The shipped office tasks, the generator that made them, the loader and the tool-call checks (no sandbox)."""
+"""The shipped office tasks, the generator that made them, the loader and the tool-call checks (no sandbox;
+the easy families' oracle and slip are played in real sandboxes)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -13,7 +15,10 @@ import pytest
 
 from jointrl.envs import registry
 from jointrl.envs.base import ToolCall
-from jointrl.envs.office import FAMILIES, generate, load_policy, load_task, load_tasks, policy_names
+from jointrl.envs.office import FAMILIES, OfficeEnv, generate, load_policy, load_task, load_tasks, policy_names
+from jointrl.envs.office.build_tasks import build
+from jointrl.envs.office.generate import EASY_FAMILIES
+from jointrl.rewards import Episode, combine
 from jointrl.envs.office.env import TOOL_DIR, TOOL_VENV
 from jointrl.envs.office.tools import check_call
 
@@ -107,3 +112,35 @@ def test_rebuilding_reproduces_the_shipped_documents(tmp_path):
         return {str(Path(k).relative_to(folder)): v for k, v in json.loads(json.loads(r.stdout)["text"]).items()}
 
     assert content(tmp_path) == content(TASKS[0].root.parent)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("soffice") is None or not Path(TOOL_VENV).is_dir(),
+                    reason="needs root, LibreOffice and the office tool venv")
+def test_easy_families_build_and_their_oracle_solves_and_slip_fails(tmp_path):
+    """The easy families (not shipped; five-domain recipe): built by build_tasks, seeded, named by
+    family; the oracle scores 1 and the slip 0 through the env and office_checks."""
+    assert not set(EASY_FAMILIES) & set(FAMILIES)
+    ids = build(tmp_path, 1, list(EASY_FAMILIES))
+    for family in EASY_FAMILIES:
+        assert generate(family, 5) == generate(family, 5) != generate(family, 6)
+    for task in (load_task(tmp_path / i) for i in ids):
+        scores = {}
+        for name in ("oracle", "wrong"):
+            async def episode():
+                env = OfficeEnv()
+                try:
+                    await env.reset(task)
+                    answer = None
+                    for turn in load_policy(task, name):
+                        for call in turn:
+                            obs = await env.step(call)
+                            assert not obs.is_error, obs.text
+                            answer = obs.text if call.name == "answer" else answer
+                    return await asyncio.to_thread(combine, task.reward, task, Episode(
+                        messages=[], final_answer=answer, verify_sandbox=env.verify_sandbox))
+                finally:
+                    await env.close()
+
+            scores[name] = asyncio.run(episode()).score
+        assert scores == {"oracle": 1.0, "wrong": 0.0}, (task.id, scores)
