@@ -1,6 +1,9 @@
 import os
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+import torch
+
+if not torch.cuda.is_available():  # a GPU run leaves DeepSpeed's accelerator to each rank's device (rl/device.py)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 import json  # noqa: E402

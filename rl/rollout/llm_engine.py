@@ -86,9 +86,12 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, model: MoETransformer, tokenizer: ByteTokenizer | None = None,
-                 config: EngineConfig | None = None) -> None:
+                 config: EngineConfig | None = None, device: torch.device | str | None = None) -> None:
+        """``device``: where the weights, KV pool and states live (None: where ``model`` is; else the
+        model is moved there)."""
         self.config = config or EngineConfig()
-        self.model = model.eval()
+        self.model = (model if device is None else model.to(device)).eval()
+        model = self.model
         self.tok = tokenizer or ByteTokenizer()
         self.block_manager = BlockManager(self.config.num_blocks, self.config.block_size)
         self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size, self.config.batch_invariant,
