@@ -213,12 +213,14 @@ def build_bundle(
     *,
     dense_dtype: torch.dtype | None = None,
     row_offsets: Mapping[str, int] | None = None,
+    device: torch.device | None = HOST,
 ) -> WeightBundle:
-    """The whole push as one picklable ``WeightBundle`` of host tensors (Ray's object store carries
-    host bytes; arguments as ``iter_buckets``)."""
+    """The whole push as one ``WeightBundle`` (arguments as ``iter_buckets``), by default of host
+    tensors: what Ray's object store carries. ``device=None`` keeps each payload where its weight
+    is (a colocated push within one process: ``rl/colocate.py``)."""
     buckets = tuple(
         iter_buckets(state_dict, version, is_quantized, bucket_bytes, scale_rule, dense_dtype=dense_dtype,
-                     row_offsets=row_offsets, device=HOST)
+                     row_offsets=row_offsets, device=device)
     )
     return WeightBundle(version=version, buckets=buckets, total_bytes=sum(b.nbytes for b in buckets))
 
