@@ -84,3 +84,13 @@ def qwen3_dir(tmp_path_factory) -> Path:
 def qwen3_files():
     """(save_qwen3_tokenizer, save_qwen3_moe): for tests that need their own directory."""
     return save_qwen3_tokenizer, save_qwen3_moe
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests are skipped, with the reason, where CUDA is not available."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA: no GPU visible to torch here (tests/gpu/check.sh runs them on one)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
