@@ -186,7 +186,7 @@ class TrainStep:
                             pack=lc.pack_sequences, topk=topk, image=self.setup.image,
                             share_prefix=self.setup.share_prefix and topk is None)
         if lc.ep_size > 1:  # every rank of the expert-parallel group runs the same number of passes
-            n = torch.tensor([len(mbs)])
+            n = torch.tensor([len(mbs)], device=self.device)  # NCCL reduces device tensors only
             dist.all_reduce(n, op=dist.ReduceOp.MAX)
             empty = TrainBatch([[pad]], [[0]], [[0.0]], [0.0], [0.0],
                                None if topk is None else [torch.full((1, *topk), -1, dtype=ROUTE_DTYPE)])  # -1: no routes

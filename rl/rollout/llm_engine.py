@@ -92,7 +92,6 @@ class LLMEngine:
         model is moved there)."""
         self.config = config or EngineConfig()
         self.model = (model if device is None else model.to(device)).eval()
-        model = self.model
         self.tok = tokenizer or ByteTokenizer()
         self._version = 0
         self._sleep: SleepState | None = None  # set while asleep (rl/rollout/sleep.py)
