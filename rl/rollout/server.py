@@ -41,6 +41,7 @@ from jointrl.model.hf import load_hf
 from jointrl.model.moe_transformer import MoETransformer
 from jointrl.rl.build import build_model, build_template
 from jointrl.rl.config import Config, register_schemas, to_config
+from jointrl.rl.device import HOST
 from jointrl.rl.rollout import anthropic_api, openai_api
 from jointrl.rl.rollout.chat import ChatService, RequestError, ServiceLimits
 from jointrl.rl.rollout.engine import RolloutEngine
@@ -67,7 +68,7 @@ def load_policy(cfg: Config, checkpoint: str | None) -> tuple[MoETransformer | N
                          "checkpoint (latest, or mp_rank_00_model_states.pt)")
 
     saved = torch.load(states[0], map_location="cpu", weights_only=False)
-    model = build_model(cfg)
+    model = build_model(cfg, HOST)  # the engine runs on the host (rl/rollout/worker.py)
     model.load_state_dict(saved["module"])
     match = re.search(r"(\d+)$", path.name)
     return model, int(saved.get("step", match.group(1) if match else 0))
