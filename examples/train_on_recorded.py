@@ -32,7 +32,7 @@ def main() -> None:
     print(f"{len(trajs)} trajectories, {len(adv.kept)} kept for training: {adv.stats}")
     if len(adv.kept) < cfg.learner.num_ranks:
         sys.exit("no group with reward variance: record more samples per group_id")
-    ray.init(num_cpus=cfg.cluster.num_cpus, include_dashboard=False, runtime_env={"env_vars": {"DS_ACCELERATOR": "cpu"}})
+    ray.init(num_cpus=cfg.cluster.num_cpus, include_dashboard=False)  # each rank picks its device: rl/device.py
     try:
         learner = LearnerGroup(cfg)
         if cfg.checkpoint:

@@ -15,6 +15,7 @@ from jointrl.model.hf_chat_template import HFChatTemplate
 from jointrl.model.hf_tokenizer import HFTokenizer
 from jointrl.model.tokenizer import ByteTokenizer, Tokenizer
 from jointrl.rl.config import Config
+from jointrl.rl.device import as_device, materialise
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -43,9 +44,14 @@ def model_config(cfg: Config) -> MoEConfig:
     return MoEConfig(**{k: v for k, v in asdict(cfg.model).items() if k not in ("name", "dtype", "path", "tokenizer")})
 
 
-def build_model(cfg: Config) -> MoETransformer:
-    """The policy at initialisation: ``model.path``'s weights (``model/hf.load_hf``) when set, else
-    random and deterministic in ``cfg.seed``."""
+def build_model(cfg: Config, device: torch.device | str | None = None) -> MoETransformer:
+    """The policy at initialisation on ``device`` (None: ``rl/device.rank_device()``): ``model.path``'s
+    weights (``model/hf.load_hf``) when set, else random and deterministic in ``cfg.seed``. Either way
+    the model is built on the meta device and each tensor allocated once, on ``device``
+    (``rl/device.materialise``): the same code for the host and a GPU."""
+    device, dtype = as_device(device), DTYPES[cfg.model.dtype]
     if cfg.model.path is not None:
-        return load_hf(cfg.model.path, dtype=DTYPES[cfg.model.dtype], config=model_config(cfg))
-    return MoETransformer.from_config(model_config(cfg), dtype=DTYPES[cfg.model.dtype], seed=cfg.seed)
+        return load_hf(cfg.model.path, dtype=dtype, device=device, config=model_config(cfg))
+    with torch.device("meta"):
+        model = MoETransformer(model_config(cfg))
+    return materialise(model, device, dtype, cfg.seed)

@@ -39,6 +39,7 @@ import torch
 
 from jointrl.model.moe_transformer import MoETransformer
 from jointrl.rl.build import build_model
+from jointrl.rl.device import HOST
 from jointrl.rl.config import Config
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -179,7 +180,7 @@ def read_policy(cfg: Config, checkpoint: str | os.PathLike) -> tuple[MoETransfor
     ``learner.num_ranks`` / ``ep_size`` wrote it."""
     path = resolve(checkpoint)
     saved = read_parts(path, moments=False)
-    model = build_model(cfg)
+    model = build_model(cfg, HOST)  # read into host memory: a reader moves it where it computes
     want = model.state_dict()
     got = {k: saved["params"][k]["fp32"].to(t.dtype) if k in saved["params"] else saved["frozen"].get(k)
            for k, t in want.items()}

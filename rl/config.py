@@ -18,9 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import KeyValidationError, ValidationError
 
 from jointrl.envs.base import TIERS
 from jointrl.envs.splits import SPLITS
@@ -618,12 +615,16 @@ class Config:
 
 
 def register_schemas() -> None:
+    from hydra.core.config_store import ConfigStore  # Hydra only where a config is composed: the GPU check has none
+
     ConfigStore.instance().store(name="config_schema", node=Config)
 
 
 def _named(e: Exception) -> ValueError | None:
     """OmegaConf's validation error behind ``e`` (Hydra wraps an override's in its own) as a
     ValueError that names the key and the value and, for a choice, lists the allowed values."""
+    from omegaconf.errors import KeyValidationError, ValidationError  # OmegaConf only where a config is composed
+
     err = e
     while err is not None and not isinstance(err, (ValidationError, KeyValidationError)):
         err = err.__cause__ or err.__context__
@@ -645,8 +646,11 @@ def _named(e: Exception) -> ValueError | None:
     return ValueError(f"config key {err.full_key!r}: {what}" if err.full_key else f"{e}: {what}")
 
 
-def to_config(cfg: DictConfig) -> Config:
+def to_config(cfg: DictConfig) -> Config:  # noqa: F821 -- omegaconf's, imported here only when used
     """Hydra's composed DictConfig -> validated ``Config`` (raises ValueError naming the key)."""
+    from omegaconf import OmegaConf  # OmegaConf only where a config is composed: the GPU check has none
+    from omegaconf.errors import ValidationError  # (same)
+
     # Through a plain container, so keys added with Hydra's `+` are checked against the schema too.
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("hydra", None)

@@ -174,8 +174,9 @@ def _start_ray(cfg: Config) -> None:
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     # address None means a new local instance: never attach to a cluster `ray start` left behind
+    # no accelerator forced here: each learner rank picks DeepSpeed's from its own device (rl/device.py)
     ray.init(address=cfg.cluster.ray_address or "local", num_cpus=cfg.cluster.num_cpus, include_dashboard=False,
-             log_to_driver=True, runtime_env={"env_vars": {"DS_ACCELERATOR": "cpu"}})
+             log_to_driver=True)
 
 
 def _gather(refs: list, group_size: int) -> list[Trajectory]:

@@ -16,7 +16,9 @@ What travels. Tensors selected by ``is_quantized(name, tensor)`` (default
 ``model.layers.0.mlp.experts.gate_up_proj [E, 2I, H]`` / ``...down_proj [E, H, I]``) are
 MXFP4-quantized along their last (reduction) dim with ``kernels.mxfp4``; the rule that made
 them is recorded per entry. Everything else (attention, router, norms, embeddings, head)
-travels dense, in ``dense_dtype`` (default: unchanged). All payload tensors are CPU copies,
+travels dense, in ``dense_dtype`` (default: unchanged). Experts are quantized where the weights
+are (the Triton kernel on a GPU, C++ on the host). All payload tensors are copies on the bucket's
+``device`` (default: where each weight is; ``build_bundle``: the host, for Ray's object store),
 taken when the bucket is built, so a learner step afterwards cannot change a bucket in flight.
 
 Integrity. Each entry carries a 64-bit XXH3 digest (``xxhash``) of its payload bytes; each bucket
@@ -44,6 +46,7 @@ import xxhash
 from torch import Tensor, nn
 
 from jointrl.kernels.mxfp4 import ScaleRule, dequantize_mxfp4, quantize_mxfp4
+from jointrl.rl.device import HOST
 
 __all__ = [
     "EntryKind",
@@ -151,6 +154,7 @@ def iter_buckets(
     *,
     dense_dtype: torch.dtype | None = None,
     row_offsets: Mapping[str, int] | None = None,
+    device: torch.device | None = None,
 ) -> Iterator[WeightBucket]:
     """Yield the push as buckets, in ``state_dict`` order, each built only when asked for.
 
@@ -168,6 +172,8 @@ def iter_buckets(
         dense_dtype: transfer dtype for floating dense tensors (None: keep each dtype).
         row_offsets: name -> first row in the receiver's tensor, for tensors that are a slice
             along dim 0 (an expert-parallel rank's experts); others are whole tensors.
+        device: where the payloads are put (None: each weight's own device; quantizing always
+            runs there).
 
     Raises:
         ValueError: bad ``version``/``bucket_bytes``/``scale_rule``, or a quantized tensor
@@ -185,7 +191,7 @@ def iter_buckets(
     pending_bytes = 0
     index = 0
     for name, tensor in state_dict.items():
-        entry = _make_entry(name, tensor, is_quantized(name, tensor), rule, dense_dtype)
+        entry = _make_entry(name, tensor, is_quantized(name, tensor), rule, dense_dtype, device)
         if row_offsets and name in row_offsets:
             entry = dataclasses.replace(entry, row_offset=int(row_offsets[name]))
         if pending and pending_bytes + entry.nbytes > bucket_bytes:
@@ -207,19 +213,24 @@ def build_bundle(
     *,
     dense_dtype: torch.dtype | None = None,
     row_offsets: Mapping[str, int] | None = None,
+    device: torch.device | None = HOST,
 ) -> WeightBundle:
-    """The whole push as one picklable ``WeightBundle`` (arguments as ``iter_buckets``)."""
+    """The whole push as one ``WeightBundle`` (arguments as ``iter_buckets``), by default of host
+    tensors: what Ray's object store carries. ``device=None`` keeps each payload where its weight
+    is (a colocated push within one process: ``rl/colocate.py``)."""
     buckets = tuple(
         iter_buckets(state_dict, version, is_quantized, bucket_bytes, scale_rule, dense_dtype=dense_dtype,
-                     row_offsets=row_offsets)
+                     row_offsets=row_offsets, device=device)
     )
     return WeightBundle(version=version, buckets=buckets, total_bytes=sum(b.nbytes for b in buckets))
 
 
 def _make_entry(
-    name: str, tensor: Tensor, quantize: bool, rule: ScaleRule, dense_dtype: torch.dtype | None
+    name: str, tensor: Tensor, quantize: bool, rule: ScaleRule, dense_dtype: torch.dtype | None,
+    device: torch.device | None,
 ) -> WeightEntry:
     tensor = tensor.detach()
+    device = tensor.device if device is None else device
     if quantize:
         if tensor.dim() == 0 or tensor.shape[-1] % 32 != 0:
             raise ValueError(
@@ -227,13 +238,13 @@ def _make_entry(
                 f"last dim is not a multiple of 32"
             )
         blocks, scales = quantize_mxfp4(tensor, rule)
-        blocks, scales = blocks.cpu(), scales.cpu()
+        blocks, scales = blocks.to(device), scales.to(device)
         return WeightEntry(
             name=name, kind=EntryKind.MXFP4, shape=tuple(tensor.shape), dtype=tensor.dtype,
             scale_rule=rule, data=blocks, scales=scales, checksum=_digest(scales, _digest(blocks)),
         )
     dtype = dense_dtype if dense_dtype is not None and tensor.is_floating_point() else tensor.dtype
-    data = tensor.to(device="cpu", dtype=dtype, copy=True, memory_format=torch.contiguous_format)
+    data = tensor.to(device=device, dtype=dtype, copy=True, memory_format=torch.contiguous_format)
     return WeightEntry(
         name=name, kind=EntryKind.DENSE, shape=tuple(tensor.shape), dtype=tensor.dtype,
         scale_rule=None, data=data, scales=None, checksum=_digest(data),

@@ -3,20 +3,20 @@
 ``ray`` (default): each sending learner rank builds its ``WeightBundle`` (``weight_sync.py``) and
 the driver hands the ObjectRefs to every rollout worker; Ray's object store carries them.
 
-``dist``: a ``torch.distributed`` broadcast, gloo on CPU (NCCL is the same code with CUDA
-buffers). Each sending rank (learner ranks ``0..ep_size-1``: rank 0 the shared parameters and
+``dist``: a ``torch.distributed`` broadcast, gloo on the host, NCCL on GPUs (the same code: a
+group's buffers live on its device, ``_Group.device``). Each sending rank (learner ranks ``0..ep_size-1``: rank 0 the shared parameters and
 its experts, the others their experts) owns one process group ``{sender, receiver_0, ...}``
 built on its own ``TCPStore``, apart from the default group DeepSpeed uses: no learner rank
 waits on another's push, and rollout workers need no place in the learners' world. The sender
-quantizes and streams one bucket at a time (``iter_buckets``, ``rollout.weight_bucket_mb``):
+quantizes where its weights are and streams one bucket at a time, built on the group's device
+(``iter_buckets``, ``rollout.weight_bucket_mb``):
 per bucket one broadcast of two lengths, one of the bytes (``encode_bucket``), then an end
 marker with the bucket count and total bytes. A receiver collects every sender's buckets,
 rebuilds the bundles, and swaps them in with one ``update_weights`` of ``merge_bundles``:
 version, names, shapes and every CRC are checked before anything is written, and an engine
 step never sees half a push.
 
-Timings (seconds) come back per push: ``gather`` (this rank's tensors, off the device),
-``quantize`` (MXFP4 + dense copies + CRCs), ``transfer`` (encode + broadcast, sender side),
+Timings (seconds) come back per push: ``quantize`` (MXFP4 + dense copies + checksums), ``transfer`` (encode + broadcast, sender side),
 ``receive`` and ``apply`` (verify + dequantize + copy, receiver side).
 """
 
@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from jointrl.kernels.mxfp4 import ScaleRule
+from jointrl.rl.device import HOST
 from jointrl.rl.weight_sync import EntryKind, WeightBucket, WeightBundle, WeightEntry, iter_buckets, merge_bundles
 
 _ALIGN = 16  # payload pieces start at multiples of this, so they can be viewed as any dtype in place
@@ -42,9 +43,10 @@ _ALIGN = 16  # payload pieces start at multiples of this, so they can be viewed 
 # ---------------------------------------------------------------------------------------
 
 
-def encode_bucket(bucket: WeightBucket) -> tuple[bytes, Tensor]:
+def encode_bucket(bucket: WeightBucket, device: torch.device | None = None) -> tuple[bytes, Tensor]:
     """(header, payload): the header is JSON of every field but the tensors, the payload every
-    entry's data then scales, each piece at an offset aligned to 16 bytes."""
+    entry's data then scales, each piece at an offset aligned to 16 bytes, on ``device`` (None: the
+    first entry's)."""
     entries, pieces, offset = [], [], 0
     for e in bucket.entries:
         meta = {"name": e.name, "kind": str(e.kind), "shape": list(e.shape), "dtype": _dtype_name(e.dtype),
@@ -60,7 +62,9 @@ def encode_bucket(bucket: WeightBucket) -> tuple[bytes, Tensor]:
             pieces.append((offset, raw))
             offset += raw.numel()
         entries.append(meta)
-    payload = torch.empty(offset, dtype=torch.uint8)
+    if device is None:
+        device = bucket.entries[0].data.device if bucket.entries else HOST
+    payload = torch.empty(offset, dtype=torch.uint8, device=device)
     for start, raw in pieces:
         payload[start : start + raw.numel()] = raw
     header = json.dumps({"version": bucket.version, "index": bucket.index, "checksum": bucket.checksum,
@@ -122,7 +126,7 @@ class _Group:
         if backend == "nccl":
             self.pg, self.device = dist.ProcessGroupNCCL(store, rank, size), torch.device("cuda")
         else:
-            self.pg, self.device = dist.ProcessGroupGloo(store, rank, size, timeout), torch.device("cpu")
+            self.pg, self.device = dist.ProcessGroupGloo(store, rank, size, timeout), HOST
 
     def broadcast(self, t: Tensor) -> Tensor:
         """``t`` from rank 0 to everyone, in place; returns it (on this group's device)."""
@@ -166,7 +170,7 @@ class WeightSender:
             self.group = None
 
     def send(self, state: Mapping[str, Tensor], version: int, bucket_bytes: int, **bucket_kw) -> dict[str, float]:
-        """Gather ``state`` off the device, then quantize and broadcast it bucket by bucket. A failed
+        """Quantize ``state`` where it is and broadcast it bucket by bucket from the group's device. A failed
         broadcast (a receiver died) closes the group, so the live receivers fail at once too."""
         assert self.group is not None, "WeightSender.connect() first"
         try:
@@ -176,10 +180,8 @@ class WeightSender:
             raise
 
     def _send_all(self, state: Mapping[str, Tensor], version: int, bucket_bytes: int, **bucket_kw) -> dict[str, float]:
-        t0 = time.perf_counter()
-        state = {k: v.detach().cpu() for k, v in state.items()}
-        times = {"gather": time.perf_counter() - t0, "quantize": 0.0, "transfer": 0.0}
-        buckets = iter_buckets(state, version, bucket_bytes=bucket_bytes, **bucket_kw)
+        times = {"quantize": 0.0, "transfer": 0.0}
+        buckets = iter_buckets(state, version, bucket_bytes=bucket_bytes, device=self.group.device, **bucket_kw)
         count = total = 0
         while True:
             t0 = time.perf_counter()
@@ -188,7 +190,7 @@ class WeightSender:
             times["quantize"] += t1 - t0
             if bucket is None:
                 break
-            header, payload = encode_bucket(bucket)
+            header, payload = encode_bucket(bucket, self.group.device)
             self._send(header, payload)
             count, total = count + 1, total + bucket.nbytes
             times["transfer"] += time.perf_counter() - t1
@@ -246,7 +248,7 @@ class WeightReceiver:
                     raise ValueError(f"weight push version {version}: the sender sent {end['buckets']} buckets, "
                                      f"{len(buckets)} arrived")
                 return WeightBundle(version, tuple(buckets), int(end["total_bytes"]))
-            payload = group.broadcast(torch.empty(int(lengths[1]), dtype=torch.uint8)).cpu()
+            payload = group.broadcast(torch.empty(int(lengths[1]), dtype=torch.uint8))  # stays on the group's device
             buckets.append(decode_bucket(header, payload))
 
 

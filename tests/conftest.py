@@ -1,6 +1,9 @@
 import os
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+import torch
+
+if not torch.cuda.is_available():  # a GPU run leaves DeepSpeed's accelerator to each rank's device (rl/device.py)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 import json  # noqa: E402
@@ -152,3 +155,13 @@ def gpt_oss_dir(tmp_path_factory) -> Path:
     d = save_harmony_tokenizer(tmp_path_factory.mktemp("gpt_oss"))
     vocab = len(json.loads((d / "tokenizer.json").read_text())["model"]["vocab"]) + len(HARMONY_ADDED)
     return save_gpt_oss_moe(d, vocab_size=(vocab + 63) // 64 * 64)
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests are skipped, with the reason, where CUDA is not available."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA: no GPU visible to torch here (tests/gpu/check.sh runs them on one)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

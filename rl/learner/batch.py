@@ -112,6 +112,16 @@ class MicroBatch:
     def real(self) -> torch.Tensor:
         return self.seg >= 0
 
+    def to(self, device: torch.device) -> MicroBatch:
+        """This micro-batch with every tensor on ``device`` (collated on the host, computed on the rank's device)."""
+        def move(t):
+            return None if t is None else t.to(device, non_blocking=True)
+        prefix = None if self.prefix is None else SharedPrefix(*(move(t) for t in (self.prefix.ids, self.prefix.real,
+                                                                                    self.prefix.row_group)))
+        return MicroBatch(move(self.input_ids), move(self.pos), move(self.seg), move(self.loss_mask),
+                          move(self.old_logprobs), move(self.adv), move(self.replay), self.num_seqs, self.rewards,
+                          move(self.images), prefix)
+
 
 def plan_micro_batches(lengths: list[int], max_tokens: int, max_seqs: int, pack: bool) -> list[list[int]]:
     """Consecutive groups of sequence indices. A group holds at most ``max_seqs`` sequences (0:

@@ -33,8 +33,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from deepspeed.moe.layer import MoE
 from torch import nn
+
+try:
+    from deepspeed.moe.layer import MoE
+except ImportError:  # a process without DeepSpeed (tests/gpu/check.sh) runs one rank: ShardedExperts only
+    MoE = None
 
 from jointrl.rl.learner.fake_quant import fake_quantize_mxfp4
 from jointrl.model.moe import Experts
@@ -127,11 +131,12 @@ class ShardedExperts(nn.Module):
         return _AllToAll.apply(y_RH, send_splits, recv_splits, self.group)
 
 
-class ExpertParallelExperts(ShardedExperts, MoE):
-    """``ShardedExperts`` that DeepSpeed's engine recognises as an MoE layer (``ep_size > 1``)."""
+if MoE is not None:
+    class ExpertParallelExperts(ShardedExperts, MoE):
+        """``ShardedExperts`` that DeepSpeed's engine recognises as an MoE layer (``ep_size > 1``)."""
 
-    def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
-        """Called by DeepSpeed's engine; the groups already exist (``shard_experts`` made them)."""
+        def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
+            """Called by DeepSpeed's engine; the groups already exist (``shard_experts`` made them)."""
 
 
 def shard_experts(model: nn.Module, ep_size: int, ep_rank: int, fake_quant: bool = False) -> None:

@@ -79,7 +79,7 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     # [1, ...] dim and its select cost every layer's backward a zero-filled copy of q, k, v and h, and
     # the [N, heads, D] views' backward a reshape copy each
     x_NH = backbone.embed_tokens(torch.cat((prefix.ids.reshape(-1), ids_BT[:, 1:-1].reshape(-1))))
-    pos_1N = torch.cat((torch.arange(P).repeat(G), pos_BT[:, 1:-1].reshape(-1)))[None]
+    pos_1N = torch.cat((torch.arange(P, device=ids_BT.device).repeat(G), pos_BT[:, 1:-1].reshape(-1)))[None]
     batch_n = AttentionBatch(rope=backbone.rotary_emb(pos_1N, x_NH.dtype), index_rope=None, mask_B1TS=None,
                              token_mask_BT=None, cache=None)
     mask_p = segment_mask(torch.where(prefix.real, 0, -1))
@@ -87,7 +87,7 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     fused = norm_rope_cpu.usable(x_NH)  # one C++ pass per norm (and q/k-norm + RoPE), forward and backward
     norm = (lambda m, x: norm_rope_cpu.rms_norm(x, m.weight, m.eps)) if fused else (lambda m, x: m(x))
     last_G = prefix.real.sum(1) - 1
-    at_G = torch.arange(G) * P + last_G  # each prompt's last token in the stream
+    at_G = torch.arange(G, device=ids_BT.device) * P + last_G  # each prompt's last token in the stream
     real_N = torch.cat((prefix.real.reshape(-1), (seg_BS >= 0).reshape(-1)))
     # per MoE layer: its router's tokens' mask and where column 0's token is among them
     probs, ids, masks, col0 = [], [], [], []
@@ -104,7 +104,7 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
         if trim:  # the prompts' last queries only, over their prompt's keys
             out_PF = _sdpa(q_NhD.index_select(0, at_G)[:, :, None], k_p, v_p,
                            attn_mask=prefix.real[:, None, None, :], **sdpa).reshape(G, -1)
-            keep_N = torch.cat((at_G, torch.arange(GP, GP + B * S)))
+            keep_N = torch.cat((at_G, torch.arange(GP, GP + B * S, device=ids_BT.device)))
             x_NH, h_NH = x_NH.index_select(0, keep_N), h_NH.index_select(0, keep_N)
         else:
             out_PF = _sdpa(q_p, k_p, v_p, attn_mask=mask_p, **sdpa).transpose(1, 2).reshape(GP, -1)
@@ -120,8 +120,8 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
             y_NH, _, probs_NE, ids_Nk = layer.mlp(h_NH)
             probs.append(probs_NE)
             ids.append(ids_Nk)
-            masks.append(torch.cat((torch.ones(G, dtype=torch.bool), real_N[GP:])) if trim else real_N)
-            col0.append((torch.arange(G) if trim else at_G, G if trim else GP))
+            masks.append(torch.cat((torch.ones(G, dtype=torch.bool, device=ids_BT.device), real_N[GP:])) if trim else real_N)
+            col0.append((torch.arange(G, device=ids_BT.device) if trim else at_G, G if trim else GP))
         else:
             y_NH = layer.mlp(h_NH)
         x_NH = x_NH + y_NH
@@ -164,7 +164,7 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tens
     """``F.scaled_dot_product_attention``; on CPU under autocast (``learner.autocast``) with autocast off, in
     at least float32: torch's bfloat16 CPU attention ran bench_moe's learner step slower than float32 here
     (its backward 64 against 28 ms per step, one thread)."""
-    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+    if q.device.type == "cpu" and torch.is_autocast_enabled(q.device.type):
         dtype = compute_dtype(q.dtype)
         with outside_autocast(q):
             return F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), **kw)

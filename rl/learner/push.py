@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from jointrl.rl.config import Config
+from jointrl.rl.device import HOST
 from jointrl.rl.learner.expert_parallel import expert_row_offsets
 from jointrl.rl.learner.value_head import VALUE_HEAD_PREFIX
 from jointrl.rl.weight_sync import WeightBundle, build_bundle, is_routed_expert
@@ -42,10 +43,11 @@ class WeightPusher:
             state = {k: v for k, v in state.items() if k in offsets}
         return state, {"is_quantized": self.is_quantized, "row_offsets": offsets, "bucket_bytes": self.bucket_bytes}
 
-    def bundle(self, version: int) -> WeightBundle | None:
-        """This rank's part as one bundle; None when it has nothing to send."""
+    def bundle(self, version: int, device: torch.device | None = HOST) -> WeightBundle | None:
+        """This rank's part as one bundle (payloads on ``device``: the host for Ray's object store, None
+        where the weights are); None when it has nothing to send."""
         state, kw = self.state()
-        return build_bundle(state, version=version, **kw) if state else None
+        return build_bundle(state, version=version, device=device, **kw) if state else None
 
     def open(self, num_receivers: int, backend: str, timeout_s: float) -> tuple[str, int]:
         if self.sender is not None:  # rebuilt groups: leave the old one first

@@ -4,7 +4,10 @@ reference copy), the optimizer and the DeepSpeed engine, and the choices a step 
 ZeRO-1/2 partitions optimizer state (and gradients) across ranks. With ``learner.ep_size > 1``
 each layer's routed experts are sharded over the expert-parallel group (``expert_parallel.py``;
 all-to-all dispatch) and DeepSpeed reduces expert gradients over the expert-data-parallel group;
-everything else is replicated. Precision: the forward and the loss run in the model's dtype
+everything else is replicated. Device: the rank's own (``rl/device.rank_device``: its GPU, else
+the host); the model is built on the meta device and allocated there once, NCCL or gloo and
+DeepSpeed's accelerator follow from it. ``setup_local_rank`` is the same rank without DeepSpeed
+or a process group (one process: the colocated step, ``rl/colocate.py``). Precision: the forward and the loss run in the model's dtype
 (float64 in exactness tests), but ZeRO's optimizer keeps fp32 master weights, so updates land
 with fp32 rounding.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -22,6 +25,7 @@ from jointrl.kernels.cpu_extension import _libc
 from jointrl.rl.build import build_model
 from jointrl.rl.checkpoint_format import read_policy
 from jointrl.rl.config import Config, ModelDtype
+from jointrl.rl.device import as_device, choose_accelerator, dist_backend, rank_device
 from jointrl.rl.learner.expert_parallel import shard_experts
 from jointrl.rl.learner.forward import check_packable
 from jointrl.rl.learner.objective import Objective
@@ -95,25 +99,55 @@ class RankSetup:
 
 
 def join_process_group(rank: int, world_size: int, master_addr: str, master_port: int) -> None:
-    """DeepSpeed's process group over the learner ranks (gloo on CPU, NCCL on GPU)."""
+    """DeepSpeed's process group over the learner ranks: NCCL when this rank computes on a GPU,
+    gloo on the host (``rl/device.py``); DeepSpeed's accelerator is the same device's."""
+    device = rank_device()
+    choose_accelerator(device)  # before DeepSpeed's first use picks one itself
     import deepspeed
 
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-    deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    deepspeed.init_distributed(dist_backend=dist_backend(device))
 
 
-def setup_rank(cfg: Config, rank: int, world_size: int, objective: Objective) -> RankSetup:
-    """Build the model (from ``cfg.checkpoint``'s weights when set; the optimizer starts fresh), its
-    critic when the estimator needs one, the reference copy, the expert shards, AdamW and the engine."""
-    import deepspeed
-    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+class LocalEngine:
+    """The part of ``DeepSpeedEngine`` a ``TrainStep`` uses, for one rank in one process without a
+    process group: ``backward`` accumulates, ``step`` runs AdamW and clears the gradients (what
+    DeepSpeed's ZeRO-0 does on one rank, without its fp32 master copy: the update lands in the
+    model's dtype). The gradient norm is ``TrainStep``'s own clip (``RankSetup.own_clip``)."""
 
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.module, self.optimizer = module, optimizer
+
+    def train(self) -> None:
+        self.module.train()
+
+    def eval(self) -> None:
+        self.module.eval()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def get_global_grad_norm(self) -> None:
+        return None
+
+
+@dataclass
+class _RankModel:
+    model: nn.Module
+    ref_model: nn.Module | None
+    groups: list[dict] = field(default_factory=list)
+
+
+def _build_rank_model(cfg: Config, rank: int, objective: Objective, device: torch.device) -> _RankModel:
+    """The model on ``device`` (from ``cfg.checkpoint``'s weights when set), its reference copy, expert
+    shards and critic, and the optimizer's parameter groups: what every kind of rank builds alike."""
     lc, algo = cfg.learner, cfg.algo
-    if lc.keep_freed_memory:
-        keep_freed_memory()
-    model = build_model(cfg)
+    model = build_model(cfg, device)
     if cfg.checkpoint:
         model.load_state_dict(read_policy(cfg, cfg.checkpoint)[0].state_dict())
     if lc.pack_sequences:
@@ -128,9 +162,32 @@ def setup_rank(cfg: Config, rank: int, world_size: int, objective: Objective) ->
     if objective.estimator.needs_critic:
         attach_value_head(model)
     groups = [{"params": [p for p in model.parameters() if p.requires_grad], "name": "dense"}]
+    return _RankModel(model, ref_model, groups)
+
+
+def _adamw(cfg: Config, groups: list[dict]) -> torch.optim.AdamW:
+    """AdamW over ``groups``: fused kernels on the host and on CUDA alike."""
+    lc = cfg.learner
+    return torch.optim.AdamW(groups, lr=lc.lr, betas=tuple(lc.betas), eps=lc.eps, weight_decay=lc.weight_decay,
+                             fused=True)
+
+
+def setup_rank(cfg: Config, rank: int, world_size: int, objective: Objective) -> RankSetup:
+    """Build the model on this rank's device (from ``cfg.checkpoint``'s weights when set; the optimizer
+    starts fresh), its critic when the estimator needs one, the reference copy, the expert shards,
+    AdamW and the DeepSpeed engine."""
+    import deepspeed
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    lc = cfg.learner
+    if lc.keep_freed_memory:
+        keep_freed_memory()
+    device = rank_device()
+    built = _build_rank_model(cfg, rank, objective, device)
+    model, groups = built.model, built.groups
     if lc.ep_size > 1:
         groups = split_params_into_different_moe_groups_for_optimizer(groups)
-    opt = torch.optim.AdamW(groups, lr=lc.lr, betas=tuple(lc.betas), eps=lc.eps, weight_decay=lc.weight_decay, fused=True)
+    opt = _adamw(cfg, groups)
     stage = zero_stage(cfg, world_size)
     if rank == 0 and stage != lc.zero_stage:
         print(f"learner: {world_size} rank(s) in {cfg.model.dtype} run ZeRO-{stage}, not learner.zero_stage="
@@ -138,6 +195,29 @@ def setup_rank(cfg: Config, rank: int, world_size: int, objective: Objective) ->
     engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=deepspeed_config(cfg, world_size))
     if world_size == 1 and stage == 0:  # its all-reduce over one rank flattens and copies back every gradient
         engine.enable_backward_allreduce = False
+    return _rank_setup(cfg, engine, model, built.ref_model, stage, own_clip(cfg, world_size), objective)
+
+
+def setup_local_rank(cfg: Config, objective: Objective, device: torch.device | str | None = None) -> RankSetup:
+    """One learner rank in this process, without DeepSpeed or a process group (``LocalEngine``), on
+    ``device`` (None: ``rank_device()``): the model built as ``setup_rank`` builds it. It clips the
+    gradient norm itself (``learner.grad_clip``); expert parallelism needs ranks, so ``ep_size`` 1 only.
+
+    Raises:
+        ValueError: ``learner.ep_size`` > 1.
+    """
+    if cfg.learner.ep_size > 1:
+        raise ValueError(f"setup_local_rank: learner.ep_size={cfg.learner.ep_size} needs a process group; use setup_rank")
+    device = as_device(device)
+    built = _build_rank_model(cfg, 0, objective, device)
+    engine = LocalEngine(built.model, _adamw(cfg, built.groups))
+    return _rank_setup(cfg, engine, built.model, built.ref_model, 0, cfg.learner.grad_clip > 0, objective)
+
+
+def _rank_setup(cfg: Config, engine, model: nn.Module, ref_model: nn.Module | None, stage: int, clip: bool,
+                objective: Objective) -> RankSetup:
+    """The choices a step runs under, decided once from the model and config."""
+    lc = cfg.learner
     mc = model.config
     image = (mc.image_token_id, mc.image_patch_dim) if mc.image_patch_dim else None
     has_router_bias = any(getattr(m, "e_score_correction_bias", None) is not None for m in model.modules())
@@ -151,5 +231,5 @@ def setup_rank(cfg: Config, rank: int, world_size: int, objective: Objective) ->
     share_prefix = (image is None and not objective.estimator.needs_critic and not lc.pack_sequences
                     and not lc.gradient_checkpointing and lc.ep_size == 1
                     and not (counts_once and (lc.aux_loss_coef or (has_router_bias and lc.router_bias_rate > 0))))
-    return RankSetup(engine, ref_model, stage, own_clip(cfg, world_size), (mc.num_moe_layers, mc.num_experts_per_tok),
+    return RankSetup(engine, ref_model, stage, clip, (mc.num_moe_layers, mc.num_experts_per_tok),
                      image, has_router_bias, share_prefix)

@@ -97,9 +97,9 @@ class TrainStep:
         self.total_steps = cfg.algo.total_steps
         self.entropy_grad = bool(cfg.algo.entropy_coef)  # else the entropy is only logged (detached)
         self.values = values if objective.estimator.needs_critic else _no_critic
-        device = next(self.engine.module.parameters()).device.type
+        self.device = next(self.engine.module.parameters()).device  # micro-batches are collated on the host, moved here
         self.autocast = (contextlib.nullcontext if lc.autocast is None
-                         else lambda: torch.autocast(device, dtype=DTYPES[lc.autocast]))
+                         else lambda: torch.autocast(self.device.type, dtype=DTYPES[lc.autocast]))
         # gated_dsa's indexer learns from its own KL (DeepSeek-V3.2's L_I): it never gets the policy's gradient
         self.train_indexer = lc.indexer_loss_coef > 0 and "gated_dsa" in self.engine.module.config.kinds
         self.bias_rate = lc.router_bias_rate if setup.has_router_bias else 0.0
@@ -186,12 +186,12 @@ class TrainStep:
                             pack=lc.pack_sequences, topk=topk, image=self.setup.image,
                             share_prefix=self.setup.share_prefix and topk is None)
         if lc.ep_size > 1:  # every rank of the expert-parallel group runs the same number of passes
-            n = torch.tensor([len(mbs)])
+            n = torch.tensor([len(mbs)], device=self.device)  # NCCL reduces device tensors only
             dist.all_reduce(n, op=dist.ReduceOp.MAX)
             empty = TrainBatch([[pad]], [[0]], [[0.0]], [0.0], [0.0],
                                None if topk is None else [torch.full((1, *topk), -1, dtype=ROUTE_DTYPE)])  # -1: no routes
             mbs += [collate(empty, False, pad, self.dtype, topk, self.setup.image) for _ in range(int(n) - len(mbs))]
-        return mbs
+        return [mb.to(self.device) for mb in mbs]
 
     def _expert_load(self, load_LE: torch.Tensor | None) -> dict[str, float]:
         """Global (all-ranks) expert load per layer; the aux-loss-free bias update when the model has one."""

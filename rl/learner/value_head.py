@@ -19,7 +19,8 @@ def attach_value_head(model: nn.Module) -> nn.Module:
     head = nn.Linear(model.config.hidden_size, 1, bias=True)
     nn.init.zeros_(head.weight)
     nn.init.zeros_(head.bias)
-    model.add_module("value_head", head.to(next(model.parameters()).dtype))
+    p = next(model.parameters())
+    model.add_module("value_head", head.to(device=p.device, dtype=p.dtype))
     return model
 
 

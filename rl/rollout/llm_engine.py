@@ -40,6 +40,7 @@ from jointrl.rl.rollout.model_runner import ModelRunner
 from jointrl.rl.rollout.sampling import sample_rows
 from jointrl.rl.rollout.scheduler import Scheduler
 from jointrl.rl.rollout.sequence import Sequence
+from jointrl.rl.rollout.sleep import SleepState, check_awake, sleep, wake_up
 from jointrl.rl.types import ROUTE_DTYPE, GenerationOutput, SamplingParams
 from jointrl.rl.weight_sync import apply_bundle
 
@@ -86,23 +87,45 @@ class EngineStats:
 
 class LLMEngine:
     def __init__(self, model: MoETransformer, tokenizer: ByteTokenizer | None = None,
-                 config: EngineConfig | None = None) -> None:
+                 config: EngineConfig | None = None, device: torch.device | str | None = None) -> None:
+        """``device``: where the weights, KV pool and states live (None: where ``model`` is; else the
+        model is moved there)."""
         self.config = config or EngineConfig()
-        self.model = model.eval()
+        self.model = (model if device is None else model.to(device)).eval()
         self.tok = tokenizer or ByteTokenizer()
-        self.block_manager = BlockManager(self.config.num_blocks, self.config.block_size)
-        self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size, self.config.batch_invariant,
-                                  kv_dtype=KV_DTYPES[self.config.kv_dtype])
-        self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
-                                   self.config.session_ttl_s, prefix_cache="kda" not in getattr(
-                                       model.config, "kinds", ()))
-        self.stats = EngineStats()
         self._version = 0
+        self._sleep: SleepState | None = None  # set while asleep (rl/rollout/sleep.py)
+        self._build_caches()
+        self.stats = EngineStats()
         self._ids = itertools.count()
         self._inbox: deque[Sequence] = deque()  # appended by the event loop, drained by step()
         self._lock = threading.Lock()           # one step or one weight update at a time
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
+
+    def _build_caches(self) -> None:
+        """The block manager, the runner with its KV pool on the model's device, and the scheduler:
+        everything ``sleep`` releases and ``wake_up`` builds again."""
+        cfg = self.config
+        self.block_manager = BlockManager(cfg.num_blocks, cfg.block_size)
+        self.runner = ModelRunner(self.model, cfg.num_blocks, cfg.block_size, cfg.batch_invariant,
+                                  kv_dtype=KV_DTYPES[cfg.kv_dtype])
+        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                   cfg.session_ttl_s, prefix_cache="kda" not in getattr(self.model.config, "kinds", ()))
+        self.scheduler.version = self._version
+
+    # -- colocated mode: rl/rollout/sleep.py ------------------------------------------------
+    def sleep(self, offload_weights: bool = False) -> None:
+        """Release the KV pool and every cache (and, with ``offload_weights``, move the weights to the
+        host) while the learner uses the device; ``wake_up`` takes them back. ``rollout/sleep.py``."""
+        sleep(self, offload_weights)
+
+    def wake_up(self) -> None:
+        wake_up(self)
+
+    @property
+    def asleep(self) -> bool:
+        return self._sleep is not None
 
     @property
     def version(self) -> int:
@@ -119,6 +142,7 @@ class LLMEngine:
         into those slots (an ``<image>`` the model samples later gets a zero row, as in the learner)."""
         if not prompt_ids:
             raise ValueError("prompt_ids needs at least one token")
+        check_awake(self)
         image_keys = self._image_keys(prompt_ids, image_patches)
         need = self.block_manager.blocks_for(len(prompt_ids) + params.max_tokens)
         if need > self.config.num_blocks:
@@ -159,6 +183,7 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """One forward of everything scheduled; → the sequences whose turn ended."""
         with self._lock:
+            check_awake(self)
             t0 = time.perf_counter()
             while self._inbox:
                 self.scheduler.add(self._inbox.popleft())
@@ -268,6 +293,9 @@ class LLMEngine:
     def update_weights(self, version: int, bundle) -> None:
         with self._lock:  # between steps
             apply_bundle(self.model, bundle, expected_version=version)
-            self._version = self.scheduler.version = version
+            self._version = version
+            if self.scheduler is None:  # asleep: wake_up builds the scheduler at this version, with no caches
+                return
+            self.scheduler.version = version
             if self.config.live_sessions == "reprefill":
                 self.scheduler.preempt_all()

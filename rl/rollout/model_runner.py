@@ -99,9 +99,14 @@ class ModelRunner:
         index_layers = [i for i, k in enumerate(kinds) if k == "gated_dsa"]
         self.pool_index = {layer: j for j, layer in enumerate(kv_layers)}      # layer -> kv_LPCHD row
         self.index_pool = {layer: j for j, layer in enumerate(index_layers)}  # layer -> index_LPD row
-        # in transparent huge pages where the OS allows: a decode step reads it in scattered 16 KB blocks
-        self.kv_LPCHD = zeros_huge_pages((len(kv_layers), P, 2, self.Hkv, self.D), self.kv_dtype)
-        self.index_LPD = torch.zeros(len(index_layers), P, getattr(cfg, "index_head_dim", 1), dtype=self.dtype)
+        # the pools live on the model's device; on the host in transparent huge pages where the OS allows
+        # (a decode step reads it in scattered 16 KB blocks)
+        self.device = next(model.parameters()).device
+        kv_shape = (len(kv_layers), P, 2, self.Hkv, self.D)
+        self.kv_LPCHD = (zeros_huge_pages(kv_shape, self.kv_dtype) if self.device.type == "cpu"
+                         else torch.zeros(kv_shape, dtype=self.kv_dtype, device=self.device))
+        self.index_LPD = torch.zeros(len(index_layers), P, getattr(cfg, "index_head_dim", 1), dtype=self.dtype,
+                                     device=self.device)
         self._fused: dict[int, tuple[tuple, torch.Tensor]] = {}
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos_PD, sin_PD) by position  # id(attention) -> (weights' versions, qkv weight)
         self.image = (cfg.image_token_id, cfg.image_patch_dim) if getattr(cfg, "image_patch_dim", 0) else None

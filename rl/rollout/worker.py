@@ -11,6 +11,7 @@ import torch
 from jointrl.rl.actor_resources import ActorResources, claim
 from jointrl.rl.build import build_model, build_tokenizer
 from jointrl.rl.config import Config
+from jointrl.rl.device import HOST
 from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
 from jointrl.rl.rollout.sampler import SimpleSampler
 from jointrl.rl.types import GenerationOutput, SamplingParams
@@ -25,14 +26,16 @@ class RolloutWorker:
         self._resources = claim("rollout", index)  # torch threads = the bundle's CPUs, before the engine starts
         torch.manual_seed(cfg.seed)
         r = cfg.rollout
+        # on the host even where the actor sees a GPU: the engine's runner calls the C++ CPU kernels
+        # (Triton paged attention, CUDA graphs and device sampling in it are issue #36's open part)
         if r.backend == "engine":
-            self.engine = LLMEngine(build_model(cfg), build_tokenizer(cfg), EngineConfig(
+            self.engine = LLMEngine(build_model(cfg, HOST), build_tokenizer(cfg), EngineConfig(
                 num_blocks=r.num_blocks, block_size=r.block_size, max_num_seqs=r.max_batch,
                 max_num_batched_tokens=r.max_num_batched_tokens, session_ttl_s=r.session_ttl_s, kv_dtype=r.kv_dtype,
                 live_sessions=r.live_sessions, batch_invariant=r.batch_invariant,
                 return_routed_experts=getattr(cfg.learner, "routing_replay", False)))
         else:
-            self.engine = SimpleSampler(build_model(cfg), build_tokenizer(cfg), max_batch=r.max_batch,
+            self.engine = SimpleSampler(build_model(cfg, HOST), build_tokenizer(cfg), max_batch=r.max_batch,
                                         record_routes=cfg.learner.routing_replay)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, image_patches=None) -> GenerationOutput:

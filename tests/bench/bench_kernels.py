@@ -13,6 +13,9 @@ bandwidth; decode-shaped MXFP4 MoE matmul >= 50% of copy bandwidth on the weight
 
 On CPU (no GPU), it runs only the torch references on smaller shapes and says so: Triton
 kernels need CUDA (or the interpreter, which is a correctness tool, not a benchmark).
+``--dry`` (needs ``TRITON_INTERPRET=1`` set before Python starts): every check of the CUDA run, on
+the host through Triton's interpreter at tiny shapes, one timing each (wall clock: not a
+measurement): ``tests/gpu/check.sh --dry`` runs it so the GPU run is known to work beforehand.
 
 KDA chunk (forward, and forward + backward) is checked against ``model.kda.kda_chunked`` (the
 model's torch chunked form, through autograd for the gradients) and timed beside it and, when
@@ -23,6 +26,7 @@ H = 16, d = 128). The DSA top-k kernel is checked id for id against its torch re
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -40,7 +44,7 @@ def _median_ms(fn: Callable[[], object], repeats: int, cuda: bool) -> float:
     fn()
     times = []
     for _ in range(repeats):
-        if cuda:
+        if cuda and torch.cuda.is_available():  # --dry runs the kernels interpreted on the host
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -322,11 +326,32 @@ def bench_dsa(report: Report, dev: torch.device, cuda: bool, repeats: int, T: in
     report.row(f"  torch ref: fwd+bwd", "-", ms_ref, 0, 3.5 * flops)
 
 
+def dry_run() -> int:
+    """Every kernel against its reference, interpreted on the host at tiny shapes (``--dry``)."""
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        raise SystemExit("--dry needs TRITON_INTERPRET=1 set before Python starts (Triton reads it at import)")
+    print("device: host, Triton interpreted (--dry: checks only; times are not measurements)")
+    report, dev = Report(None), torch.device("cpu")
+    bench_mxfp4(report, dev, True, 1, 64, 128)
+    bench_moe(report, dev, True, 1, E=4, H=64, I=32, k=2, tokens=[3])
+    bench_paged(report, dev, True, 1, B=2, ctx=40, Hq=4, Hkv=2, D=32, block_size=16)
+    bench_kda_decode(report, dev, True, 1, B=2, N=2, K=16)
+    bench_dsa(report, dev, True, 1, T=32, Hq=2, Hkv=1, D=32, topk=8, n_idx=2)
+    bench_topk(report, dev, True, 1, T=32, k=8)
+    bench_kda_chunk(report, dev, True, 1, B=1, T=40, N=1, K=16)
+    if report.failed:
+        print("FAILED: a kernel disagreed with its reference (rows marked FAIL)")
+    return int(report.failed)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="smaller shapes")
+    parser.add_argument("--dry", action="store_true", help="the Triton kernels interpreted on the host, tiny shapes")
     args = parser.parse_args()
+    if args.dry:
+        return dry_run()
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     small = args.quick or not cuda

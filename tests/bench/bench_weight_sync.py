@@ -8,9 +8,8 @@ processes through ``rl/weight_transport.py``, exactly as ``rollout.weight_transp
 * **MXFP4 push**: routed experts MXFP4, everything else bf16 (what the rollout runs).
 * **bf16 push**: every tensor bf16, nothing quantized.
 
-Per case, the median over ``--repeats`` pushes of each phase: gather (the state off the model),
-quantize (MXFP4 + dense copies + CRCs, bucket by bucket), transfer (encode + gloo broadcast,
-the sender's clock), apply (verify + dequantize + copy into the receiver's model, the slowest
+Per case, the median over ``--repeats`` pushes of each phase: quantize (MXFP4 + dense copies + CRCs,
+bucket by bucket), transfer (encode + gloo broadcast, the sender's clock), apply (verify + dequantize + copy into the receiver's model, the slowest
 receiver), and the whole push. "memcpy" rows copy the same number of payload bytes with one
 ``Tensor.copy_`` in one process. GB/s = payload bytes / seconds. Reports; never asserts.
 """
@@ -122,23 +121,23 @@ def main() -> None:
     print(f"weight push over gloo, 1 sender -> {args.receivers} receivers (processes, 1 torch thread each), "
           f"model {args.model} ({params / 1e6:.1f} M params, {params * 4 / 2**20:.1f} MiB fp32), "
           f"buckets <= {args.bucket_mb} MiB, median of {args.repeats} (after 1 warm-up)")
-    print(f"{'case':<22}{'MiB':>8}{'gather ms':>11}{'quant ms':>10}{'xfer ms':>10}{'apply ms':>10}"
+    print(f"{'case':<22}{'MiB':>8}{'quant ms':>10}{'xfer ms':>10}{'apply ms':>10}"
           f"{'total ms':>10}{'GB/s':>8}{'x memcpy':>10}")
     for name in CASES:
         s = sent[name][1:]
         a = [t for i, t in enumerate(applied[name]) if i >= args.receivers]  # drop each receiver's warm-up
         nbytes = int(s[0]["bytes"])
-        med = {k: statistics.median(t[k] for t in s) for k in ("gather", "quantize", "transfer")}
+        med = {k: statistics.median(t[k] for t in s) for k in ("quantize", "transfer")}
         # the slowest receiver of each push bounds it
         per_push = [max(a[i : i + args.receivers], key=lambda t: t["apply"])["apply"]
                     for i in range(0, len(a), args.receivers)]
         med["apply"] = statistics.median(per_push)
         total = sum(med.values())
         copy_s = _memcpy_s(nbytes, args.repeats)
-        print(f"{name:<22}{nbytes / 2**20:>8.2f}{med['gather'] * 1e3:>11.1f}{med['quantize'] * 1e3:>10.1f}"
+        print(f"{name:<22}{nbytes / 2**20:>8.2f}{med['quantize'] * 1e3:>10.1f}"
               f"{med['transfer'] * 1e3:>10.1f}{med['apply'] * 1e3:>10.1f}{total * 1e3:>10.1f}"
               f"{nbytes / total / 1e9:>8.3f}{total / copy_s:>10.0f}")
-        print(f"{'  memcpy same bytes':<22}{nbytes / 2**20:>8.2f}{'':>41}{copy_s * 1e3:>10.2f}{nbytes / copy_s / 1e9:>8.2f}{1:>10}")
+        print(f"{'  memcpy same bytes':<22}{nbytes / 2**20:>8.2f}{'':>30}{copy_s * 1e3:>10.2f}{nbytes / copy_s / 1e9:>8.2f}{1:>10}")
 
 
 if __name__ == "__main__":
