@@ -77,8 +77,9 @@ def check_eval(checkpoint: str, tmp_path, policy_version: int) -> None:
     assert result["policy_version"] == policy_version and result["split"] == "heldout"
     assert json.loads((tmp_path / "eval.json").read_text()) == result
     (row,) = result["rows"]
-    assert set(row) == {"domain", "tier", "tasks", "episodes", "pass@1", "pass@2", "reward", "env_error"}
-    assert (row["domain"], row["tier"], row["tasks"], row["episodes"], row["env_error"]) == ("terminal", "low", 2, 4, 0)
+    assert set(row) == {"domain", "tier", "split", "tasks", "episodes", "pass@1", "pass@2", "reward", "env_error"}
+    assert (row["domain"], row["tier"], row["split"], row["tasks"], row["episodes"], row["env_error"]) == \
+        ("terminal", "low", "heldout", 2, 4, 0)
     heldout = {t.id for t in load_tasks("terminal", split="heldout")}
     episodes = result["episodes"]
     assert {e["task_id"] for e in episodes} <= heldout and sorted(e["sample"] for e in episodes) == [0, 0, 1, 1]
