@@ -137,6 +137,7 @@ class VLLMEngine:
         self._loaded = threading.Condition(self._lock)
         self._pending: dict[int, tuple[dict, asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._version = 0
+        self._loads_sent = self._loads_acked = 0  # loads sent to the process / acknowledged by it
         self._pushed: int | None = None  # the version the weights file holds (None: model_path's)
         self._load_error: str | None = None
         self._broken: str | None = None
@@ -179,8 +180,9 @@ class VLLMEngine:
             write_checkpoint(self._state, self._weights)
             self._pushed, self._load_error = version, None
             self._send({"op": "load", "version": version, "path": str(self._weights)})
+            self._loads_sent += 1
             t0 = time.perf_counter()
-            while self._version != version and self._load_error is None and self._broken is None:
+            while self._loads_acked < self._loads_sent and self._load_error is None and self._broken is None:
                 self._loaded.wait(timeout=5.0)
             self.load_seconds = time.perf_counter() - t0
             if self._load_error is not None or self._broken is not None:
@@ -300,6 +302,7 @@ class VLLMEngine:
                         self._load_error = msg["error"]
                     else:
                         self._version = msg["version"]
+                    self._loads_acked += 1
                     self._loaded.notify_all()
             elif op in ("result", "error"):
                 with self._lock:
@@ -332,8 +335,8 @@ class VLLMEngine:
             return False
         with self._lock:
             self._proc, self._sock = proc, sock
-            if self._pushed is not None:
-                self._version = self._pushed
+            if self._pushed is not None:  # _spawn loaded the latest file: every load sent is served
+                self._version, self._loads_acked = self._pushed, self._loads_sent
                 self._loaded.notify_all()
             for msg, _, _ in sorted(self._pending.values(), key=lambda e: e[0]["id"]):
                 self._send(msg)
