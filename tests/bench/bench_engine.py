@@ -430,6 +430,7 @@ def vllm_workloads(path: str, vocab: int, q: bool, threads: int) -> list[str]:
     rows = [f"| vLLM engine start | | {time.perf_counter() - t0:.1f} s | | |"]
     print(rows[-1], flush=True)
     loop = asyncio.new_event_loop()
+    loop.run_until_complete(eng.generate(rand_prompts(1, 256, seed=9)[0], SamplingParams(max_tokens=8)))  # warm-up
 
     def timed(name: str, make, notes=lambda outs: "") -> None:
         """Run the coroutines ``make()`` returns together; count generated tokens (an int: a trajectory's)."""

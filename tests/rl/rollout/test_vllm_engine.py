@@ -163,6 +163,17 @@ def test_seeded_sampling_reproduces_and_logprobs_are_after_temperature(engine, m
     assert lp.tolist() == pytest.approx(a.logprobs, abs=ATOL)
 
 
+def test_seeded_requests_beyond_one_steps_token_budget(engine, tok, loop):
+    """More prompt tokens than one step takes (512 here), every request seeded: vLLM 0.32 on CPU
+    crashed rewinding a seeded generator after a partial prefill chunk, so prompts are not chunked
+    (``venv/serve.py``); all are answered and reproduce."""
+    ps = prompts(tok, 200, 180, 220, 150, 210, 190, seed=8)
+    params = [SamplingParams(max_tokens=6, temperature=1.0, seed=40 + i) for i in range(len(ps))]
+    a = run(loop, *(engine.generate(p, sp) for p, sp in zip(ps, params)))
+    b = run(loop, *(engine.generate(p, sp) for p, sp in zip(ps, params)))
+    assert [o.token_ids for o in a] == [o.token_ids for o in b] and engine.restarts == 0
+
+
 def test_stop_tokens_and_max_tokens(engine, models, tok, loop):
     p = prompts(tok, 10, seed=4)[0]
     first = reference(models[0], p, 1, tok.im_end_id)[0][0]
@@ -245,7 +256,8 @@ def test_mxfp4_push_runs_the_dequantized_experts(engine, models, tok, loop):
 def test_engine_process_killed_mid_batch_is_restarted_and_its_requests_rerun(engine, models, tok, loop):
     """SIGKILL of the vLLM process while a batch runs: a new process starts with the last pushed
     weights and version, the unanswered requests run again, each is answered once, and a seeded
-    request's tokens equal those of the same request before the kill."""
+    request's tokens equal those of the same request before the kill (its log-probs to ``ATOL``:
+    the re-run batches differ, and vLLM's CPU kernels sum by batch shape)."""
     engine.update_weights(engine.version + 1, build_bundle(models[1].state_dict(), engine.version + 1, **NO_MXFP4))
     version, restarts = engine.version, engine.restarts
     ps = prompts(tok, 5, 6, 7, 8, 9, 10, seed=11)
@@ -261,5 +273,6 @@ def test_engine_process_killed_mid_batch_is_restarted_and_its_requests_rerun(eng
 
     got = loop.run_until_complete(killed())
     assert engine.restarts == restarts + 1 and engine.version == version
-    assert [g.token_ids for g in got] == [r.token_ids for r in ref]
-    assert [g.logprobs for g in got] == [r.logprobs for r in ref] and {g.policy_version for g in got} == {version}
+    assert [g.token_ids for g in got] == [r.token_ids for r in ref] and {g.policy_version for g in got} == {version}
+    for g, r in zip(got, ref):  # other batches after the restart: vLLM's float32 sums are not batch-invariant
+        assert g.logprobs == pytest.approx(r.logprobs, abs=ATOL)

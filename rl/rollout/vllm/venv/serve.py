@@ -81,8 +81,11 @@ class Server:
         self.llm = LLM(
             model=opts["model"], dtype=opts["dtype"], seed=opts.get("seed", 0), enforce_eager=True,
             enable_prefix_caching=True, skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
+            # whole prompts per step: vLLM 0.32 rewinds a seeded request's generator after a partial
+            # prefill chunk with a CUDA-only call (CPU: "CPU Generator does not use offset", the process dies)
+            enable_chunked_prefill=False,
             max_model_len=opts["max_model_len"], max_num_seqs=opts["max_num_seqs"],
-            max_num_batched_tokens=opts["max_num_batched_tokens"],
+            max_num_batched_tokens=max(opts["max_num_batched_tokens"], opts["max_model_len"]),
             kv_cache_memory_bytes=opts["kv_cache_bytes"],
             tensor_parallel_size=opts.get("tensor_parallel_size", 1),
             data_parallel_size=opts.get("data_parallel_size", 1),
