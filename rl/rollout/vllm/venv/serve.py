@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import socket
 import sys
 import threading
@@ -106,7 +107,11 @@ class Server:
     def read_forever(self) -> None:
         while (msg := wire.recv(self.sock)) is not None:
             self.inbox.put(msg)
-        self.inbox.put({"op": "stop"})  # the owner is gone
+        # the owner is gone (its process died without a stop): remove its work directory -- the pushed
+        # weights file, model-sized in /dev/shm -- since nobody else will
+        if self.opts.get("workdir"):
+            shutil.rmtree(self.opts["workdir"], ignore_errors=True)
+        self.inbox.put({"op": "stop"})
 
     def serve(self) -> None:
         threading.Thread(target=self.read_forever, daemon=True).start()
