@@ -80,6 +80,7 @@ class BehaviourLogprobs(enum.StrEnum):
 class RolloutBackend(enum.StrEnum):
     engine = "engine"  # rl/rollout/llm_engine.py: paged KV, continuous batching
     simple = "simple"  # the skeleton's SimpleSampler
+    vllm = "vllm"  # rl/rollout/vllm/: vLLM in its own venv and process (model=hf model.path=...)
 
 
 RolloutMode = _choice("RolloutMode", ("sync", "async"),
@@ -270,6 +271,22 @@ class AlgoConfig:
 
 
 @dataclass
+class VLLMRolloutConfig:
+    """``rollout.vllm``: the vLLM backend's own settings (rl/rollout/vllm/engine.VLLMEngineConfig)."""
+
+    venv: str = "/opt/jointrl/venvs/vllm"  # built by .ci/setup.d/vllm.sh
+    kv_cache_mb: int = 512  # vLLM's KV cache per engine (on CPU: host memory)
+    tensor_parallel_size: int = 1  # GPUs one vLLM instance spans (passed through; GPU only, untested here)
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    start_timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        for k in ("kv_cache_mb", "tensor_parallel_size", "data_parallel_size", "start_timeout_s"):
+            _check_positive(f"rollout.vllm.{k}", getattr(self, k))
+
+
+@dataclass
 class RolloutConfig:
     backend: RolloutBackend = RolloutBackend.engine
     num_workers: int = 1
@@ -287,6 +304,9 @@ class RolloutConfig:
     async_steps_ahead: int = 1  # async: steps whose rollouts may be in flight beyond the current one
     max_staleness: int = 1  # trajectories sampled more than this many versions before the trained policy are dropped
     thinking_budget: dict[str, Any] = field(default_factory=lambda: {"low": 32, "high": 64, "max": None})
+    # a step whose learner-vs-rollout mismatch KL (k3, on its batch) exceeds this stops the run (null: no limit)
+    max_mismatch_kl: float | None = None
+    vllm: VLLMRolloutConfig = field(default_factory=VLLMRolloutConfig)
     # engine backend only (rl/rollout/llm_engine.EngineConfig documents each)
     num_blocks: int = 4096  # KV memory budget: num_blocks x block_size token slots
     block_size: int = 16
@@ -305,6 +325,12 @@ class RolloutConfig:
             _check_positive(f"rollout.{k}", getattr(self, k))
         _check_positive("rollout.session_ttl_s", self.session_ttl_s, allow_zero=True)
         _check_positive("rollout.max_tokens_per_turn", self.max_tokens_per_turn)
+        if self.max_mismatch_kl is not None:
+            _check_positive("rollout.max_mismatch_kl", self.max_mismatch_kl, allow_zero=True)
+        if self.backend is RolloutBackend.vllm and (self.top_k != 0 or self.top_p != 1.0):
+            raise ValueError(f"config keys 'rollout.top_k' = {self.top_k} / 'rollout.top_p' = {self.top_p}: "
+                             "rollout.backend=vllm refuses top-k / top-p (its log-probs of a filtered distribution "
+                             "are not defined as ours); allowed: top_k=0, top_p=1.0")
         if set(self.thinking_budget) != set(ThinkingTier):
             raise ValueError(f"config key 'rollout.thinking_budget' needs exactly the tiers ['low', 'high', 'max'], "
                              f"got {sorted(self.thinking_budget)}")
@@ -609,6 +635,9 @@ class Config:
             from jointrl.envs.registry import DOMAINS  # lazy: the registry imports every domain's module
 
             raise ValueError("config key 'envs.domains' needs at least one domain; allowed: " + str(sorted(DOMAINS)))
+        if self.rollout.backend is RolloutBackend.vllm and self.model.dtype is ModelDtype.float64:
+            raise ValueError("config key 'rollout.backend' = 'vllm' needs model.dtype float32 or bfloat16 "
+                             "(vLLM has no float64)")
         if self.learner.autocast is not None and self.model.dtype is not ModelDtype.float32:
             raise ValueError(f"config key 'learner.autocast' = {self.learner.autocast!r} needs model.dtype float32 "
                              f"(the weights autocast casts from), got model.dtype = {self.model.dtype!r}")

