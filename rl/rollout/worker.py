@@ -41,7 +41,7 @@ class RolloutWorker:
                 cfg.model.path, build_tokenizer(cfg).im_end_id, str(cfg.model.dtype), v.venv, r.max_context,
                 r.max_batch, max(r.max_num_batched_tokens, r.max_context), v.kv_cache_mb, v.tensor_parallel_size,
                 v.data_parallel_size, v.enable_expert_parallel, cfg.seed, v.start_timeout_s),
-                build_model(cfg).state_dict())
+                build_model(cfg, HOST).state_dict())  # host copy: the push rewrites it, vLLM holds the GPU one
         else:
             self.engine = SimpleSampler(build_model(cfg, HOST), build_tokenizer(cfg), max_batch=r.max_batch,
                                         record_routes=cfg.learner.routing_replay)
