@@ -79,6 +79,7 @@ ALLOWED = {
     ("rl/learner/checkpoint.py", 'map_location="cpu"'): "checkpoint files loaded to the host, then copied in",
     ("rl/learner/portable_checkpoint.py", 'to("cpu")'): "checkpoint: each rank's part copied to host memory first",
     ("rl/checkpoint_format.py", 'map_location="cpu"'): "checkpoint parts memory-mapped on the host, then copied in",
+    ("rl/rollout/vllm/weights.py", 'to("cpu")'): "the CPU weight push to vLLM writes host tensors to a safetensors file",
     ("model/hf_gpt_oss.py", 'to("cpu")'): "a gpt-oss export quantizes host copies into safetensors files",
     ("rl/weight_transport.py", ".cpu()"): "the wire format's header and lengths are read as host bytes",
     ("model/hf.py", 'to("cpu")'): "save_hf writes host tensors to safetensors files",
