@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from jointrl.kernels.cpu_extension import load_ops
+from jointrl.kernels.norm_rope_cpu import rms_norm_torch  # the one RMSNorm reference
 
 __all__ = ["load_kernel", "rms_norm", "rms_norm_torch", "qk_norm_rope_store", "qk_norm_rope_store_torch",
            "route_softmax_topk", "route_softmax_topk_torch"]
@@ -39,11 +40,6 @@ __all__ = ["load_kernel", "rms_norm", "rms_norm_torch", "qk_norm_rope_store", "q
 def load_kernel():
     """The ops (``kernels/cpu_extension.load_ops``), or None where they cannot be built here."""
     return load_ops(["rms_norm", "qk_norm_rope_store", "route_softmax_topk"])
-
-
-def rms_norm_torch(x_NH: Tensor, w_H: Tensor, eps: float) -> Tensor:
-    """``model.norm.RMSNorm``'s arithmetic (float32/float64 x)."""
-    return w_H * (x_NH * torch.rsqrt(x_NH.pow(2).mean(-1, keepdim=True) + eps))
 
 
 def rms_norm(x_NH: Tensor, w_H: Tensor, eps: float) -> Tensor:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from jointrl.kernels.dispatch import default_backend
+from jointrl.kernels.ops import Kernels, kernels_for
 from jointrl.model.attention import Attention, AttentionBatch
 from jointrl.model.config import MoEConfig
 from jointrl.model.dsa import GatedDSAAttention, indexer_loss
@@ -85,7 +87,7 @@ class MoEBackbone(nn.Module):
 class MoETransformer(nn.Module):
     """Qwen3-MoE-shaped causal LM. `state_dict()` keys equal `Qwen3MoeForCausalLM`'s."""
 
-    def __init__(self, config: MoEConfig, seed: int = 0) -> None:
+    def __init__(self, config: MoEConfig, seed: int = 0, kernels: str | None = None) -> None:
         super().__init__()
         self.config = config
         self.model = MoEBackbone(config)
@@ -94,12 +96,29 @@ class MoETransformer(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         if self.lm_head.weight.device.type != "meta":  # meta: shapes only, weights loaded later
             self.reset_parameters(seed)
+        self.set_kernels(default_backend() if kernels is None else kernels)
 
     @classmethod
     def from_config(cls, config: MoEConfig, dtype: torch.dtype = torch.float32, seed: int = 0,
-                    device: torch.device | str | None = None) -> MoETransformer:
-        """Deterministic init: the same seed gives the same weights (rounded) in any dtype."""
-        return cls(config, seed=seed).to(device=device, dtype=dtype)
+                    device: torch.device | str | None = None, kernels: str | None = None) -> MoETransformer:
+        """Deterministic init: the same seed gives the same weights (rounded) in any dtype. ``kernels``:
+        ``set_kernels``' choice (default ``$JOINTRL_KERNEL_BACKEND``, else auto), resolved on ``device``."""
+        model = cls(config, seed=seed, kernels="torch").to(device=device, dtype=dtype)
+        model.set_kernels(default_backend() if kernels is None else kernels)
+        return model
+
+    def set_kernels(self, name: str) -> Kernels:
+        """Choose the kernel backend (``auto | torch | cpu | triton``, ``kernels/dispatch``) for the device the
+        weights are on (meta: CPU), and hand its op table (``kernels/ops.Kernels``) to every module that calls
+        a kernel op (those with a ``kernels`` attribute: norms, KDA, experts). Call it again after moving the
+        model to another device. → the table, also ``self.kernels`` (the engine's runner reads it)."""
+        device = self.lm_head.weight.device
+        table = kernels_for(name, "cpu" if device.type == "meta" else device)
+        for module in self.modules():
+            if hasattr(module, "kernels") and module is not self:
+                module.kernels = table
+        self.kernels = table
+        return table
 
     @torch.no_grad()
     def reset_parameters(self, seed: int = 0) -> None:

@@ -36,12 +36,15 @@ def build_template(cfg: Config, image_tokens: int = 0) -> ChatTemplate | HFChatT
 
 
 def model_config(cfg: Config) -> MoEConfig:
-    return MoEConfig(**{k: v for k, v in asdict(cfg.model).items() if k not in ("name", "dtype", "path", "tokenizer")})
+    return MoEConfig(**{k: v for k, v in asdict(cfg.model).items() if k not in ("name", "dtype", "kernels", "path", "tokenizer")})
 
 
 def build_model(cfg: Config) -> MoETransformer:
     """The policy at initialisation: ``model.path``'s weights (``model/hf.load_hf``) when set, else
-    random and deterministic in ``cfg.seed``."""
+    random and deterministic in ``cfg.seed``; its kernel backend ``model.kernels``."""
     if cfg.model.path is not None:
-        return load_hf(cfg.model.path, dtype=DTYPES[cfg.model.dtype], config=model_config(cfg))
-    return MoETransformer.from_config(model_config(cfg), dtype=DTYPES[cfg.model.dtype], seed=cfg.seed)
+        model = load_hf(cfg.model.path, dtype=DTYPES[cfg.model.dtype], config=model_config(cfg))
+        model.set_kernels(cfg.model.kernels)
+        return model
+    return MoETransformer.from_config(model_config(cfg), dtype=DTYPES[cfg.model.dtype], seed=cfg.seed,
+                                      kernels=cfg.model.kernels)

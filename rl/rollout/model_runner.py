@@ -65,9 +65,9 @@ import torch.nn.functional as F
 
 from jointrl.kernels import decode_cpu, linear_cpu, moe_cpu, paged_attention_cpu
 from jointrl.kernels.cpu_extension import zeros_huge_pages
-from jointrl.kernels.paged_attention_cpu import paged_decode, paged_prefill
+from jointrl.kernels.norm_rope_cpu import rms_norm_torch
 from jointrl.model import MoETransformer
-from jointrl.model.norm import RMSNorm, compute_dtype
+from jointrl.model.norm import RMSNorm
 from jointrl.model.rope import rotate_half
 from jointrl.rl.image_inputs import slot_patches
 from jointrl.rl.rollout.paged_state import DecodeBatchState, PagedState
@@ -85,8 +85,9 @@ class ModelRunner:
         self.hybrid = set(kinds) != {"full"}  # kda / gated_dsa layers: through the model's own forward
         self.invariant = batch_invariant
         if batch_invariant:
-            _check_batch_invariant(self.hybrid, next(model.parameters()).dtype)
+            _check_batch_invariant(self.hybrid, next(model.parameters()).dtype, model.kernels.cpp)
         self.model, self.bs = model, block_size
+        self.kernels = model.kernels  # the model's kernel backend (model.kernels), chosen when it was built
         self.dtype = next(model.parameters()).dtype
         self.kv_dtype = kv_dtype or self.dtype  # the cache's dtype (module docstring: bfloat16 cache)
         if self.kv_dtype != self.dtype and (self.hybrid or (self.dtype, self.kv_dtype) != (torch.float32, torch.bfloat16)):
@@ -106,7 +107,7 @@ class ModelRunner:
         self.image = (cfg.image_token_id, cfg.image_patch_dim) if getattr(cfg, "image_patch_dim", 0) else None
         # per-row C++ ops (kernels/decode_cpu) for norms, q/k-norm + RoPE + KV write (a bfloat16 cache too)
         # and the softmax router; batch-invariant mode keeps its tiled torch path
-        self.fast = (not self.invariant and self.dtype in (torch.float32, torch.float64)
+        self.fast = (self.kernels.cpp and not self.invariant and self.dtype in (torch.float32, torch.float64)
                      and decode_cpu.load_kernel() is not None)
         # the dense projections of a few rows (q|k|v, o, router, head) against weights packed once
         # (kernels/linear_cpu: ~2x MKL's sgemm at 16 rows on weights streamed from memory each step)
@@ -209,11 +210,9 @@ class ModelRunner:
         return cached[1]
 
     def _norm(self, norm: RMSNorm, x_NH: torch.Tensor) -> torch.Tensor:
-        """``norm(x_NH)``; for float32/float64 through one C++ call or ``F.rms_norm``."""
+        """``norm(x_NH)`` (the model's kernel table); on the fast path one ``decode_cpu`` call."""
         if self.fast and x_NH.dim() == 2:
             return decode_cpu.rms_norm(x_NH, norm.weight, norm.eps)
-        if self.dtype in (torch.float32, torch.float64):
-            return F.rms_norm(x_NH, (x_NH.shape[-1],), norm.weight, norm.eps)
         return norm(x_NH)
 
     @property
@@ -329,7 +328,7 @@ class ModelRunner:
             else:
                 q_NHD = self._qk_rope_store(attn, qkv_NF, qk_norm_HD, cos_ND[:, None], sin_ND[:, None], kv_PCHD, slot_N)
             if rows_as_decode:
-                out_NHD = paged_decode(q_NHD, kv_PCHD, all_slots_NS, all_ctx_N, self.D ** -0.5)
+                out_NHD = self.kernels.paged_decode(q_NHD, kv_PCHD, all_slots_NS, all_ctx_N, self.D ** -0.5)
             else:
                 out_NHD = self._attention(q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, chunks)
             out_NF = out_NHD.reshape(N, self.Hq * self.D)
@@ -444,7 +443,7 @@ class ModelRunner:
         v_NHD = v_NF.reshape(N, self.Hkv, self.D)
         if qk_norm_HD is not None:  # q and k side by side: one norm and one RoPE over both
             qk_NHD = qkv_NF[:, :(self.Hq + self.Hkv) * self.D].view(N, self.Hq + self.Hkv, self.D)
-            qk_NHD = _rms_norm(qk_NHD, qk_norm_HD, attn.q_norm.eps)
+            qk_NHD = rms_norm_torch(qk_NHD, qk_norm_HD, attn.q_norm.eps)
             qk_NHD = qk_NHD * cos_N1D + rotate_half(qk_NHD) * sin_N1D
             q_NHD, k_NHD = qk_NHD.split((self.Hq, self.Hkv), dim=1)
         else:
@@ -460,11 +459,11 @@ class ModelRunner:
         row0_C, count_C), or None -- in one paged-prefill call (each chunk's keys read in place; SDPA per chunk
         where the kernel does not apply)."""
         if chunks is None:  # a pure decode step: the kernel's output is the whole output
-            return paged_decode(q_NHD, kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
+            return self.kernels.paged_decode(q_NHD, kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
         out_NHD = torch.empty_like(q_NHD)
         if n_dec:
-            out_NHD[:n_dec] = paged_decode(q_NHD[:n_dec], kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
-        return paged_prefill(q_NHD, kv_PCHD, *chunks, self.D ** -0.5, out_NHD)
+            out_NHD[:n_dec] = self.kernels.paged_decode(q_NHD[:n_dec], kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
+        return self.kernels.paged_prefill(q_NHD, kv_PCHD, *chunks, self.D ** -0.5, out_NHD)
 
     def _rows(self, fn, x_NH: torch.Tensor) -> torch.Tensor:
         """``fn`` (row-wise: [n, in] -> [n, out]) over the rows of ``x_NH``; batch-invariant: one call per
@@ -568,20 +567,15 @@ def _no_qk_norm(attn) -> bool:
     return isinstance(attn.q_norm, torch.nn.Identity) and isinstance(attn.k_norm, torch.nn.Identity)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``model.norm.RMSNorm``'s arithmetic, op for op, with a weight broadcast over [..., H, D]."""
-    x_f = x.to(compute_dtype(x.dtype))
-    x_f = x_f * torch.rsqrt(x_f.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x_f.to(x.dtype)
-
-
-def _check_batch_invariant(hybrid: bool, dtype: torch.dtype) -> None:
+def _check_batch_invariant(hybrid: bool, dtype: torch.dtype, cpp: bool) -> None:
     """A clear error where batch-invariant decoding cannot hold (``ModelRunner`` docstring)."""
     if hybrid:
         raise ValueError("rollout.batch_invariant supports full-attention models only (this model has kda / "
                          "gated_dsa layers, whose chunked prefill sums depend on the chunk)")
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"rollout.batch_invariant needs a float32 or float64 model (the C++ kernels), got {dtype}")
+    if not cpp:
+        raise ValueError("rollout.batch_invariant needs the C++ CPU kernels: model.kernels auto or cpu, on CPU")
     missing = [name for name, mod in (("kernels/paged_attention_cpu", paged_attention_cpu), ("kernels/moe_cpu", moe_cpu))
                if mod.load_kernel() is None]
     if missing:
