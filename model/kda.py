@@ -30,6 +30,7 @@ from jointrl.kernels.ops import Kernels, kernels_for
 from jointrl.model.attention import AttentionBatch
 from jointrl.model.config import MoEConfig
 from jointrl.model.norm import compute_dtype
+from jointrl.model.state import StateSpec
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -121,10 +122,12 @@ class KimiDeltaAttention(nn.Module):
         self.o_norm = GatedRMSNorm(K, config.rms_norm_eps)
         self.o_proj = nn.Linear(N * K, H, bias=False)
         self.kernels: Kernels = kernels_for("torch")  # MoETransformer.set_kernels hands down the model's
+        self.state_spec = StateSpec(fixed=True)  # (conv window, delta state): recurrent / set_recurrent
 
     def forward(self, x_BTH: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         """The layer inside the model: state read from and written back to `batch.cache`."""
-        conv, state = (None, None) if batch.cache is None else batch.cache.recurrent(self.layer_idx)
+        stored = None if batch.cache is None else batch.cache.recurrent(self.layer_idx)
+        conv, state = (None, None) if stored is None else stored
         y_BTH, conv, state = self.step(x_BTH, batch.token_mask_BT, conv, state)
         if batch.cache is not None:
             batch.cache.set_recurrent(self.layer_idx, conv, state)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from jointrl.kernels.dispatch import default_backend
 from jointrl.kernels.ops import Kernels, kernels_for
@@ -145,6 +146,29 @@ class MoETransformer(nn.Module):
             else:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
 
+    def attention_batch(self, position_ids: torch.Tensor, dtype: torch.dtype, **fields) -> AttentionBatch:
+        """The ``AttentionBatch`` of a forward at RoPE positions ``position_ids`` [B, T]: its rotary tables (the
+        indexer's too where a gated_dsa layer reads them) and ``fields`` (mask, cache, ... as named there)."""
+        index_rope = self.model.index_rotary_emb(position_ids, dtype) if "gated_dsa" in self.config.kinds else None
+        return AttentionBatch(rope=self.model.rotary_emb(position_ids, dtype), index_rope=index_rope, **fields)
+
+    def run_layers(self, x_BTH: torch.Tensor, batch: AttentionBatch, routed_experts: torch.Tensor | None = None,
+                   grad_checkpoint: bool = False) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+        """Every decoder layer over ``x_BTH`` [B, T, H] → (x_BTH, per MoE layer (router logits_NE, probs_NE,
+        ids_Nk)): the layer loop of ``forward``, which the learner's forwards share. ``routed_experts``
+        [B, T, L_moe, k]: routing replay; ``grad_checkpoint``: recompute each layer in backward."""
+        B, T = x_BTH.shape[:2]
+        routing = []
+        for layer in self.model.layers:
+            replay_Nk = None if routed_experts is None or not layer.is_moe else routed_experts[:, :, len(routing)].reshape(B * T, -1)
+            if grad_checkpoint and torch.is_grad_enabled():
+                x_BTH, routed = checkpoint(layer, x_BTH, batch, replay_Nk, use_reentrant=False)
+            else:
+                x_BTH, routed = layer(x_BTH, batch, replay_Nk)
+            if routed is not None:
+                routing.append(routed)
+        return x_BTH, routing
+
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, cache: AttentionState | None = None,
                 routed_experts: torch.Tensor | None = None, return_indexer_loss: bool = False,
@@ -191,25 +215,15 @@ class MoETransformer(nn.Module):
             if not cfg.image_patch_dim:
                 raise ValueError("image_patches given but MoEConfig.image_patch_dim is 0 (a text-only model)")
             x_BTH = self.model.image_projector.merge(x_BTH, input_ids, image_patches)
-        has_dsa = "gated_dsa" in cfg.kinds
         key_mask_BS = None if attention_mask is None else attention_mask.to(device, torch.bool)
-        batch = AttentionBatch(
-            rope=self.model.rotary_emb(position_ids, x_BTH.dtype),
-            index_rope=self.model.index_rotary_emb(position_ids, x_BTH.dtype) if has_dsa else None,
-            mask_B1TS=None, token_mask_BT=None if key_mask_BS is None else key_mask_BS[:, past:],
+        batch = self.attention_batch(
+            position_ids, x_BTH.dtype, mask_B1TS=None, token_mask_BT=None if key_mask_BS is None else key_mask_BS[:, past:],
             cache=cache, indexer_losses=[] if return_indexer_loss else None, past=past, key_mask_BS=key_mask_BS)
         if attention_mask is not None and attention_mask.shape[1] != past + T:
             raise ValueError(f"attention_mask must cover past + new tokens = {past + T} positions, "
                              f"got shape {tuple(attention_mask.shape)}")
-        router_logits, probs, ids = [], [], []
-        for layer in self.model.layers:
-            j = len(ids)  # index among MoE layers
-            replay_Nk = None if routed_experts is None or not layer.is_moe else routed_experts[:, :, j].reshape(B * T, k)
-            x_BTH, routing = layer(x_BTH, batch, replay_Nk)
-            if routing is not None:
-                router_logits.append(routing[0])
-                probs.append(routing[1])
-                ids.append(routing[2])
+        x_BTH, routing = self.run_layers(x_BTH, batch, routed_experts)
+        router_logits, probs, ids = ([r[i] for r in routing] for i in range(3))
         logits_BTV = self.lm_head(self.model.norm(x_BTH))
         if cache is not None:
             cache.advance(T)

@@ -94,8 +94,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.config.num_blocks, self.config.block_size, self.config.batch_invariant,
                                   kv_dtype=KV_DTYPES[self.config.kv_dtype])
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs, self.config.max_num_batched_tokens,
-                                   self.config.session_ttl_s, prefix_cache="kda" not in getattr(
-                                       model.config, "kinds", ()))
+                                   self.config.session_ttl_s, prefix_cache=self.runner.prefix_cacheable)
         self.stats = EngineStats()
         self._version = 0
         self._ids = itertools.count()
