@@ -89,7 +89,7 @@ class RoutedSwiGLU(torch.autograd.Function):
     back in each input's own dtype (the fp32 weights keep fp32 gradients for the optimizer). In bfloat16 /
     float16 on CPU each expert's slice is padded to ``padded_rows`` with zero tokens of routing weight 0, so
     the matmuls meet few shapes (oneDNN builds a kernel per shape): the same values and gradients (tested),
-    ~0.08 CPU-s less per bench_moe learner step.
+    less time per learner step (tests/bench/results.md, "Model and learner").
     """
 
     @staticmethod
@@ -162,9 +162,8 @@ def padded_rows(count: int) -> int:
 
     Why: torch's bfloat16 / float16 CPU matmul is oneDNN's, which builds a kernel per matrix shape and
     caches it (1024 shapes by default). An expert's row count changes every step, so with exact counts every
-    expert matmul built a fresh kernel: [M, 256] x [256, 256] in bfloat16 took 1.12 ms with M drawn anew each
-    call against 0.70 ms with M fixed, here (AMD EPYC, one thread). Rounded, a learner step meets a few
-    dozen sizes per matmul shape, which the cache keeps."""
+    expert matmul built a fresh kernel (1.6x the time of a fixed shape: tests/bench/results.md, "Model and
+    learner"). Rounded, a learner step meets a few dozen sizes per matmul shape, which the cache keeps."""
     if count <= 8:
         return 8 if count else 0
     step = 1 << max(3, count.bit_length() - 1 - 3)

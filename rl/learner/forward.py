@@ -162,7 +162,7 @@ def _head(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tensor:
     """``F.scaled_dot_product_attention``; on CPU under autocast (``learner.autocast``) with autocast off, in
     at least float32: torch's bfloat16 CPU attention ran bench_moe's learner step slower than float32 here
-    (its backward 64 against 28 ms per step, one thread)."""
+    (tests/bench/results.md, "Model and learner")."""
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         dtype = compute_dtype(q.dtype)
         with outside_autocast(q):
