@@ -22,7 +22,7 @@ kernel, as batch-invariant mode does (faster than the key gather, mask and SDPA 
 replaced; the same as ``paged_prefill``'s rows-in-lanes kernel within the noise). A pure decode step of
 a plain Qwen3-MoE-shaped model runs its layers from a per-layer plan of those C++ calls and their
 prepared weights (``_decode_plan``, a ``LayerPlan`` per layer: no module lookups, cache checks or
-wrappers per layer; bit for bit the general path). Attention then reads each sequence's keys/values
+wrappers per layer, one ``decode_layer`` C++ call each; bit for bit the general path). Attention then reads each sequence's keys/values
 through its block table, in place: the decoding rows in one paged-decode call, all the step's prefill
 chunks in one paged-prefill call.
 
@@ -462,21 +462,17 @@ class ModelRunner:
                         ) -> tuple[torch.Tensor, list[int], torch.Tensor | None]:
         """``run``'s layers for a pure decode step (every row one sequence's next token, in batch order): the
         same C++ calls as the general path, straight from the plan (no per-layer module lookups, cache
-        checks or wrappers), the residual adds in place."""
-        dl, ll, ml = decode_cpu.load_kernel(), linear_cpu.load_kernel(), moe_cpu.load_kernel()
-        decode = paged_attention_cpu.load_kernel().paged_decode
+        checks or wrappers), the residual adds in place; each layer's nine of them inside one registry call
+        (``decode_cpu``'s ``decode_layer``)."""
+        dl, ll = decode_cpu.load_kernel(), linear_cpu.load_kernel()
+        layer_op = dl.decode_layer
         N, Hq, Hkv, scale = x_NH.shape[0], self.Hq, self.Hkv, self.D ** -0.5
         slots_BS, ctx_B = slots_BS.contiguous(), ctx_B.contiguous()
         routed = []
-        for p in plan.layers:
-            qkv_NF = ll.linear_packed(dl.rms_norm(x_NH, p.w_in, p.eps_in), p.qkv_p, p.qkv_out)
-            q_NHD = dl.qk_norm_rope_store(qkv_NF, p.qk_norm_w, p.qk_eps, cos_ND, sin_ND, p.kv_PCHD, slot_N, Hq, Hkv)
-            out_NHD = decode(q_NHD, p.kv_PCHD, slots_BS, ctx_B, scale)
-            x_NH.add_(ll.linear_packed(out_NHD.view(N, -1), p.o_p, p.hidden))
-            h_NH = dl.rms_norm(x_NH, p.w_post, p.eps_post)
-            ids_Nk, w_Nk = dl.route_softmax_topk(ll.linear_packed(h_NH, p.gate_p, p.num_experts), p.top_k, p.norm_topk,
-                                                 p.route_scale)
-            x_NH.add_(ml.moe_experts_packed(h_NH, ids_Nk, w_Nk, *p.experts))
+        for p in plan.layers:  # one C++ call per layer (decode_cpu's decode_layer: the nine calls, in order)
+            ids_Nk = layer_op(x_NH, p.w_in, p.eps_in, p.qkv_p, p.qkv_out, p.qk_norm_w, p.qk_eps, cos_ND, sin_ND,
+                              p.kv_PCHD, slot_N, slots_BS, ctx_B, scale, Hq, Hkv, p.o_p, p.hidden, p.w_post,
+                              p.eps_post, p.gate_p, p.num_experts, p.top_k, p.norm_topk, p.route_scale, *p.experts)
             if want_routed:
                 routed.append(ids_Nk)
         ends = [i for i, (seq, n) in enumerate(batch) if seq.num_computed + n == len(seq)]
