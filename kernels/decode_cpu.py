@@ -11,6 +11,7 @@
                          the packed q|k|v projection, qk_norm_rope_store, paged_decode, the o projection added
                          to x, rms_norm, the router's projection, route_softmax_topk, the packed experts added
                          to x -- those C++ calls in that order (``csrc/decode_layer.cpp``), one registry call
+                         instead of nine; returns the expert ids [N, k]. Raw op only (``load_kernel()``).
 
 Why: a bench_moe decode step (6 layers) at batch 1-32 issued ~35 torch ops per layer for norms,
 q/k-norm, RoPE, the paged KV write and the router -- each 2-40 µs of dispatch and allocation on
