@@ -11,7 +11,8 @@ follows the vector width (``paged_decode``'s 16-float path, the compiler's vecto
 equals the torch references within the kernels' tested tolerances.
 
 A call through the op registry costs ~1-2.5 µs more than the former pybind functions did (more with more
-arguments; tests/bench/results.md): ~0.2 ms on a decode step's 56 calls, which batch-1 steps feel most.
+arguments; tests/bench/results.md): ~0.2 ms on a decode step's 56 calls, which batch-1 steps felt most,
+until a plain layer's nine calls became one (``decode_cpu``'s ``decode_layer``): 8 per step now.
 
 ``.ci/setup`` builds the libraries (``python -m jointrl.kernels.build``). Where the variant is not built (a
 machine set up without it, or sources edited since) it is built here, once, with a one-line log saying so

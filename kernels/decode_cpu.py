@@ -7,6 +7,11 @@
                          q heads → q_n; k heads → kv[slot_n, 0]; v heads (raw) → kv[slot_n, 1]
     route_softmax_topk:  p = softmax(logits_n); ids = top-k(p) (descending, ties: lower id first);
                          w = p[ids] / (Σ p[ids] + 1e-20) if normalize; w *= scale
+    decode_layer:        a whole decoder layer of a pure decode step (``ModelRunner._decode_planned``): rms_norm,
+                         the packed q|k|v projection, qk_norm_rope_store, paged_decode, the o projection added
+                         to x, rms_norm, the router's projection, route_softmax_topk, the packed experts added
+                         to x -- those C++ calls in that order (``csrc/decode_layer.cpp``), one registry call
+                         instead of nine; returns the expert ids [N, k]. Raw op only (``load_kernel()``).
 
 Why: a bench_moe decode step (6 layers) at batch 1-32 issued ~35 torch ops per layer for norms,
 q/k-norm, RoPE, the paged KV write and the router -- each 2-40 µs of dispatch and allocation on
@@ -31,6 +36,7 @@ import torch
 from torch import Tensor
 
 from jointrl.kernels.cpu_extension import load_ops
+from jointrl.kernels.norm_rope_cpu import rms_norm_torch  # the one RMSNorm reference
 
 __all__ = ["load_kernel", "rms_norm", "rms_norm_torch", "qk_norm_rope_store", "qk_norm_rope_store_torch",
            "route_softmax_topk", "route_softmax_topk_torch"]
@@ -38,12 +44,7 @@ __all__ = ["load_kernel", "rms_norm", "rms_norm_torch", "qk_norm_rope_store", "q
 @functools.cache
 def load_kernel():
     """The ops (``kernels/cpu_extension.load_ops``), or None where they cannot be built here."""
-    return load_ops(["rms_norm", "qk_norm_rope_store", "route_softmax_topk"])
-
-
-def rms_norm_torch(x_NH: Tensor, w_H: Tensor, eps: float) -> Tensor:
-    """``model.norm.RMSNorm``'s arithmetic (float32/float64 x)."""
-    return w_H * (x_NH * torch.rsqrt(x_NH.pow(2).mean(-1, keepdim=True) + eps))
+    return load_ops(["rms_norm", "qk_norm_rope_store", "route_softmax_topk", "decode_layer"])
 
 
 def rms_norm(x_NH: Tensor, w_H: Tensor, eps: float) -> Tensor:

@@ -1,16 +1,27 @@
-"""Which implementation a kernel op runs: the Triton kernel or its plain-torch reference.
+"""Which implementation a kernel op runs: the Triton kernel, the C++ CPU kernel or the plain-torch reference.
 
-Every public op in ``kernels/`` asks :func:`use_triton` once per call, with the device of its
-inputs. The backend is one process-wide setting:
+Backends (``model.kernels`` in the config, ``rl/config.KernelBackend``; its default is
+``$JOINTRL_KERNEL_BACKEND``, else ``auto``):
 
-* ``"auto"`` (default): Triton on CUDA tensors, the torch reference elsewhere;
-* ``"torch"``: always the torch reference;
-* ``"triton"``: always the Triton kernel. CPU tensors then need Triton's interpreter
-  (``TRITON_INTERPRET=1`` in the environment before triton is imported): that is how the CPU
-  test suite runs every kernel (``tests/kernels/interpreted/``). Slow: for tests only.
+* ``"auto"``: Triton on CUDA tensors; on CPU the C++ kernels where they build here, else the torch
+  references (:func:`resolve`);
+* ``"torch"``: always the torch reference (one per op);
+* ``"cpu"``: the C++ CPU kernels (``kernels/csrc``, ``torch.ops.jointrl``) for the ops that have one
+  (norms, the paged attention of the engine's cache, the routed experts, the packed projections), the
+  torch reference for the rest (KDA, DSA: Triton or torch only);
+* ``"triton"``: the Triton kernel of every op that has one, the torch reference for the rest. CPU
+  tensors then need Triton's interpreter (``TRITON_INTERPRET=1`` in the environment before triton is
+  imported): that is how the CPU test suite runs every kernel (``tests/kernels/interpreted/``) and
+  the engine on this backend (``tests/rl/rollout/interpreted/``). Slow: for tests only.
 
-Set it with :func:`set_backend`, for a block with ``with backend("triton"): ...``, or at start
-with the environment variable ``JOINTRL_KERNEL_BACKEND``.
+A model and an engine choose once, at construction: ``kernels/ops.kernels_for(name, device)`` resolves
+the name to a concrete backend and returns its op table (``Kernels``), which ``MoETransformer`` hands to
+its layers and ``ModelRunner`` reads; nothing in a forward compares backend names.
+
+The public functions of ``kernels/<op>.py`` (what tests and benchmarks call) instead ask
+:func:`use_triton` once per call, with the device of their inputs, under one process-wide setting:
+:func:`set_backend`, for a block ``with backend("triton"): ...``, or ``$JOINTRL_KERNEL_BACKEND``
+(``"cpu"`` there means: not Triton).
 
 The ops that dispatch here: ``mxfp4.quantize_mxfp4`` / ``dequantize_mxfp4``,
 ``moe_matmul.moe_swiglu_mxfp4`` / ``moe_down_mxfp4`` / ``moe_experts_mxfp4``,
@@ -27,9 +38,12 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["BACKENDS", "backend", "get_backend", "interpreting", "launcher", "set_backend", "use_triton"]
+from jointrl.kernels.cpu_extension import load_ops
 
-BACKENDS = ("auto", "torch", "triton")
+__all__ = ["BACKENDS", "backend", "default_backend", "get_backend", "interpreting", "launcher", "resolve",
+           "set_backend", "use_triton"]
+
+BACKENDS = ("auto", "torch", "cpu", "triton")
 ENV_VAR = "JOINTRL_KERNEL_BACKEND"
 
 _backend: str | None = None  # None: read ENV_VAR on first use
@@ -41,8 +55,32 @@ def _check(name: str, source: str) -> str:
     return name
 
 
+def default_backend() -> str:
+    """``$JOINTRL_KERNEL_BACKEND`` (checked), else ``"auto"``: the default of ``model.kernels``."""
+    return _check(os.environ.get(ENV_VAR, "auto"), f"${ENV_VAR}")
+
+
+def resolve(name: str, device: torch.device | str = "cpu") -> str:
+    """The concrete backend (``"torch"``, ``"cpu"`` or ``"triton"``) that ``name`` means for tensors on
+    ``device``: ``auto`` is Triton on CUDA, the C++ kernels on CPU where they build, else torch. ``cpu``
+    on another device, or where the C++ kernels cannot be built, is a ``ValueError``."""
+    device = torch.device(device)
+    name = _check(name, "kernel backend")
+    if name in ("torch", "triton"):
+        return name
+    if device.type != "cpu":
+        if name == "cpu":
+            raise ValueError(f"kernel backend 'cpu' runs CPU tensors only, the model is on {device}")
+        return "triton" if device.type == "cuda" else "torch"
+    built = load_ops(["rms_norm"]) is not None
+    if name == "cpu" and not built:
+        raise ValueError("kernel backend 'cpu' needs the C++ CPU kernels, which did not build here "
+                         "(python -m jointrl.kernels.build says why); use auto or torch")
+    return "cpu" if built else "torch"
+
+
 def set_backend(name: str) -> None:
-    """Select ``"auto"``, ``"torch"`` or ``"triton"`` for every kernel op (module docstring)."""
+    """Select ``"auto"``, ``"torch"``, ``"cpu"`` or ``"triton"`` for the public op functions (module docstring)."""
     global _backend
     _backend = _check(name, "kernel backend")
 
@@ -51,7 +89,7 @@ def get_backend() -> str:
     """The current backend; on first use taken from ``$JOINTRL_KERNEL_BACKEND`` (default auto)."""
     global _backend
     if _backend is None:
-        _backend = _check(os.environ.get(ENV_VAR, "auto"), f"${ENV_VAR}")
+        _backend = default_backend()
     return _backend
 
 

@@ -37,13 +37,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from jointrl.kernels.dispatch import launcher, use_triton
 
-__all__ = ["CHUNK_BWD_CONFIG", "CHUNK_CONFIG", "RECURRENT_CONFIG", "kda_chunk", "kda_recurrent"]
+__all__ = ["CHUNK_BWD_CONFIG", "CHUNK_CONFIG", "RECURRENT_CONFIG", "kda_chunk", "kda_chunk_torch", "kda_chunk_triton",
+           "kda_recurrent", "kda_recurrent_torch", "kda_recurrent_triton"]
 
 
 class RecurrentConfig(NamedTuple):
@@ -76,8 +78,11 @@ CHUNK_BWD_CONFIG = ChunkBwdConfig(block_v=32, num_warps=8)
 # ---------------------------------------------------------------------------------------
 
 
-def _kda_recurrent_torch(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK: Tensor, beta_BTN: Tensor,
-                         state_BNKV: Tensor | None) -> tuple[Tensor, Tensor]:
+def kda_recurrent_torch(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK: Tensor, beta_BTN: Tensor,
+                        state_BNKV: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The torch reference of the recurrence, token by token (the one reference every KDA form is tested
+    against): q, k L2-normalised, q scaled by K^-1/2 here → (o [B, T, N, V], state [B, N, K, V]) in fp32
+    (float64 for float64 values)."""
     work = torch.float64 if v_BTNV.dtype == torch.float64 else torch.float32
     q, k, v, g, beta = (x.to(work) for x in (q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN))
     B, T, N, K = k.shape
@@ -91,6 +96,115 @@ def _kda_recurrent_torch(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK:
         S = S + k[:, t, :, :, None] * delta_BNV[:, :, None, :]
         o[:, t] = torch.einsum("bnkv,bnk->bnv", S, q[:, t])
     return o, S
+
+
+# Largest log-decay span Γ_first − Γ_last of a block for which `_decayed_products` factorises
+# exp(Γ_i − Γ_j) around the block's middle: the factors stay within exp(±span/2) and every product
+# within exp(±span), far from overflow.
+_FACTORED_SPAN = {torch.float32: 80.0, torch.float64: 600.0}
+_DIRECT_BLOCK = 8  # blocks this small that still span too much take the direct form
+
+
+def _decayed_products(k: Tensor, q: Tensor, G: Tensor) -> tuple[Tensor, Tensor]:
+    """(K, M) [.., C, C] with X[i, j] = Σ_d x_i[d] k_j[d] exp(Γ_i[d] − Γ_j[d]) for j ≤ i (x = k, q), 0 above.
+
+    Γ is non-increasing along C (a cumulative sum of log-decays ≤ 0). Exact in every case, through
+    three forms:
+    - factored (two matmuls): exp(Γ_i − Γ_j) = exp(Γ_i − m) · exp(m − Γ_j), m the middle of the
+      block's span, when no block spans more than `_FACTORED_SPAN` (so no factor can overflow);
+    - halved, when some block spans more (a trained forget gate does: the step cost grew ~10x on
+      the direct form over whole chunks before this existed). The lower-left quarter, rows i of the second half and
+      columns j of the first, is again two matmuls around R = Γ at the end of the first half, with
+      exp(Γ_i − R) ≤ 1 and exp(R − Γ_j) ≤ 1; the two diagonal quarters recurse, as one batch;
+    - direct, for blocks of ≤ `_DIRECT_BLOCK` tokens that still span too much: only non-positive
+      exponents, through a [.., C, C, K] tensor.
+    Entries above the diagonal are dropped (`tril`, or never computed), not multiplied by 0, so a
+    large value there never reaches a gradient.
+    """
+    C = G.shape[-2]
+    span = (G[..., :1, :] - G[..., -1:, :]).max().item() if G.numel() else 0.0
+    if G.dtype in _FACTORED_SPAN and span <= _FACTORED_SPAN[G.dtype]:
+        mid = 0.5 * (G[..., :1, :] + G[..., -1:, :])
+        k_right = (k * (mid - G).exp()).transpose(-1, -2)[..., None, :, :]  # [.., 1, K, C]
+        left = torch.stack((k, q), dim=-3) * (G - mid).exp()[..., None, :, :]  # [.., 2, C, K]
+        return (left @ k_right).tril().unbind(-3)
+    if C > _DIRECT_BLOCK and C % 2 == 0:
+        h = C // 2
+        R = G[..., h - 1:h, :]
+        k_right = (k[..., :h, :] * (R - G[..., :h, :]).exp()).transpose(-1, -2)[..., None, :, :]
+        left = torch.stack((k[..., h:, :], q[..., h:, :]), dim=-3) * (G[..., h:, :] - R).exp()[..., None, :, :]
+        lower_k, lower_q = (left @ k_right).unbind(-3)                      # [.., h, h]
+        halves = [x.unflatten(-2, (2, h)) for x in (k, q, G)]               # [.., 2, h, K]
+        diag_k, diag_q = _decayed_products(*halves)                          # [.., 2, h, h]
+        zeros = diag_k.new_zeros(diag_k.shape[:-3] + (h, h))
+        def assemble(diag: Tensor, lower: Tensor) -> Tensor:
+            top = torch.cat((diag[..., 0, :, :], zeros), dim=-1)
+            return torch.cat((top, torch.cat((lower, diag[..., 1, :, :]), dim=-1)), dim=-2)
+        return assemble(diag_k, lower_k), assemble(diag_q, lower_q)
+    incl_CC1 = torch.ones(C, C, dtype=torch.bool, device=G.device).tril()[..., None]
+    k_decay = k[..., None, :, :] * (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~incl_CC1, float("-inf")).exp()
+    return (k[..., :, None, :] * k_decay).sum(-1), (q[..., :, None, :] * k_decay).sum(-1)
+
+
+def kda_chunk_torch(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK: Tensor,
+                beta_BTN: Tensor, state_BNKV: Tensor | None = None, chunk: int = 64
+                ) -> tuple[Tensor, Tensor]:
+    """The torch reference of the chunked form: ``kda_recurrent_torch``'s recurrence, C tokens at a time
+    (exact up to rounding; T need not divide by C), batched over chunks -- the form the model trains and
+    prefills with on CPU (the Triton kernel's 16-token chunks use the same algebra).
+
+    Inside a chunk, with Γ_i = Σ_{j≤i} g_j (cumulative log-decay from the chunk start) and S the state
+    entering the chunk, the delta rule unrolls to the WY form
+
+        A[i, j] = β_i Σ_d k_i[d] k_j[d] exp(Γ_i[d] − Γ_j[d])        (j < i; 0 elsewhere)
+        U = (I + A)⁻¹ (β ⊙ V),   W = (I + A)⁻¹ (β ⊙ k ⊙ exp(Γ))      (unit lower-triangular solve)
+        Δ = U − W S                                                  (the chunk's corrected values)
+        O = (q ⊙ exp(Γ)) S + M Δ,  M[i, j] = Σ_d q_i[d] k_j[d] exp(Γ_i[d] − Γ_j[d])   (j ≤ i)
+        S' = exp(Γ_C) ⊙ S + (k ⊙ exp(Γ_C − Γ))ᵀ Δ
+
+    Every exponent here is ≤ 0 (A and M: see `_decayed_products`). A, M, U, W depend on the chunk's own tokens only, so
+    they are computed for all chunks at once (batched over chunks: few, large ops, which is what makes
+    training on CPU affordable); only the state hand-over S → S' (two small matmuls per chunk) runs
+    chunk by chunk, and the outputs are again one batched product over chunks. Memory is O(T·C·K) per
+    head (the decayed products of every chunk). Returns (o [B, T, N, V], final state [B, N, K, V]).
+    """
+    B, T, N, K = k_BTNK.shape
+    V = v_BTNV.shape[-1]
+    C = chunk
+    pad = (-T) % C
+    # [B, N, n, C, ·]; padded tokens have k = v = β = g = 0, so they leave the state unchanged.
+    def split(x: Tensor) -> Tensor:
+        x = x.transpose(1, 2)
+        x = F.pad(x, (0, 0, 0, pad)) if x.dim() == 4 else F.pad(x, (0, pad))
+        return x.reshape(B, N, -1, C, *x.shape[3:])
+    q, k, v, g = (split(x) for x in (q_BTNK * K ** -0.5, k_BTNK, v_BTNV, g_BTNK))
+    beta_BNnC1 = split(beta_BTN)[..., None]
+    S = (torch.zeros(B, N, K, V, dtype=v.dtype, device=v.device)
+         if state_BNKV is None else state_BNKV.to(v.dtype))
+    if T == 0:
+        return v_BTNV.new_zeros(B, 0, N, V), S
+    G = g.cumsum(dim=-2)                                                   # [B, N, n, C, K]
+    A, M = _decayed_products(k, q, G)
+    A = A.tril(-1) * beta_BNnC1                                            # [B, N, n, C, C]
+    rhs = torch.cat((beta_BNnC1 * v, beta_BNnC1 * k * G.exp()), dim=-1)
+    UW = torch.linalg.solve_triangular(A + torch.eye(C, dtype=v.dtype, device=v.device), rhs,
+                                       upper=False, unitriangular=True)
+    U, W = UW.split((V, K), dim=-1)
+    G_last = G[..., -1:, :]                                                # [B, N, n, 1, K]
+    k_to_end_BNnKC = (k * (G_last - G).exp()).transpose(-1, -2)
+    decay_end_BNnK1 = G_last.transpose(-1, -2).exp()
+    states, deltas = [], []
+    # unbind, not x[:, :, c] per chunk: each indexing's backward zero-fills a whole [B, N, n, ..]
+    # gradient (quadratic in the chunk count; a third of a layer's forward + backward at 2.4 K tokens)
+    for U_c, W_c, decay_c, k_to_end_c in zip(U.unbind(2), W.unbind(2), decay_end_BNnK1.unbind(2),
+                                             k_to_end_BNnKC.unbind(2), strict=True):
+        states.append(S)
+        delta = U_c - W_c @ S
+        deltas.append(delta)
+        S = decay_c * S + k_to_end_c @ delta
+    o = (q * G.exp()) @ torch.stack(states, dim=2) + M @ torch.stack(deltas, dim=2)   # [B, N, n, C, V]
+    return o.reshape(B, N, -1, V)[:, :, :T].transpose(1, 2), S
+
 
 
 # ---------------------------------------------------------------------------------------
@@ -454,24 +568,41 @@ def kda_recurrent(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK: Tensor
         ``(o [B, T, N, V], state [B, N, K, V])``, fp32 (float64 for float64 values).
     """
     _check_inputs(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
-    if v_BTNV.dtype != torch.float64 and use_triton(v_BTNV.device):
-        return _kda_recurrent_triton(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
-    return _kda_recurrent_torch(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
+    if use_triton(v_BTNV.device):
+        return kda_recurrent_triton(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
+    return kda_recurrent_torch(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
 
 
 def kda_chunk(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK: Tensor, beta_BTN: Tensor,
-              state_BNKV: Tensor | None = None) -> tuple[Tensor, Tensor]:
+              state_BNKV: Tensor | None = None, chunk: int = 64) -> tuple[Tensor, Tensor]:
     """KDA over a whole sequence in the chunked (WY) form: the same values as
     :func:`kda_recurrent` up to rounding, for prefill and training. Differentiable in q, k, v,
     g, beta and the state (the Triton path through an ``autograd.Function`` whose backward is
-    the chunked backward kernel; the reference through autograd). Same arguments and returns
-    as :func:`kda_recurrent`.
+    the chunked backward kernel; the reference, ``kda_chunk_torch`` with ``chunk`` tokens per chunk,
+    through autograd). Same arguments and returns as :func:`kda_recurrent`.
 
     The kernels factor ``exp(Γ_i − Γ_j)`` as ``exp(Γ_i) · exp(−Γ_j)`` inside 16-token chunks, so
     the summed log-decay of any chunk must stay above about −80 per channel (fp32 range); the
     model's gate (softplus or the ``linear_lower_bound`` form) gives far less in practice.
     """
     _check_inputs(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
-    if v_BTNV.dtype != torch.float64 and use_triton(v_BTNV.device):
-        return _KDAChunk.apply(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
-    return _kda_recurrent_torch(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
+    if use_triton(v_BTNV.device):
+        return kda_chunk_triton(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
+    return kda_chunk_torch(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV, chunk)
+
+
+def kda_recurrent_triton(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK: Tensor, beta_BTN: Tensor,
+                         state_BNKV: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``kda_recurrent`` on the Triton kernel (float64 values: the reference, the kernels work in fp32)."""
+    if v_BTNV.dtype == torch.float64:
+        return kda_recurrent_torch(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
+    return _kda_recurrent_triton(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)
+
+
+def kda_chunk_triton(q_BTNK: Tensor, k_BTNK: Tensor, v_BTNV: Tensor, g_BTNK: Tensor, beta_BTN: Tensor,
+                     state_BNKV: Tensor | None = None, chunk: int = 64) -> tuple[Tensor, Tensor]:
+    """``kda_chunk`` on the Triton kernels, forward and backward (``chunk`` is the reference's: the
+    kernels take 16 tokens at a time; float64 values: the reference)."""
+    if v_BTNV.dtype == torch.float64:
+        return kda_chunk_torch(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV, chunk)
+    return _KDAChunk.apply(q_BTNK, k_BTNK, v_BTNV, g_BTNK, beta_BTN, state_BNKV)

@@ -75,7 +75,7 @@ def pack_experts(gate_up_EOH: Tensor, down_EHI: Tensor, out: tuple[Tensor, Tenso
     """(gate_up, down) → each expert's matrix in ``linear_cpu.pack``'s panels: gate_up [E, ceil(2I/16), H, 16],
     down [E, ceil(H/16), I, 16] (``pack(gate_up[e])`` is ``gate_up_packed[e]``). ``out``: an earlier
     ``pack_experts`` of weights of these shapes, overwritten in place (``linear_cpu.pack_into``: one strided
-    copy each, no new memory; bench_moe's six layers ~18 -> ~8 ms, one thread)."""
+    copy each, no new memory: tests/bench/results.md, "ModelRunner")."""
     if out is not None:
         return linear_cpu.pack_into(out[0], gate_up_EOH.detach()), linear_cpu.pack_into(out[1], down_EHI.detach())
     return _pack3(gate_up_EOH), _pack3(down_EHI)

@@ -59,8 +59,13 @@ class _NormRope(torch.autograd.Function):
 
 
 def rms_norm_torch(x: Tensor, w_D: Tensor, eps: float) -> Tensor:
-    """``model.norm.RMSNorm``'s arithmetic over the last dim (float32/64 x)."""
-    return w_D * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    """The torch reference of RMSNorm, the one every norm of the model, the engine and the learner is
+    (``model.norm.RMSNorm`` calls it; the C++ kernels are tested against it):
+    ``w ⊙ (x / sqrt(mean(x², -1) + eps))``, normalised in float32 (float64 for a float64 x) and rounded
+    back to x's dtype before the weight, as transformers' Qwen3MoeRMSNorm (bf16 equal bit for bit)."""
+    x_f = x.to(torch.promote_types(x.dtype, torch.float32))
+    x_f = x_f * torch.rsqrt(x_f.pow(2).mean(-1, keepdim=True) + eps)
+    return w_D * x_f.to(x.dtype)
 
 
 def rms_norm(x: Tensor, w_D: Tensor, eps: float) -> Tensor:

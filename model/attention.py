@@ -16,7 +16,7 @@ from torch import nn
 from jointrl.model.config import MoEConfig
 from jointrl.model.norm import qk_norm
 from jointrl.model.rope import apply_rope
-from jointrl.model.state import AttentionState
+from jointrl.model.state import AttentionState, StateSpec
 
 
 @dataclass(slots=True)
@@ -96,6 +96,7 @@ class Attention(nn.Module):
         self.k_norm = qk_norm(config.qk_norm, self.num_kv_heads, D, config.rms_norm_eps)
         gated = config.attn_output_gate if output_gate is None else output_gate
         self.gate_proj = nn.Linear(H, self.num_heads * D, bias=False) if gated else None
+        self.state_spec = StateSpec(keys_values=True)  # what a cache keeps for this layer (model/state.py)
 
     def qkv(self, x_BTH: torch.Tensor, batch: AttentionBatch
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

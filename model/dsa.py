@@ -31,6 +31,7 @@ from jointrl.model.attention import Attention, AttentionBatch
 from jointrl.model.config import MoEConfig
 from jointrl.model.norm import compute_dtype
 from jointrl.model.rope import apply_rope
+from jointrl.model.state import StateSpec
 
 
 class LightningIndexer(nn.Module):
@@ -112,6 +113,7 @@ class GatedDSAAttention(Attention):
         self.topk = config.index_topk
         self.sparse = config.dsa_mode == "sparse"
         self.query_chunk = config.dsa_query_chunk
+        self.state_spec = StateSpec(keys_values=True, index_dim=config.index_head_dim)
 
     def forward(self, x_BTH: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         B, T, _ = x_BTH.shape

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jointrl.kernels import moe_cpu
+from jointrl.kernels.ops import Kernels, kernels_for
 from jointrl.model.config import MoEConfig
 from jointrl.model.routing import TopKRouter, load_balancing_loss
 
@@ -44,17 +45,18 @@ class Experts(nn.Module):
         E, H, I = config.num_experts, config.hidden_size, config.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.zeros(E, 2 * I, H))
         self.down_proj = nn.Parameter(torch.zeros(E, H, I))
+        self.kernels: Kernels = kernels_for("torch")  # MoETransformer.set_kernels hands down the model's
 
     def forward(self, x_NH: torch.Tensor, ids_Nk: torch.Tensor, weights_Nk: torch.Tensor) -> torch.Tensor:
         """y_n = Σ_j weights[n, j] · y_{ids[n, j]}(x_n). Assignments are sorted by expert and each
         expert runs once on its contiguous slice (one host sync for the per-expert counts).
-        Inference on CPU with a few tokens per expert (decode) runs ``kernels/moe_cpu`` instead:
-        one C++ call that streams each active expert's weights once."""
+        Inference on CPU with a few tokens per expert (decode) runs ``kernels/moe_cpu`` instead on the
+        ``cpu`` kernel backend: one C++ call that streams each active expert's weights once."""
         N, k = ids_Nk.shape
         E = self.gate_up_proj.shape[0]
         needs_grad = torch.is_grad_enabled() and any(
             t.requires_grad for t in (x_NH, weights_Nk, self.gate_up_proj, self.down_proj))
-        if moe_cpu.use_kernel(x_NH, ids_Nk, E, needs_grad):
+        if self.kernels.cpp and moe_cpu.use_kernel(x_NH, ids_Nk, E, needs_grad):
             return moe_cpu.moe_experts(x_NH, ids_Nk, weights_Nk, self.gate_up_proj, self.down_proj)
         ids_A = ids_Nk.reshape(-1)  # A = N·k assignments
         order_A = torch.argsort(ids_A, stable=True)
@@ -87,7 +89,7 @@ class RoutedSwiGLU(torch.autograd.Function):
     back in each input's own dtype (the fp32 weights keep fp32 gradients for the optimizer). In bfloat16 /
     float16 on CPU each expert's slice is padded to ``padded_rows`` with zero tokens of routing weight 0, so
     the matmuls meet few shapes (oneDNN builds a kernel per shape): the same values and gradients (tested),
-    ~0.08 CPU-s less per bench_moe learner step.
+    less time per learner step (tests/bench/results.md, "Model and learner").
     """
 
     @staticmethod
@@ -160,9 +162,8 @@ def padded_rows(count: int) -> int:
 
     Why: torch's bfloat16 / float16 CPU matmul is oneDNN's, which builds a kernel per matrix shape and
     caches it (1024 shapes by default). An expert's row count changes every step, so with exact counts every
-    expert matmul built a fresh kernel: [M, 256] x [256, 256] in bfloat16 took 1.12 ms with M drawn anew each
-    call against 0.70 ms with M fixed, here (AMD EPYC, one thread). Rounded, a learner step meets a few
-    dozen sizes per matmul shape, which the cache keeps."""
+    expert matmul built a fresh kernel (1.6x the time of a fixed shape: tests/bench/results.md, "Model and
+    learner"). Rounded, a learner step meets a few dozen sizes per matmul shape, which the cache keeps."""
     if count <= 8:
         return 8 if count else 0
     step = 1 << max(3, count.bit_length() - 1 - 3)

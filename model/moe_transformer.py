@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
+from jointrl.kernels.dispatch import default_backend
+from jointrl.kernels.ops import Kernels, kernels_for
 from jointrl.model.attention import Attention, AttentionBatch
 from jointrl.model.config import MoEConfig
 from jointrl.model.dsa import GatedDSAAttention, indexer_loss
@@ -100,7 +103,7 @@ class MoEBackbone(nn.Module):
 class MoETransformer(nn.Module):
     """Qwen3-MoE-shaped causal LM. `state_dict()` keys equal `Qwen3MoeForCausalLM`'s."""
 
-    def __init__(self, config: MoEConfig, seed: int = 0) -> None:
+    def __init__(self, config: MoEConfig, seed: int = 0, kernels: str | None = None) -> None:
         super().__init__()
         self.config = config
         self.model = MoEBackbone(config)
@@ -109,12 +112,30 @@ class MoETransformer(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         if self.lm_head.weight.device.type != "meta":  # meta: shapes only, weights loaded later
             self.reset_parameters(seed)
+        self.set_kernels(default_backend() if kernels is None else kernels)
 
     @classmethod
     def from_config(cls, config: MoEConfig, dtype: torch.dtype = torch.float32, seed: int = 0,
-                    device: torch.device | str | None = None) -> MoETransformer:
-        """Deterministic init: the same seed gives the same weights (rounded) in any dtype."""
-        return cls(config, seed=seed).to(device=device, dtype=dtype)
+                    device: torch.device | str | None = None, kernels: str | None = None) -> MoETransformer:
+        """Deterministic init: the same seed gives the same weights (rounded) in any dtype. ``kernels``:
+        ``set_kernels``' choice (default ``$JOINTRL_KERNEL_BACKEND``, else auto), resolved on ``device``."""
+        model = cls(config, seed=seed, kernels="torch").to(device=device, dtype=dtype)
+        model.set_kernels(default_backend() if kernels is None else kernels)
+        return model
+
+    def set_kernels(self, name: str) -> Kernels:
+        """Choose the kernel backend (``auto | torch | cpu | triton``, ``kernels/dispatch``) for the device the
+        weights are on (meta: CPU), and hand its op table (``kernels/ops.Kernels``) to every module that calls
+        a kernel op (those with a ``kernels`` attribute: norms, KDA, experts). Call it again after moving the
+        model to another device. → the table, also ``self.kernels`` (the engine's runner reads it)."""
+        device = self.lm_head.weight.device
+        table = kernels_for(name, "cpu" if device.type == "meta" else device)
+        self.kernels_choice = name  # what was asked (auto may resolve otherwise on another device)
+        for module in self.modules():
+            if hasattr(module, "kernels") and module is not self:
+                module.kernels = table
+        self.kernels = table
+        return table
 
     @torch.no_grad()
     def reset_parameters(self, seed: int = 0) -> None:
@@ -140,6 +161,29 @@ class MoETransformer(nn.Module):
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * p.shape[-1] ** -0.5)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+
+    def attention_batch(self, position_ids: torch.Tensor, dtype: torch.dtype, **fields) -> AttentionBatch:
+        """The ``AttentionBatch`` of a forward at RoPE positions ``position_ids`` [B, T]: its rotary tables (the
+        indexer's too where a gated_dsa layer reads them) and ``fields`` (mask, cache, ... as named there)."""
+        index_rope = self.model.index_rotary_emb(position_ids, dtype) if "gated_dsa" in self.config.kinds else None
+        return AttentionBatch(rope=self.model.rotary_emb(position_ids, dtype), index_rope=index_rope, **fields)
+
+    def run_layers(self, x_BTH: torch.Tensor, batch: AttentionBatch, routed_experts: torch.Tensor | None = None,
+                   grad_checkpoint: bool = False) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+        """Every decoder layer over ``x_BTH`` [B, T, H] → (x_BTH, per MoE layer (router logits_NE, probs_NE,
+        ids_Nk)): the layer loop of ``forward``, which the learner's forwards share. ``routed_experts``
+        [B, T, L_moe, k]: routing replay; ``grad_checkpoint``: recompute each layer in backward."""
+        B, T = x_BTH.shape[:2]
+        routing = []
+        for layer in self.model.layers:
+            replay_Nk = None if routed_experts is None or not layer.is_moe else routed_experts[:, :, len(routing)].reshape(B * T, -1)
+            if grad_checkpoint and torch.is_grad_enabled():
+                x_BTH, routed = checkpoint(layer, x_BTH, batch, replay_Nk, use_reentrant=False)
+            else:
+                x_BTH, routed = layer(x_BTH, batch, replay_Nk)
+            if routed is not None:
+                routing.append(routed)
+        return x_BTH, routing
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, cache: AttentionState | None = None,
@@ -187,25 +231,15 @@ class MoETransformer(nn.Module):
             if not cfg.image_patch_dim:
                 raise ValueError("image_patches given but MoEConfig.image_patch_dim is 0 (a text-only model)")
             x_BTH = self.model.image_projector.merge(x_BTH, input_ids, image_patches)
-        has_dsa = "gated_dsa" in cfg.kinds
         key_mask_BS = None if attention_mask is None else attention_mask.to(device, torch.bool)
-        batch = AttentionBatch(
-            rope=self.model.rotary_emb(position_ids, x_BTH.dtype),
-            index_rope=self.model.index_rotary_emb(position_ids, x_BTH.dtype) if has_dsa else None,
-            mask_B1TS=None, token_mask_BT=None if key_mask_BS is None else key_mask_BS[:, past:],
+        batch = self.attention_batch(
+            position_ids, x_BTH.dtype, mask_B1TS=None, token_mask_BT=None if key_mask_BS is None else key_mask_BS[:, past:],
             cache=cache, indexer_losses=[] if return_indexer_loss else None, past=past, key_mask_BS=key_mask_BS)
         if attention_mask is not None and attention_mask.shape[1] != past + T:
             raise ValueError(f"attention_mask must cover past + new tokens = {past + T} positions, "
                              f"got shape {tuple(attention_mask.shape)}")
-        router_logits, probs, ids = [], [], []
-        for layer in self.model.layers:
-            j = len(ids)  # index among MoE layers
-            replay_Nk = None if routed_experts is None or not layer.is_moe else routed_experts[:, :, j].reshape(B * T, k)
-            x_BTH, routing = layer(x_BTH, batch, replay_Nk)
-            if routing is not None:
-                router_logits.append(routing[0])
-                probs.append(routing[1])
-                ids.append(routing[2])
+        x_BTH, routing = self.run_layers(x_BTH, batch, routed_experts)
+        router_logits, probs, ids = ([r[i] for r in routing] for i in range(3))
         logits_BTV = self.lm_head(self.model.norm(x_BTH))
         if cache is not None:
             cache.advance(T)

@@ -1,4 +1,5 @@
-"""RMSNorm, computed as transformers' Qwen3MoeRMSNorm (so bf16 results match bit for bit)."""
+"""RMSNorm, computed as transformers' Qwen3MoeRMSNorm (so bf16 results match bit for bit): the op is
+``kernels.rms_norm`` (one torch reference, ``kernels/norm_rope_cpu.rms_norm_torch``, and its C++ kernel)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import contextlib
 
 import torch
 from torch import nn
+
+from jointrl.kernels.ops import Kernels, kernels_for
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -21,17 +24,18 @@ def outside_autocast(x: torch.Tensor):
 
 
 class RMSNorm(nn.Module):
-    """y = weight * (x / sqrt(mean(x², -1) + eps)), the normalisation in float32 (float64 for fp64)."""
+    """y = weight * (x / sqrt(mean(x², -1) + eps)), the normalisation in float32 (float64 for fp64), through
+    the model's kernel table (``kernels/ops``)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.kernels: Kernels = kernels_for("torch")  # MoETransformer.set_kernels hands down the model's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x_f = x.to(compute_dtype(x.dtype))
-        x_f = x_f * torch.rsqrt(x_f.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x_f.to(x.dtype)
+        """``kernels.rms_norm``: the reference ``kernels/norm_rope_cpu.rms_norm_torch``, or its C++ kernel."""
+        return self.kernels.rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"

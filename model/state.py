@@ -32,6 +32,19 @@ from jointrl.model.config import MoEConfig
 from jointrl.model.norm import compute_dtype
 
 
+@dataclass(frozen=True, slots=True)
+class StateSpec:
+    """What one layer kind keeps per sequence (its token mixer's ``state_spec``), and so which of
+    ``AttentionState``'s methods it calls: a cache (``KVCache``, the engine's paged state) provides the
+    parts each layer declares, and the engine sizes its pools from the declarations, not from kind names.
+    A new kind (a sliding window, attention sinks, another recurrence) declares its parts and calls only
+    those methods; a window or sinks are the layer's own masking over the keys ``update`` returns."""
+
+    keys_values: bool = False  # per-token keys and values: ``update``
+    index_dim: int = 0         # per-token indexer keys of this width: ``update_index``
+    fixed: bool = False        # a fixed-size state (tensors of any shapes, batch first): ``recurrent`` / ``set_recurrent``
+
+
 class AttentionState(Protocol):
     """Per-layer state for one batch of sequences; layers call it in layer order during a forward."""
 
@@ -49,11 +62,12 @@ class AttentionState(Protocol):
     def update_index(self, layer: int, k_BTD: torch.Tensor) -> torch.Tensor:
         """Append the new tokens' indexer keys; return all of them, [B, S, Di]."""
 
-    def recurrent(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The KDA layer's (conv window [B, 3NK, W−1], delta state [B, N, K, K]); None = zeros."""
+    def recurrent(self, layer: int) -> tuple[torch.Tensor, ...] | None:
+        """The layer's fixed-size state as it last stored it (each tensor batch first), or None before its
+        first store (the layer starts from zeros). KDA's: (conv window [B, 3NK, W−1], delta state [B, N, K, K])."""
 
-    def set_recurrent(self, layer: int, conv_BCw: torch.Tensor, state_BNKV: torch.Tensor) -> None:
-        """Store the KDA layer's state after the new tokens."""
+    def set_recurrent(self, layer: int, *state: torch.Tensor) -> None:
+        """Store the layer's fixed-size state after the new tokens (each tensor batch first)."""
 
     def advance(self, num_tokens: int) -> None:
         """Called once by the model after every layer consumed `num_tokens` new tokens."""

@@ -41,17 +41,21 @@ def build_template(cfg: Config, image_tokens: int = 0) -> ChatTemplate | HFChatT
 
 
 def model_config(cfg: Config) -> MoEConfig:
-    return MoEConfig(**{k: v for k, v in asdict(cfg.model).items() if k not in ("name", "dtype", "path", "tokenizer")})
+    return MoEConfig(**{k: v for k, v in asdict(cfg.model).items() if k not in ("name", "dtype", "kernels", "path", "tokenizer")})
 
 
 def build_model(cfg: Config, device: torch.device | str | None = None) -> MoETransformer:
     """The policy at initialisation on ``device`` (None: ``rl/device.rank_device()``): ``model.path``'s
     weights (``model/hf.load_hf``) when set, else random and deterministic in ``cfg.seed``. Either way
     the model is built on the meta device and each tensor allocated once, on ``device``
-    (``rl/device.materialise``): the same code for the host and a GPU."""
+    (``rl/device.materialise``): the same code for the host and a GPU. Its kernel backend is
+    ``model.kernels``, resolved on ``device`` (``MoETransformer.set_kernels``)."""
     device, dtype = as_device(device), DTYPES[cfg.model.dtype]
     if cfg.model.path is not None:
-        return load_hf(cfg.model.path, dtype=dtype, device=device, config=model_config(cfg))
-    with torch.device("meta"):
-        model = MoETransformer(model_config(cfg))
-    return materialise(model, device, dtype, cfg.seed)
+        model = load_hf(cfg.model.path, dtype=dtype, device=device, config=model_config(cfg))
+    else:
+        with torch.device("meta"):
+            model = MoETransformer(model_config(cfg))
+        model = materialise(model, device, dtype, cfg.seed)
+    model.set_kernels(cfg.model.kernels)
+    return model

@@ -21,6 +21,7 @@ from typing import Any
 
 from jointrl.envs.base import TIERS
 from jointrl.envs.splits import SPLITS
+from jointrl.kernels.dispatch import default_backend
 from jointrl.model.config import LAYER_TYPES, QK_NORMS, ROPE_TYPES, SCORING_FUNCS, MoEConfig
 from jointrl.rl.losses.common import Aggregation, KLEstimator
 from jointrl.rl.losses.mismatch import MismatchMode
@@ -52,6 +53,21 @@ class ModelDtype(enum.StrEnum):
     float32 = "float32"
     bfloat16 = "bfloat16"
     float64 = "float64"  # exactness tests
+
+
+class KernelBackend(enum.StrEnum):
+    """``model.kernels``: which implementation every kernel op runs (``kernels/dispatch``), chosen once when
+    the model is built and handed to its layers and the engine (``kernels/ops.Kernels``). Its default is
+    ``$JOINTRL_KERNEL_BACKEND``, else auto."""
+
+    auto = "auto"      # Triton on CUDA; the C++ kernels on CPU where they build, else torch
+    torch = "torch"    # the torch references (one per op)
+    cpu = "cpu"        # the C++ CPU kernels (kernels/csrc) where an op has one
+    triton = "triton"  # the Triton kernels (CUDA; on CPU only under TRITON_INTERPRET=1, for tests)
+
+
+def _default_kernels() -> KernelBackend:
+    return KernelBackend(default_backend())
 
 
 class DSAMode(enum.StrEnum):
@@ -219,7 +235,8 @@ def _model_schema() -> type:
     hints = typing.get_type_hints(MoEConfig) | {"layer_types": typing.Optional[list[LayerType]],
                                                 "scoring_func": ScoringFunc, "qk_norm": QKNorm, "dsa_mode": DSAMode,
                                                 "rope_type": RopeType}
-    fields = [("name", str, field(default="tiny_moe")), ("dtype", ModelDtype, field(default=ModelDtype.float32))]
+    fields = [("name", str, field(default="tiny_moe")), ("dtype", ModelDtype, field(default=ModelDtype.float32)),
+              ("kernels", KernelBackend, field(default_factory=_default_kernels))]
     for f in dataclasses.fields(MoEConfig):  # Optional: model=hf leaves them unset (None), filled from model.path
         fields.append((f.name, typing.Optional[hints[f.name]], field(default=f.default)))
     # A Hugging Face checkpoint to start from (weights, shape, tokenizer, chat template); tokenizer: another dir's.

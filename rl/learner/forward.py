@@ -1,8 +1,8 @@
 """The learner's forward pass over packed rows: segment-causal attention, optional routing
 replay and gradient checkpointing, hidden states for a value head.
 
-It drives the model's own modules (embedding, ``DecoderLayer``s, final norm, head) the way
-``MoETransformer.forward`` does, with two differences the learner needs and the model (a
+It runs the model's own layer loop (``MoETransformer.run_layers``, as ``MoETransformer.forward`` does,
+between the embedding and the final norm and head), with two differences the learner needs and the model (a
 plain single-device module) should not carry: several sequences may share a row (a
 block-diagonal causal mask from ``seg_BT``, positions restarting per sequence), and each
 layer can be recomputed in backward (``torch.utils.checkpoint``). On unpacked rows the
@@ -27,12 +27,11 @@ import torch
 import torch.nn.functional as F
 
 from jointrl.kernels import norm_rope_cpu
-from jointrl.model.attention import AttentionBatch
 from jointrl.model.dsa import indexer_loss as dsa_indexer_loss
 from jointrl.model.norm import RMSNorm, compute_dtype, outside_autocast
 from jointrl.model.routing import expert_load, load_balancing_loss
 from jointrl.rl.learner.batch import SharedPrefix
-from jointrl.rl.learner.layers import LearnerForward, run_layers
+from jointrl.rl.learner.layers import LearnerForward
 from jointrl.rl.learner.prefix_cache import forward_with_prefix_cache
 
 
@@ -80,12 +79,12 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     # the [N, heads, D] views' backward a reshape copy each
     x_NH = backbone.embed_tokens(torch.cat((prefix.ids.reshape(-1), ids_BT[:, 1:-1].reshape(-1))))
     pos_1N = torch.cat((torch.arange(P, device=ids_BT.device).repeat(G), pos_BT[:, 1:-1].reshape(-1)))[None]
-    batch_n = AttentionBatch(rope=backbone.rotary_emb(pos_1N, x_NH.dtype), index_rope=None, mask_B1TS=None,
-                             token_mask_BT=None, cache=None)
+    batch_n = model.attention_batch(pos_1N, x_NH.dtype, mask_B1TS=None, token_mask_BT=None, cache=None)
     mask_p = segment_mask(torch.where(prefix.real, 0, -1))
     mask_s = torch.cat((prefix.real[prefix.row_group][:, None, None, :].expand(B, 1, S, P), segment_mask(seg_BS)), dim=-1)
-    fused = norm_rope_cpu.usable(x_NH)  # one C++ pass per norm (and q/k-norm + RoPE), forward and backward
-    norm = (lambda m, x: norm_rope_cpu.rms_norm(x, m.weight, m.eps)) if fused else (lambda m, x: m(x))
+    # q/k-norm + RoPE as one C++ pass, forward and backward, on the cpu kernel backend (the norms are the
+    # model's, through its kernel table)
+    fused = model.kernels.cpp and norm_rope_cpu.usable(x_NH)
     last_G = prefix.real.sum(1) - 1
     at_G = torch.arange(G, device=ids_BT.device) * P + last_G  # each prompt's last token in the stream
     real_N = torch.cat((prefix.real.reshape(-1), (seg_BS >= 0).reshape(-1)))
@@ -94,7 +93,7 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     for layer in backbone.layers:
         attn = layer.self_attn
         trim = layer is backbone.layers[-1]  # from here on: each prompt's last token and the rows
-        h_NH = norm(layer.input_layernorm, x_NH)
+        h_NH = layer.input_layernorm(x_NH)
         if fused and type(attn.q_norm) is RMSNorm and type(attn.k_norm) is RMSNorm:  # per-head q/k-norm (Qwen3)
             q_NhD, k_NhD, v_NhD = _qkv_fused(attn, h_NH, batch_n.rope)
         else:
@@ -115,7 +114,7 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
         if attn.gate_proj is not None:  # Attention.output's gate
             out_NF = out_NF * torch.sigmoid(attn.gate_proj(h_NH))
         x_NH = x_NH + attn.o_proj(out_NF)
-        h_NH = norm(layer.post_attention_layernorm, x_NH)
+        h_NH = layer.post_attention_layernorm(x_NH)
         if layer.is_moe:
             y_NH, _, probs_NE, ids_Nk = layer.mlp(h_NH)
             probs.append(probs_NE)
@@ -126,7 +125,7 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
             y_NH = layer.mlp(h_NH)
         x_NH = x_NH + y_NH
     x_GH, x_BSH = x_NH.split((G, B * S))
-    hidden_BSH = norm(backbone.norm, torch.cat((x_GH.index_select(0, prefix.row_group)[:, None], x_BSH.view(B, S, H)), dim=1))
+    hidden_BSH = backbone.norm(torch.cat((x_GH.index_select(0, prefix.row_group)[:, None], x_BSH.view(B, S, H)), dim=1))
     # the last column back as zeros (a pad: its gradient is a slice of the logits' gradient)
     logits_BTV = F.pad(_head(model, hidden_BSH), (0, 0, 0, 1))
     # pooled over (layer, token) as load_balancing_loss pools L layers of one token set
@@ -163,7 +162,7 @@ def _head(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tensor:
     """``F.scaled_dot_product_attention``; on CPU under autocast (``learner.autocast``) with autocast off, in
     at least float32: torch's bfloat16 CPU attention ran bench_moe's learner step slower than float32 here
-    (its backward 64 against 28 ms per step, one thread)."""
+    (tests/bench/results.md, "Model and learner")."""
     if q.device.type == "cpu" and torch.is_autocast_enabled(q.device.type):
         dtype = compute_dtype(q.dtype)
         with outside_autocast(q):
@@ -207,12 +206,10 @@ def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     if image_patches is not None:
         x_BTH = backbone.image_projector.merge(x_BTH, ids_BT, image_patches)
     real_BT = seg_BT >= 0
-    batch = AttentionBatch(
-        rope=backbone.rotary_emb(pos_BT, x_BTH.dtype),
-        index_rope=backbone.index_rotary_emb(pos_BT, x_BTH.dtype) if "gated_dsa" in cfg.kinds else None,
-        mask_B1TS=segment_mask(seg_BT), token_mask_BT=real_BT, cache=None,
-        indexer_losses=[] if indexer_loss else None)
-    x_BTH, probs, ids = run_layers(backbone, x_BTH, batch, replay_BTLk, grad_checkpoint)
+    batch = model.attention_batch(pos_BT, x_BTH.dtype, mask_B1TS=segment_mask(seg_BT), token_mask_BT=real_BT,
+                                  cache=None, indexer_losses=[] if indexer_loss else None)
+    x_BTH, routing = model.run_layers(x_BTH, batch, replay_BTLk, grad_checkpoint)
+    probs, ids = [r[1] for r in routing], [r[2] for r in routing]
     indexer_losses = list(batch.indexer_losses or ())  # before a checkpointed backward appends its recomputed ones
     hidden_BTH = backbone.norm(x_BTH)
     logits_BTV = _head(model, hidden_BTH) if logits else None

@@ -4,7 +4,7 @@ that continues it, as the rollout engine's cache would be.
 
 ``forward.learner_forward(prefix=...)`` calls ``forward_with_prefix_cache`` for such models (its flat
 stream in ``forward._forward_shared`` is exact for full attention only: a KDA state cannot be
-concatenated); both run the decoder layers with ``layers.run_layers``. The same ``MicroBatch``
+concatenated); both run the model's own layer loop, ``MoETransformer.run_layers``. The same ``MicroBatch``
 layout (``batch.collate_shared``):
 
     prompts [G, P] (right-padded), row b continues prompt row_group[b]; its column 0 is that
@@ -34,7 +34,7 @@ from jointrl.model.attention import AttentionBatch
 from jointrl.model.dsa import indexer_loss as dsa_indexer_loss
 from jointrl.model.kv_cache import KVCache
 from jointrl.model.routing import expert_load, load_balancing_loss
-from jointrl.rl.learner.layers import LearnerForward, run_layers
+from jointrl.rl.learner.layers import LearnerForward
 
 
 def _left_padded_prompts(prefix) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -51,13 +51,10 @@ def _left_padded_prompts(prefix) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return ids, real, (real.long().cumsum(1) - 1).clamp(min=0)
 
 
-def _batch(backbone, cfg, x_BTH, pos_BT, token_mask_BT, cache, losses, key_mask_BS,
-           query_weight_BT=None) -> AttentionBatch:
-    return AttentionBatch(
-        rope=backbone.rotary_emb(pos_BT, x_BTH.dtype),
-        index_rope=backbone.index_rotary_emb(pos_BT, x_BTH.dtype) if "gated_dsa" in cfg.kinds else None,
-        mask_B1TS=None, token_mask_BT=token_mask_BT, cache=cache, indexer_losses=losses,
-        past=cache.length, key_mask_BS=key_mask_BS, query_weight_BT=query_weight_BT)
+def _batch(model, x_BTH, pos_BT, token_mask_BT, cache, losses, key_mask_BS, query_weight_BT=None) -> AttentionBatch:
+    return model.attention_batch(pos_BT, x_BTH.dtype, mask_B1TS=None, token_mask_BT=token_mask_BT, cache=cache,
+                                 indexer_losses=losses, past=cache.length, key_mask_BS=key_mask_BS,
+                                 query_weight_BT=query_weight_BT)
 
 
 def forward_with_prefix_cache(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor,
@@ -77,8 +74,9 @@ def forward_with_prefix_cache(model: torch.nn.Module, ids_BT: torch.Tensor, pos_
     probs_p, ids_p = [], []
     if P0:
         x_GPH = backbone.embed_tokens(pre_ids)
-        _, probs_p, ids_p = run_layers(backbone, x_GPH, _batch(backbone, cfg, x_GPH, pre_pos, pre_real, cache, losses,
-                                                               pre_real, pre_real * uses_G[:, None]), None, False)
+        _, routing = model.run_layers(x_GPH, _batch(model, x_GPH, pre_pos, pre_real, cache, losses, pre_real,
+                                                    pre_real * uses_G[:, None]))
+        probs_p, ids_p = [r[1] for r in routing], [r[2] for r in routing]
         cache.advance(P0)
     def rows(ts: list) -> list:
         return [None if t is None else t[rg] for t in ts]
@@ -87,9 +85,9 @@ def forward_with_prefix_cache(model: torch.nn.Module, ids_BT: torch.Tensor, pos_
                         batch=B, length=P0)
     real_BT = seg_BT >= 0
     x_BTH = backbone.embed_tokens(ids_BT)
-    batch = _batch(backbone, cfg, x_BTH, pos_BT, real_BT, row_cache, losses,
-                   torch.cat((pre_real[rg], real_BT), dim=1))
-    x_BTH, probs_r, ids_r = run_layers(backbone, x_BTH, batch, None, False)
+    batch = _batch(model, x_BTH, pos_BT, real_BT, row_cache, losses, torch.cat((pre_real[rg], real_BT), dim=1))
+    x_BTH, routing = model.run_layers(x_BTH, batch)
+    probs_r, ids_r = [r[1] for r in routing], [r[2] for r in routing]
     hidden_BTH = backbone.norm(x_BTH)
     logits_BTV = model.lm_head(hidden_BTH)
     weight_N = torch.cat(((pre_real * uses_G[:, None]).reshape(-1), real_BT.reshape(-1).to(torch.float32)))

@@ -91,7 +91,9 @@ class LLMEngine:
         """``device``: where the weights, KV pool and states live (None: where ``model`` is; else the
         model is moved there)."""
         self.config = config or EngineConfig()
-        self.model = (model if device is None else model.to(device)).eval()
+        self.model = model.eval()
+        if device is not None:  # moved: its kernel table is chosen again for the new device
+            self.model.to(device).set_kernels(model.kernels_choice)
         self.tok = tokenizer or ByteTokenizer()
         self._version = 0
         self._sleep: SleepState | None = None  # set while asleep (rl/rollout/sleep.py)
@@ -111,7 +113,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, cfg.num_blocks, cfg.block_size, cfg.batch_invariant,
                                   kv_dtype=KV_DTYPES[cfg.kv_dtype])
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                                   cfg.session_ttl_s, prefix_cache="kda" not in getattr(self.model.config, "kinds", ()))
+                                   cfg.session_ttl_s, prefix_cache=self.runner.prefix_cacheable)
         self.scheduler.version = self._version
 
     # -- colocated mode: rl/rollout/sleep.py ------------------------------------------------

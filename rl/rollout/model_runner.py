@@ -1,25 +1,28 @@
 """``ModelRunner``: one forward of the model over a flat, ragged batch with a paged KV cache.
 
-It reuses the model's own modules and weights (projections, q/k-norm, RoPE, the MoE block,
-norms, head); only attention's cache handling differs from ``MoETransformer.forward``.
-All new tokens of a step -- one per decoding sequence, a chunk per prefilling one -- are
-flattened to N rows: every projection and the MoE (tokens grouped by expert, one matmul
-per active expert) run once over all N; at any row count the dense projections -- q|k|v, o, router,
-head -- through ``kernels/linear_cpu`` against weights packed once per weights version (faster than MKL's
-sgemm here at every row count measured, a decode step's 16 to a prefill chunk's 2048: its docstring), and
-the routed experts through their own packed copy (``kernels/moe_cpu.moe_experts_packed``: ~20% less
-time than the unpacked loop at decode, their weights streamed from memory each step; at a 2048-token
-prefill chunk 11 ms per layer against 29 for ``model.moe.Experts``' per-expert matmuls; the copy costs the
-expert weights' bytes once more; after a weight update the panels are refilled in place, one strided
-copy each: bench_moe's experts ~18 -> ~8 ms). A step
-whose prefill chunks are all short (``SHORT_PREFILL``: a GRPO group's other members after the shared
-prompt's full blocks) runs every row's attention as a decode query through the paged-decode kernel, as
-batch-invariant mode does (against the key gather, mask and SDPA call per chunk it replaced: bench_moe, 14
-chunks of 4 tokens, that step ~39 -> ~26 ms; against ``paged_prefill``'s rows-in-lanes kernel, the bench's
-GRPO rollout 4 runs each, alternated: the same within the noise, medians 8.8 and 8.8 CPU-s). A pure decode step of a plain
-Qwen3-MoE-shaped model runs its layers from a per-layer plan of those C++ calls and their prepared
-weights (``_decode_plan``: no module lookups, cache checks or wrappers per layer; bit for bit the
-general path). Attention then reads each sequence's keys/values
+Kernels: the model's kernel table (``model.kernels``, ``kernels/ops.Kernels``), chosen when the model was
+built; the C++ paths below run on the ``cpu`` backend only (``Kernels.cpp``), the torch references or the
+Triton kernels otherwise. Measurements behind the choices below: tests/bench/results.md, "ModelRunner".
+
+Models whose layers are all plain full attention take the flat path: it reuses the model's own modules
+and weights (projections, q/k-norm, RoPE, the MoE block, norms, head); only attention's cache handling
+differs from ``MoETransformer.forward``. Every other model runs through the model's own forward over
+``PagedState`` (each layer kind brings its state, declared by its ``StateSpec``: ``_run_per_sequence``).
+On the flat path all new tokens of a step -- one per decoding sequence, a chunk per prefilling one --
+are flattened to N rows: every projection and the MoE (tokens grouped by expert, one matmul per active
+expert) run once over all N; at any row count the dense projections -- q|k|v, o, router, head -- through
+``kernels/linear_cpu`` against weights packed once per weights version (faster than MKL's sgemm here at
+every row count measured, a decode step's 16 to a prefill chunk's 2048), and the routed experts through
+their own packed copy (``kernels/moe_cpu.moe_experts_packed``: faster than the unpacked loop at decode
+and than ``model.moe.Experts``' per-expert matmuls at a prefill chunk; the copy costs the expert
+weights' bytes once more; after a weight update the panels are refilled in place, one strided copy
+each). A step whose prefill chunks are all short (``SHORT_PREFILL``: a GRPO group's other members after
+the shared prompt's full blocks) runs every row's attention as a decode query through the paged-decode
+kernel, as batch-invariant mode does (faster than the key gather, mask and SDPA call per chunk it
+replaced; the same as ``paged_prefill``'s rows-in-lanes kernel within the noise). A pure decode step of
+a plain Qwen3-MoE-shaped model runs its layers from a per-layer plan of those C++ calls and their
+prepared weights (``_decode_plan``, a ``LayerPlan`` per layer: no module lookups, cache checks or
+wrappers per layer, one ``decode_layer`` C++ call each; bit for bit the general path). Attention then reads each sequence's keys/values
 through its block table, in place: the decoding rows in one paged-decode call, all the step's prefill
 chunks in one paged-prefill call.
 
@@ -30,7 +33,7 @@ torch would copy the whole cache every step), and so do prefill chunks (``paged_
 float64 or bfloat16 model gathers each chunk's keys for one SDPA call per chunk). The pool and
 the packed expert panels sit in transparent huge pages where the OS allows
 (``cpu_extension.zeros_huge_pages``: a step reads them in scattered 16 KB pieces, each 4 KB page a TLB
-miss otherwise; bench_moe batch 32, steps alternated between two engines: 14.0 -> 13.3 CPU-ms). A float32
+miss otherwise). A float32
 model's expert panels are bfloat16 whenever every expert weight is exactly a bfloat16, as after an MXFP4
 weight update (``moe_cpu.pack_experts_bf16``; ``bf16_expert_panels``): the kernel widens them exactly on
 load, so the results are the float32 panels' bit for bit, from half the bytes.
@@ -59,15 +62,17 @@ V vocab, L layers, k experts per token.
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from jointrl.kernels import decode_cpu, linear_cpu, moe_cpu, paged_attention_cpu
 from jointrl.kernels.cpu_extension import zeros_huge_pages
-from jointrl.kernels.paged_attention_cpu import paged_decode, paged_prefill
+from jointrl.kernels.norm_rope_cpu import rms_norm_torch
 from jointrl.model import MoETransformer
-from jointrl.model.norm import RMSNorm, compute_dtype
+from jointrl.model.attention import Attention
+from jointrl.model.norm import RMSNorm
 from jointrl.model.rope import rotate_half
 from jointrl.rl.image_inputs import slot_patches
 from jointrl.rl.rollout.paged_state import DecodeBatchState, PagedState
@@ -77,17 +82,55 @@ ROW_TILE = 16  # batch_invariant: rows per GEMM call (a fixed shape, so a fixed 
 SHORT_PREFILL = 16  # prefill chunks of at most this many tokens attend as decode rows (``run``)
 
 
+@dataclass(slots=True)
+class LayerPlan:
+    """One decoder layer of ``ModelRunner._decode_plan``: its cache pool and the prepared weights the C++ calls take."""
+
+    kv_PCHD: torch.Tensor        # the layer's cache pool
+    w_in: torch.Tensor           # input RMSNorm weight [H]
+    eps_in: float
+    qkv_p: torch.Tensor          # q|k|v projection, packed (linear_cpu.pack)
+    qkv_out: int                 # its output width (Hq + 2·Hkv)·D
+    qk_norm_w: torch.Tensor      # [Hq + Hkv, D] per-head q/k-norm weights, or empty: no q/k-norm
+    qk_eps: float
+    o_p: torch.Tensor            # o projection, packed
+    hidden: int                  # H
+    w_post: torch.Tensor         # post-attention RMSNorm weight [H]
+    eps_post: float
+    gate_p: torch.Tensor         # router projection, packed
+    num_experts: int             # E
+    top_k: int
+    norm_topk: bool
+    route_scale: float
+    experts: tuple[torch.Tensor, torch.Tensor, int]  # (gate_up, down panels, I): moe_cpu.moe_experts_packed
+
+
+@dataclass(slots=True)
+class DecodePlan:
+    """A pure decode step of a plain Qwen3-MoE-shaped model: its layers, then the final norm and the head."""
+
+    layers: list[LayerPlan]
+    w_norm: torch.Tensor
+    eps_norm: float
+    head_p: torch.Tensor         # lm_head, packed
+    vocab: int                   # V
+
+
 class ModelRunner:
     def __init__(self, model: MoETransformer, num_blocks: int, block_size: int, batch_invariant: bool = False,
                  kv_dtype: torch.dtype | None = None) -> None:
         cfg = model.config
-        kinds = tuple(getattr(cfg, "kinds", ("full",) * cfg.num_hidden_layers))
-        # kda / gated_dsa layers, and gpt-oss's (sinks, sliding window, biases): through the model's own forward
-        self.hybrid = set(kinds) != {"full"} or getattr(cfg, "is_gpt_oss", False)
+        mixers = [layer.self_attn for layer in model.model.layers]
+        specs = [mixer.state_spec for mixer in mixers]  # what each layer keeps per sequence (model.state.StateSpec)
+        # every layer plain full attention: the flat ragged path below; any other kind runs through the
+        # model's own forward over PagedState, whatever state its layers declare
+        self.hybrid = not all(type(mixer) is Attention for mixer in mixers)
+        self.prefix_cacheable = not any(spec.fixed for spec in specs)  # a fixed-size state is not per block
         self.invariant = batch_invariant
         if batch_invariant:
-            _check_batch_invariant(self.hybrid, next(model.parameters()).dtype)
+            _check_batch_invariant(self.hybrid, next(model.parameters()).dtype, model.kernels.cpp)
         self.model, self.bs = model, block_size
+        self.kernels = model.kernels  # the model's kernel backend (model.kernels), chosen when it was built
         self.dtype = next(model.parameters()).dtype
         self.kv_dtype = kv_dtype or self.dtype  # the cache's dtype (module docstring: bfloat16 cache)
         if self.kv_dtype != self.dtype and (self.hybrid or (self.dtype, self.kv_dtype) != (torch.float32, torch.bfloat16)):
@@ -95,8 +138,10 @@ class ModelRunner:
                              f"(this one: {self.dtype}, hybrid={self.hybrid}); use auto (the model's dtype)")
         self.Hq, self.Hkv, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         P = num_blocks * block_size
-        kv_layers = [i for i, k in enumerate(kinds) if k in ("full", "gated_dsa", "sliding")]
-        index_layers = [i for i, k in enumerate(kinds) if k == "gated_dsa"]
+        kv_layers = [i for i, spec in enumerate(specs) if spec.keys_values]
+        index_layers = [i for i, spec in enumerate(specs) if spec.index_dim]
+        index_dims = {specs[i].index_dim for i in index_layers}
+        assert len(index_dims) <= 1, f"one indexer-key width per model, got {index_dims}"
         self.pool_index = {layer: j for j, layer in enumerate(kv_layers)}      # layer -> kv_LPCHD row
         self.index_pool = {layer: j for j, layer in enumerate(index_layers)}  # layer -> index_LPD row
         # the pools live on the model's device; on the host in transparent huge pages where the OS allows
@@ -105,19 +150,19 @@ class ModelRunner:
         kv_shape = (len(kv_layers), P, 2, self.Hkv, self.D)
         self.kv_LPCHD = (zeros_huge_pages(kv_shape, self.kv_dtype) if self.device.type == "cpu"
                          else torch.zeros(kv_shape, dtype=self.kv_dtype, device=self.device))
-        self.index_LPD = torch.zeros(len(index_layers), P, getattr(cfg, "index_head_dim", 1), dtype=self.dtype,
+        self.index_LPD = torch.zeros(len(index_layers), P, max(index_dims, default=1), dtype=self.dtype,
                                      device=self.device)
         self._fused: dict[int, tuple[tuple, torch.Tensor]] = {}
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos_PD, sin_PD) by position  # id(attention) -> (weights' versions, qkv weight)
         self.image = (cfg.image_token_id, cfg.image_patch_dim) if getattr(cfg, "image_patch_dim", 0) else None
         # per-row C++ ops (kernels/decode_cpu) for norms, q/k-norm + RoPE + KV write (a bfloat16 cache too)
         # and the softmax router; batch-invariant mode keeps its tiled torch path
-        self.fast = (not self.invariant and self.dtype in (torch.float32, torch.float64)
+        self.fast = (self.kernels.cpp and not self.invariant and self.dtype in (torch.float32, torch.float64)
                      and decode_cpu.load_kernel() is not None)
         # the dense projections of a few rows (q|k|v, o, router, head) against weights packed once
         # (kernels/linear_cpu: ~2x MKL's sgemm at 16 rows on weights streamed from memory each step)
         self.packed_linear = self.fast and linear_cpu.load_kernel() is not None
-        self._plan: tuple[tuple, list[tuple]] | None = None  # (weights key, per-layer plan): _decode_plan
+        self._plan: tuple[tuple, DecodePlan] | None = None  # (weights key, the plan): _decode_plan
         self._plan_refs: list[tuple[dict, str]] | None = None  # _plan_params' lookups ([]: no plan for this model)
 
     def _qkv_weight(self, attn) -> torch.Tensor:
@@ -215,11 +260,9 @@ class ModelRunner:
         return cached[1]
 
     def _norm(self, norm: RMSNorm, x_NH: torch.Tensor) -> torch.Tensor:
-        """``norm(x_NH)``; for float32/float64 through one C++ call or ``F.rms_norm``."""
+        """``norm(x_NH)`` (the model's kernel table); on the fast path one ``decode_cpu`` call."""
         if self.fast and x_NH.dim() == 2:
             return decode_cpu.rms_norm(x_NH, norm.weight, norm.eps)
-        if self.dtype in (torch.float32, torch.float64):
-            return F.rms_norm(x_NH, (x_NH.shape[-1],), norm.weight, norm.eps)
         return norm(x_NH)
 
     @property
@@ -335,7 +378,7 @@ class ModelRunner:
             else:
                 q_NHD = self._qk_rope_store(attn, qkv_NF, qk_norm_HD, cos_ND[:, None], sin_ND[:, None], kv_PCHD, slot_N)
             if rows_as_decode:
-                out_NHD = paged_decode(q_NHD, kv_PCHD, all_slots_NS, all_ctx_N, self.D ** -0.5)
+                out_NHD = self.kernels.paged_decode(q_NHD, kv_PCHD, all_slots_NS, all_ctx_N, self.D ** -0.5)
             else:
                 out_NHD = self._attention(q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, chunks)
             out_NF = out_NHD.reshape(N, self.Hq * self.D)
@@ -366,9 +409,9 @@ class ModelRunner:
             routed_NLk = torch.stack(routed, dim=1)[rows]
         return logits_RV, ends, routed_NLk
 
-    def _decode_plan(self) -> list[tuple] | None:
-        """What a pure decode step calls per layer, the weights packed and fused, as one tuple per layer (and
-        the final norm and head last); None unless every layer has the plain shape the C++ path covers
+    def _decode_plan(self) -> DecodePlan | None:
+        """What a pure decode step calls per layer, the weights packed and fused (``LayerPlan`` per layer, the
+        final norm and head in ``DecodePlan``); None unless every layer has the plain shape the C++ path covers
         (full attention with RMSNorm q/k-norm or none, no output gate, bias-free projections, a softmax-routed
         MoE without shared experts, RMSNorm norms; a bfloat16 cache too: the same calls take it). Rebuilt when any weight
         changes in place (its version) or is replaced (its address), like ``_qkv_weight``."""
@@ -378,19 +421,24 @@ class ModelRunner:
         key = tuple((p.data_ptr(), p._version) for p in params)
         if self._plan is not None and self._plan[0] == key:
             return self._plan[1]
-        m, plan = self.model, []
+        m, layers = self.model, []
         for layer_idx, layer in enumerate(m.model.layers):
             attn, mlp, (in_norm, post_norm) = layer.self_attn, layer.mlp, (layer.input_layernorm, layer.post_attention_layernorm)
             qk_norm_HD = self._qk_norm_weight(attn)
             gate = mlp.gate
-            plan.append((self.kv_LPCHD[self.pool_index[layer_idx]], in_norm.weight.detach(), in_norm.eps,
-                         *self._packed_weight(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight),
-                         qk_norm_HD.detach() if qk_norm_HD is not None else in_norm.weight.new_empty(0),
-                         getattr(attn.q_norm, "eps", 0.0), *self._packed_weight(attn.o_proj.weight),
-                         post_norm.weight.detach(), post_norm.eps, *self._packed_weight(gate.weight),
-                         gate.top_k, gate.norm_topk_prob, gate.routed_scaling_factor,
-                         *self._packed_experts(mlp.experts)))
-        plan.append((m.model.norm.weight.detach(), m.model.norm.eps, *self._packed_weight(m.lm_head.weight)))
+            qkv_p, qkv_out = self._packed_weight(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+            o_p, hidden = self._packed_weight(attn.o_proj.weight)
+            gate_p, num_experts = self._packed_weight(gate.weight)
+            layers.append(LayerPlan(
+                kv_PCHD=self.kv_LPCHD[self.pool_index[layer_idx]], w_in=in_norm.weight.detach(), eps_in=in_norm.eps,
+                qkv_p=qkv_p, qkv_out=qkv_out,
+                qk_norm_w=qk_norm_HD.detach() if qk_norm_HD is not None else in_norm.weight.new_empty(0),
+                qk_eps=getattr(attn.q_norm, "eps", 0.0), o_p=o_p, hidden=hidden, w_post=post_norm.weight.detach(),
+                eps_post=post_norm.eps, gate_p=gate_p, num_experts=num_experts, top_k=gate.top_k,
+                norm_topk=gate.norm_topk_prob, route_scale=gate.routed_scaling_factor,
+                experts=self._packed_experts(mlp.experts)))
+        head_p, vocab = self._packed_weight(m.lm_head.weight)
+        plan = DecodePlan(layers, m.model.norm.weight.detach(), m.model.norm.eps, head_p, vocab)
         self._plan = (key, plan)
         return plan
 
@@ -419,28 +467,23 @@ class ModelRunner:
                         ) -> tuple[torch.Tensor, list[int], torch.Tensor | None]:
         """``run``'s layers for a pure decode step (every row one sequence's next token, in batch order): the
         same C++ calls as the general path, straight from the plan (no per-layer module lookups, cache
-        checks or wrappers), the residual adds in place."""
-        dl, ll, ml = decode_cpu.load_kernel(), linear_cpu.load_kernel(), moe_cpu.load_kernel()
-        decode = paged_attention_cpu.load_kernel().paged_decode
+        checks or wrappers), the residual adds in place; each layer's nine of them inside one registry call
+        (``decode_cpu``'s ``decode_layer``)."""
+        dl, ll = decode_cpu.load_kernel(), linear_cpu.load_kernel()
+        layer_op = dl.decode_layer
         N, Hq, Hkv, scale = x_NH.shape[0], self.Hq, self.Hkv, self.D ** -0.5
         slots_BS, ctx_B = slots_BS.contiguous(), ctx_B.contiguous()
         routed = []
-        for (kv_PCHD, w_in, eps_in, qkv_p, F_out, qkn_w, qk_eps, o_p, H, w_post, eps_post, gate_p, E, top_k, norm_topk,
-             route_scale, gate_up, down, I) in plan[:-1]:
-            qkv_NF = ll.linear_packed(dl.rms_norm(x_NH, w_in, eps_in), qkv_p, F_out)
-            q_NHD = dl.qk_norm_rope_store(qkv_NF, qkn_w, qk_eps, cos_ND, sin_ND, kv_PCHD, slot_N, Hq, Hkv)
-            out_NHD = decode(q_NHD, kv_PCHD, slots_BS, ctx_B, scale)
-            x_NH.add_(ll.linear_packed(out_NHD.view(N, -1), o_p, H))
-            h_NH = dl.rms_norm(x_NH, w_post, eps_post)
-            ids_Nk, w_Nk = dl.route_softmax_topk(ll.linear_packed(h_NH, gate_p, E), top_k, norm_topk, route_scale)
-            x_NH.add_(ml.moe_experts_packed(h_NH, ids_Nk, w_Nk, gate_up, down, I))
+        for p in plan.layers:  # one C++ call per layer (decode_cpu's decode_layer: the nine calls, in order)
+            ids_Nk = layer_op(x_NH, p.w_in, p.eps_in, p.qkv_p, p.qkv_out, p.qk_norm_w, p.qk_eps, cos_ND, sin_ND,
+                              p.kv_PCHD, slot_N, slots_BS, ctx_B, scale, Hq, Hkv, p.o_p, p.hidden, p.w_post,
+                              p.eps_post, p.gate_p, p.num_experts, p.top_k, p.norm_topk, p.route_scale, *p.experts)
             if want_routed:
                 routed.append(ids_Nk)
-        w_norm, eps_norm, head_p, V = plan[-1]
         ends = [i for i, (seq, n) in enumerate(batch) if seq.num_computed + n == len(seq)]
         if len(ends) < N:  # a prompt's chunk cut to one token by the step's budget: no logits for it
             x_NH = x_NH[ends]
-        logits_RV = ll.linear_packed(dl.rms_norm(x_NH, w_norm, eps_norm), head_p, V)
+        logits_RV = ll.linear_packed(dl.rms_norm(x_NH, plan.w_norm, plan.eps_norm), plan.head_p, plan.vocab)
         return logits_RV, ends, torch.stack(routed, dim=1) if want_routed else None
 
     def _qk_rope_store(self, attn, qkv_NF, qk_norm_HD, cos_N1D, sin_N1D, kv_PCHD, slot_N) -> torch.Tensor:
@@ -450,7 +493,7 @@ class ModelRunner:
         v_NHD = v_NF.reshape(N, self.Hkv, self.D)
         if qk_norm_HD is not None:  # q and k side by side: one norm and one RoPE over both
             qk_NHD = qkv_NF[:, :(self.Hq + self.Hkv) * self.D].view(N, self.Hq + self.Hkv, self.D)
-            qk_NHD = _rms_norm(qk_NHD, qk_norm_HD, attn.q_norm.eps)
+            qk_NHD = rms_norm_torch(qk_NHD, qk_norm_HD, attn.q_norm.eps)
             qk_NHD = qk_NHD * cos_N1D + rotate_half(qk_NHD) * sin_N1D
             q_NHD, k_NHD = qk_NHD.split((self.Hq, self.Hkv), dim=1)
         else:
@@ -466,11 +509,11 @@ class ModelRunner:
         row0_C, count_C), or None -- in one paged-prefill call (each chunk's keys read in place; SDPA per chunk
         where the kernel does not apply)."""
         if chunks is None:  # a pure decode step: the kernel's output is the whole output
-            return paged_decode(q_NHD, kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
+            return self.kernels.paged_decode(q_NHD, kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
         out_NHD = torch.empty_like(q_NHD)
         if n_dec:
-            out_NHD[:n_dec] = paged_decode(q_NHD[:n_dec], kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
-        return paged_prefill(q_NHD, kv_PCHD, *chunks, self.D ** -0.5, out_NHD)
+            out_NHD[:n_dec] = self.kernels.paged_decode(q_NHD[:n_dec], kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
+        return self.kernels.paged_prefill(q_NHD, kv_PCHD, *chunks, self.D ** -0.5, out_NHD)
 
     def _rows(self, fn, x_NH: torch.Tensor) -> torch.Tensor:
         """``fn`` (row-wise: [n, in] -> [n, out]) over the rows of ``x_NH``; batch-invariant: one call per
@@ -574,20 +617,15 @@ def _no_qk_norm(attn) -> bool:
     return isinstance(attn.q_norm, torch.nn.Identity) and isinstance(attn.k_norm, torch.nn.Identity)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``model.norm.RMSNorm``'s arithmetic, op for op, with a weight broadcast over [..., H, D]."""
-    x_f = x.to(compute_dtype(x.dtype))
-    x_f = x_f * torch.rsqrt(x_f.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x_f.to(x.dtype)
-
-
-def _check_batch_invariant(hybrid: bool, dtype: torch.dtype) -> None:
+def _check_batch_invariant(hybrid: bool, dtype: torch.dtype, cpp: bool) -> None:
     """A clear error where batch-invariant decoding cannot hold (``ModelRunner`` docstring)."""
     if hybrid:
         raise ValueError("rollout.batch_invariant supports full-attention models only (this model has kda / "
                          "gated_dsa layers, whose chunked prefill sums depend on the chunk)")
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"rollout.batch_invariant needs a float32 or float64 model (the C++ kernels), got {dtype}")
+    if not cpp:
+        raise ValueError("rollout.batch_invariant needs the C++ CPU kernels: model.kernels auto or cpu, on CPU")
     missing = [name for name, mod in (("kernels/paged_attention_cpu", paged_attention_cpu), ("kernels/moe_cpu", moe_cpu))
                if mod.load_kernel() is None]
     if missing:

@@ -1,16 +1,18 @@
 """``PagedState``: the model's ``AttentionState`` for one sequence, over the engine's paged pools.
 
-Used for models with ``kda`` / ``gated_dsa`` layers (``ModelRunner`` runs them one sequence
-per forward, through the model's own layers): keys/values of ``full`` and ``gated_dsa``
-layers and the indexer keys of ``gated_dsa`` layers live in the runner's paged pools at the
-sequence's block-table slots; the fixed-size KDA state (conv window [3NK, W-1] and delta
-state [N, K, K] per layer) lives on the ``Sequence`` itself, so it travels with a session and
-is dropped with it (its bytes do not grow with the context: ``model.state.state_layout``).
+Used for every model whose layers are not all plain full attention (``ModelRunner`` runs them through
+the model's own forward): each layer kind declares what it keeps (its mixer's ``state_spec``,
+``model.state.StateSpec``) and calls only those methods, so a new kind plugs in without a change here
+or in the runner. Per-token keys/values (``update``) and indexer keys (``update_index``) live in the
+runner's paged pools at the sequence's block-table slots; a fixed-size state (``recurrent`` /
+``set_recurrent``: KDA's conv window [3NK, W-1] and delta state [N, K, K], or any tuple of batch-first
+tensors a kind stores) lives on the ``Sequence`` itself, so it travels with a session and is dropped
+with it (its bytes do not grow with the context: ``model.state.state_layout``).
 
 ``DecodeBatchState`` is the same store for B sequences that each decode one token, so a step's
 decodes run as one batched forward: keys are gathered left-padded to the longest context
 (``attention_mask`` marks the padding, which the model's full and gated-DSA layers mask out),
-the KDA states are stacked in and split back out.
+the fixed-size states are stacked in and split back out.
 """
 
 from __future__ import annotations
@@ -49,11 +51,11 @@ class PagedState:
         ik_PD.index_copy_(0, self.new_slots, k_BTD[0].to(ik_PD.dtype))
         return ik_PD.index_select(0, self.slots_S)[None]
 
-    def recurrent(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        return self.seq.recurrent.get(layer, (None, None))
+    def recurrent(self, layer: int) -> tuple[torch.Tensor, ...] | None:
+        return self.seq.recurrent.get(layer)
 
-    def set_recurrent(self, layer: int, conv_BCw: torch.Tensor, state_BNKV: torch.Tensor) -> None:
-        self.seq.recurrent[layer] = (conv_BCw, state_BNKV)
+    def set_recurrent(self, layer: int, *state: torch.Tensor) -> None:
+        self.seq.recurrent[layer] = state
 
     def advance(self, num_tokens: int) -> None:
         pass  # the engine advances Sequence.num_computed after the step
@@ -100,13 +102,13 @@ class DecodeBatchState:
         ik_PD.index_copy_(0, self.new_slots_B, k_BTD[:, 0].to(ik_PD.dtype))
         return ik_PD.index_select(0, self.slots_BS.reshape(-1)).view(self.batch, self.S, -1)
 
-    def recurrent(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def recurrent(self, layer: int) -> tuple[torch.Tensor, ...] | None:
         states = [s.recurrent[layer] for s in self.seqs]  # decoding: every sequence has run this layer
-        return torch.cat([c for c, _ in states]), torch.cat([st for _, st in states])
+        return tuple(torch.cat(parts) for parts in zip(*states, strict=True))
 
-    def set_recurrent(self, layer: int, conv_BCw: torch.Tensor, state_BNKV: torch.Tensor) -> None:
+    def set_recurrent(self, layer: int, *state: torch.Tensor) -> None:
         for b, seq in enumerate(self.seqs):  # copies: a session keeps only its own state's bytes
-            seq.recurrent[layer] = (conv_BCw[b:b + 1].clone(), state_BNKV[b:b + 1].clone())
+            seq.recurrent[layer] = tuple(t[b:b + 1].clone() for t in state)
 
     def advance(self, num_tokens: int) -> None:
         pass

@@ -42,7 +42,7 @@ class Sequence:
     last_used: float = 0.0             # monotonic time the session went idle
     routed: torch.Tensor | None = None  # [capacity, L, k] ROUTE_DTYPE expert ids per position (-1: not run here)
     routed_from: int = -1              # first position this turn ran through the model
-    recurrent: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # kda layer -> state
+    recurrent: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)  # layer -> its fixed-size state
     images: torch.Tensor | None = None  # [P, patch_dim]: a row per <image> id of the prompt (slot_patches' rule)
     image_keys: dict[int, int] = field(default_factory=dict)  # position of an <image> id -> digest of its row
 

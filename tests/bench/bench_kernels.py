@@ -17,7 +17,7 @@ kernels need CUDA (or the interpreter, which is a correctness tool, not a benchm
 the host through Triton's interpreter at tiny shapes, one timing each (wall clock: not a
 measurement): ``tests/gpu/check.sh --dry`` runs it so the GPU run is known to work beforehand.
 
-KDA chunk (forward, and forward + backward) is checked against ``model.kda.kda_chunked`` (the
+KDA chunk (forward, and forward + backward) is checked against ``kernels.kda.kda_chunk_torch`` (the
 model's torch chunked form, through autograd for the gradients) and timed beside it and, when
 ``fla`` is importable, beside fla's ``chunk_kda`` (target: no slower than fla at T = 8192,
 H = 16, d = 128). The DSA top-k kernel is checked id for id against its torch reference.
@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 
 from jointrl.kernels import dispatch, dsa, kda, moe_matmul, mxfp4, paged_attention, topk
-from jointrl.model import kda as model_kda
 
 
 def _median_ms(fn: Callable[[], object], repeats: int, cuda: bool) -> float:
@@ -222,7 +221,7 @@ def bench_kda_chunk(report: Report, dev: torch.device, cuda: bool, repeats: int,
     label = f"kda chunk B{B} T{T} N{N} K=V={K}"
 
     def ref(*inputs):
-        return model_kda.kda_chunked(*(x.float() for x in inputs), None, chunk=64)
+        return kda.kda_chunk_torch(*(x.float() for x in inputs), None, chunk=64)
 
     def fwd_bwd(fn):
         return lambda: torch.autograd.grad(fn(*xs)[0], xs, do)
@@ -258,8 +257,8 @@ def bench_kda_chunk(report: Report, dev: torch.device, cuda: bool, repeats: int,
                 report.row(f"  fla chunk_kda fwd+bwd (ours/fla {ms_fb / ms:.2f}x)", "-", ms, 3 * nbytes)
             except Exception as e:  # noqa: BLE001
                 print(f"  fla chunk_kda did not run: {type(e).__name__}: {e}")
-    report.row("  torch ref: model.kda.kda_chunked fwd", "-", ms_ref_f, nbytes)
-    report.row("  torch ref: model.kda.kda_chunked fwd+bwd", "-", ms_ref_fb, 3 * nbytes)
+    report.row("  torch ref: kernels.kda.kda_chunk_torch fwd", "-", ms_ref_f, nbytes)
+    report.row("  torch ref: kernels.kda.kda_chunk_torch fwd+bwd", "-", ms_ref_fb, 3 * nbytes)
 
 
 def bench_topk(report: Report, dev: torch.device, cuda: bool, repeats: int, T: int, k: int) -> None:

@@ -1,5 +1,5 @@
-"""KDA recurrent form: the torch reference against the matrix form of the delta rule and
-against the model's own reference layer (model/kda.py) where it exists.
+"""KDA: the torch references (recurrent and chunked) against the matrix form of the delta rule and
+against each other.
 
 The Triton kernel is compared with this reference in tests/kernels/interpreted/ and compiled
 for sm_90 in test_compile_sm90.py.
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from jointrl.kernels import dispatch
-from jointrl.kernels.kda import kda_chunk, kda_recurrent
+from jointrl.kernels.kda import kda_chunk, kda_chunk_torch, kda_recurrent, kda_recurrent_torch
 
 
 def _inputs(B, T, N, K, V, seed, dtype=torch.float64):
@@ -42,29 +42,28 @@ def test_reference_equals_the_matrix_form():
             torch.testing.assert_close(s[b, n], S, rtol=1e-12, atol=1e-12)
 
 
-def test_reference_equals_the_model_layers_forms():
-    model_kda = pytest.importorskip("jointrl.model.kda")
+def test_chunked_reference_equals_the_recurrent_one():
+    """The two torch forms (one reference per op: ``kda_recurrent_torch`` token by token, ``kda_chunk_torch``
+    in WY chunks) agree, for chunks that divide T and that do not."""
     q, k, v, gate, beta, s0 = _inputs(2, 9, 2, 8, 8, seed=1)
-    with dispatch.backend("torch"):
-        o, s = kda_recurrent(q, k, v, gate, beta, s0)
-    for form in (model_kda.kda_recurrent, model_kda.kda_chunked):
-        o_m, s_m = form(q, k, v, gate, beta, s0)
-        torch.testing.assert_close(o, o_m, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(s, s_m, rtol=1e-10, atol=1e-10)
+    o, s = kda_recurrent_torch(q, k, v, gate, beta, s0)
+    for chunk in (4, 64):
+        o_c, s_c = kda_chunk_torch(q, k, v, gate, beta, s0, chunk)
+        torch.testing.assert_close(o, o_c, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(s, s_c, rtol=1e-10, atol=1e-10)
 
 
-def test_reference_gradients_equal_the_model_layers_chunked_form():
-    """The reference the chunked backward kernel is tested against (autograd through the token
-    loop) has the gradients of the model's own chunked layer form."""
-    model_kda = pytest.importorskip("jointrl.model.kda")
+def test_public_chunk_on_torch_has_the_recurrent_references_gradients():
+    """``kda_chunk`` on the torch backend (the WY form through autograd) has the gradients of the token
+    loop the chunked backward kernel is tested against."""
     xs = [x.requires_grad_() for x in _inputs(1, 21, 2, 8, 6, seed=4)]
     g = torch.Generator().manual_seed(5)
     w_o = torch.randn(1, 21, 2, 6, generator=g, dtype=torch.float64)
     w_s = torch.randn(1, 2, 8, 6, generator=g, dtype=torch.float64)
     with dispatch.backend("torch"):
-        o, s = kda_chunk(*xs)
+        o, s = kda_chunk(*xs, chunk=8)
     got = torch.autograd.grad((o * w_o).sum() + (s * w_s).sum(), xs)
-    o_m, s_m = model_kda.kda_chunked(*xs, chunk=8)
+    o_m, s_m = kda_recurrent_torch(*xs)
     want = torch.autograd.grad((o_m * w_o).sum() + (s_m * w_s).sum(), xs)
     for name, a, b in zip(("q", "k", "v", "g", "beta", "state"), got, want):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from jointrl.kernels import moe_cpu
+from jointrl.kernels.ops import kernels_for
 from jointrl.model import MoEConfig
 from jointrl.model.moe import Experts
 
@@ -115,11 +116,18 @@ def test_pack_experts_is_linear_cpus_pack_per_expert():
 
 
 def test_experts_takes_the_kernel_for_inference_with_few_rows_per_expert(monkeypatch):
+    """On the ``cpu`` kernel backend (the model hands its table to ``Experts``); the ``torch`` one keeps the loop."""
+    if moe_cpu.load_kernel() is None:
+        pytest.skip("the C++ kernels did not build here")
     ex = experts(4, 16, 8, torch.float64)
-    x_NH, ids_Nk, w_Nk = torch.randn(3, 16, dtype=torch.float64), torch.tensor([[0, 1], [1, 2], [3, 0]]), \
-        torch.rand(3, 2, dtype=torch.float64)
     calls = []
     monkeypatch.setattr(moe_cpu, "moe_experts", lambda *a: calls.append(1) or torch.zeros(3, 16, dtype=torch.float64))
+    with torch.no_grad():
+        ex(torch.randn(3, 16, dtype=torch.float64), torch.tensor([[0, 1], [1, 2], [3, 0]]), torch.rand(3, 2, dtype=torch.float64))
+    assert calls == []  # a module built alone has the torch table
+    ex.kernels = kernels_for("cpu")
+    x_NH, ids_Nk, w_Nk = torch.randn(3, 16, dtype=torch.float64), torch.tensor([[0, 1], [1, 2], [3, 0]]), \
+        torch.rand(3, 2, dtype=torch.float64)
     with torch.no_grad():
         ex(x_NH, ids_Nk, w_Nk)
         assert calls == [1]

@@ -42,12 +42,12 @@ def test_reference_equals_a_per_token_loop():
 
 
 def test_reference_equals_model_experts_on_dequantized_weights():
+    from jointrl.model import MoEConfig
     from jointrl.model.moe import Experts
 
     E, H, I, N, k = 4, 32, 64, 17, 2
     (gub, gus), (db, ds) = _weights(E, H, I, seed=2)
-    experts = Experts.__new__(Experts)
-    torch.nn.Module.__init__(experts)
+    experts = Experts(MoEConfig(hidden_size=H, moe_intermediate_size=I, num_experts=E))
     experts.gate_up_proj = torch.nn.Parameter(dequantize_mxfp4(gub, gus, torch.float32))
     experts.down_proj = torch.nn.Parameter(dequantize_mxfp4(db, ds, torch.float32))
     g = torch.Generator().manual_seed(3)

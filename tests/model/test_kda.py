@@ -11,7 +11,9 @@ from transformers.models.kimi_linear.modeling_kimi_linear import (
 )
 
 from jointrl.model import MoEConfig
-from jointrl.model.kda import KimiDeltaAttention, kda_chunked, kda_recurrent, l2norm
+from jointrl.kernels.kda import kda_chunk_torch as kda_chunked
+from jointrl.kernels.kda import kda_recurrent_torch as kda_recurrent
+from jointrl.model.kda import KimiDeltaAttention, l2norm
 
 CFG = MoEConfig(linear_num_heads=4, linear_head_dim=16, linear_conv_kernel_dim=4, rms_norm_eps=1e-6)
 
@@ -124,7 +126,7 @@ def test_strong_forgetting_keeps_the_chunk_cost():
     chunked form then halves its blocks instead of computing exp over a [.., C, C, K] tensor: the
     largest tensor it exponentiates is at most 8x the weak-decay case's [.., C, K] (it was C = 64x,
     and a training step took ~10x longer)."""
-    from jointrl.model import kda as kda_mod
+    from jointrl.kernels import kda as kda_mod  # its module, not the function: the test patches Tensor.exp
 
     sizes = []
     real = torch.Tensor.exp
@@ -137,7 +139,7 @@ def test_strong_forgetting_keeps_the_chunk_cost():
             return _real(x)
         torch.Tensor.exp = exp
         try:
-            o, s = kda_mod.kda_chunked(q, k, v, g, beta, s0, chunk=64)
+            o, s = kda_mod.kda_chunk_torch(q, k, v, g, beta, s0, chunk=64)
         finally:
             torch.Tensor.exp = real
         o_rec, s_rec = kda_recurrent(q, k, v, g, beta, s0)

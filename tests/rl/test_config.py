@@ -56,9 +56,24 @@ def test_model_schema_matches_the_model_config():
     from jointrl.rl.build import model_config
     from jointrl.rl.config import ModelConfig
 
-    schema = {f.name for f in fields(ModelConfig)} - {"name", "dtype", "path", "tokenizer"}
+    schema = {f.name for f in fields(ModelConfig)} - {"name", "dtype", "kernels", "path", "tokenizer"}
     assert schema == {f.name for f in fields(MoEConfig)}
     assert model_config(load_config()) == MoEConfig.preset("tiny_moe")
+
+
+def test_model_kernels_default_from_the_environment_and_reach_the_model(monkeypatch):
+    """model.kernels: $JOINTRL_KERNEL_BACKEND is its default, a bad value names the key, and build_model hands
+    the choice to the model's layers."""
+    from jointrl.rl.build import build_model
+
+    monkeypatch.setenv("JOINTRL_KERNEL_BACKEND", "torch")
+    cfg = load_config()
+    assert cfg.model.kernels == "torch" and build_model(cfg).kernels.backend == "torch"
+    monkeypatch.delenv("JOINTRL_KERNEL_BACKEND")
+    assert load_config().model.kernels == "auto"
+    assert build_model(load_config(["model.kernels=triton"])).model.norm.kernels.backend == "triton"
+    with pytest.raises(Exception, match="kernels"):
+        load_config(["model.kernels=fast"])
 
 
 def test_model_presets_in_conf_equal_the_model_presets():

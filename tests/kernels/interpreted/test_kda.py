@@ -34,7 +34,7 @@ def test_recurrent_matches_reference(T, K, V, dtype, with_state, rel):
     q, k, v, gate, beta, s0 = _inputs(1 if T > 1 else 2, T, 2, K, V, seed=T + K, dtype=dtype)
     s0 = s0 if with_state else None
     o, s = kda._kda_recurrent_triton(q, k, v, gate, beta, s0)
-    o_ref, s_ref = kda._kda_recurrent_torch(q, k, v, gate, beta, s0)
+    o_ref, s_ref = kda.kda_recurrent_torch(q, k, v, gate, beta, s0)
     assert o.dtype == s.dtype == torch.float32
     assert rel(o, o_ref) < 1e-5 and rel(s, s_ref) < 1e-5
 
@@ -58,7 +58,7 @@ def test_chunk_forward_matches_reference(T, K, V, with_state, rel):
     q, k, v, gate, beta, s0 = _inputs(1, T, 2, K, V, seed=T * K, dtype=torch.float32)
     s0 = s0 if with_state else None
     o, s = kda._kda_chunk_triton(q, k, v, gate, beta, s0)
-    o_ref, s_ref = kda._kda_recurrent_torch(q, k, v, gate, beta, s0)
+    o_ref, s_ref = kda.kda_recurrent_torch(q, k, v, gate, beta, s0)
     assert rel(o, o_ref) < 1e-5 and rel(s, s_ref) < 1e-5
 
 
@@ -80,7 +80,7 @@ def _chunk_grads(T, K, V, with_state, loss_on_state, dtype, seed, gate_scale=0.3
 
     fn = kda.kda_chunk if public else kda._KDAChunk.apply
     got, _ = grads(fn, xs)
-    want, _ = grads(kda._kda_recurrent_torch, [x.double() for x in xs])
+    want, _ = grads(kda.kda_recurrent_torch, [x.double() for x in xs])
     return got, want
 
 

@@ -1,0 +1,88 @@
+"""A layer kind brings its own state and kernel: a toy token mixer (a running mean of projected inputs,
+its state a fixed-size (sum, count) pair, its kernel a torch cumsum) registered beside ``full`` runs in
+the engine -- chunked prefill and batched decode -- without any change to ``ModelRunner`` or
+``PagedState``, and gives the tokens and log-probs of a full recompute (float64)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from jointrl.model import MoEConfig, MoETransformer
+from jointrl.model import config as model_config
+from jointrl.model.attention import AttentionBatch
+from jointrl.model.moe_transformer import MIXERS
+from jointrl.model.state import StateSpec
+from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
+from jointrl.rl.types import SamplingParams
+
+IM_END = 258
+
+
+def running_mean(v_BTH: torch.Tensor, sum_BH: torch.Tensor, n_B1: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The toy kind's kernel: y_t = (sum + Σ_{s≤t} v_s) / (n + t + 1) → (y [B, T, H], new sum, new count)."""
+    T = v_BTH.shape[1]
+    sums_BTH = sum_BH[:, None] + v_BTH.cumsum(1)
+    counts_BT1 = n_B1[:, None] + torch.arange(1, T + 1, dtype=v_BTH.dtype)[None, :, None]
+    return sums_BTH / counts_BT1, sums_BTH[:, -1], n_B1 + T
+
+
+class RunningMean(nn.Module):
+    """y = o_proj(mean over the sequence so far of v_proj(x)); a fixed-size state per sequence."""
+
+    def __init__(self, config: MoEConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        H = config.hidden_size
+        self.v_proj = nn.Linear(H, H, bias=False)
+        self.o_proj = nn.Linear(H, H, bias=False)
+        self.state_spec = StateSpec(fixed=True)
+
+    def forward(self, x_BTH: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        v_BTH = self.v_proj(x_BTH)
+        B, _, H = v_BTH.shape
+        stored = None if batch.cache is None else batch.cache.recurrent(self.layer_idx)
+        sum_BH, n_B1 = stored if stored is not None else (v_BTH.new_zeros(B, H), v_BTH.new_zeros(B, 1))
+        y_BTH, sum_BH, n_B1 = running_mean(v_BTH, sum_BH, n_B1)
+        if batch.cache is not None:
+            batch.cache.set_recurrent(self.layer_idx, sum_BH, n_B1)
+        return self.o_proj(y_BTH)
+
+
+@pytest.fixture
+def toy_model(monkeypatch):
+    monkeypatch.setattr(model_config, "LAYER_TYPES", (*model_config.LAYER_TYPES, "running_mean"))
+    monkeypatch.setitem(MIXERS, "running_mean", RunningMean)
+    cfg = MoEConfig(num_hidden_layers=3, layer_types=("running_mean", "full", "running_mean"), initializer_range=0.1)
+    return MoETransformer.from_config(cfg, dtype=torch.float64, seed=2)
+
+
+def reference(model, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
+    """Greedy decode recomputing the whole sequence every token (no cache)."""
+    ids, out, lps = list(prompt), [], []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            logp_V = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1], -1)
+            t = int(logp_V.argmax())
+            out.append(t)
+            lps.append(float(logp_V[t]))
+            ids.append(t)
+            if t == IM_END:
+                break
+    return out, lps
+
+
+def test_a_new_layer_kind_runs_in_the_engine_unchanged(toy_model):
+    engine = LLMEngine(toy_model, config=EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=16))
+    assert not engine.runner.prefix_cacheable  # a fixed-size state is not shared by blocks
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 19, 9)]
+    params = SamplingParams(max_tokens=6, temperature=0)
+    outs = engine.generate_batch(prompts, [params] * len(prompts))
+    for prompt, out in zip(prompts, outs, strict=True):
+        want_ids, want_lps = reference(toy_model, prompt, params.max_tokens)
+        assert out.token_ids == want_ids
+        assert out.logprobs == pytest.approx(want_lps, abs=1e-10)
+    assert engine.stats.steps > len(prompts) + 1  # chunked prefill and batched decode steps both ran
