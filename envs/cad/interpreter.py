@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Any
 from jointrl.envs.base import EnvError
 from jointrl.envs.sandbox.base import SandboxConfig
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
+from jointrl.envs.sandbox.bwrap_proc import read_json_line
 
 VENV = os.environ.get("JOINTRL_CAD_VENV", "/opt/jointrl/venvs/cad")
 RUNNER = Path(__file__).with_name("sandbox_runner.py")
@@ -159,25 +159,8 @@ class CadSandbox(BwrapSandbox):
 
     def _read_reply(self, deadline: float) -> dict | bool | None:
         """The next JSON line on the reply pipe; False at the deadline; None at its end (or garbage)."""
-        fd = self._fds[0]
-        while b"\n" not in self._buffer:
-            now = time.monotonic()
-            if now >= deadline:
-                return False
-            with selectors.DefaultSelector() as sel:
-                sel.register(fd, selectors.EVENT_READ)
-                if not sel.select(timeout=deadline - now):
-                    return False
-            chunk = os.read(fd, 1 << 16)
-            if not chunk or len(self._buffer) > _MAX_REPLY_BYTES:
-                return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            return None
-        return reply if isinstance(reply, dict) else None
+        reply, self._buffer = read_json_line(self._fds[0], self._buffer, deadline, _MAX_REPLY_BYTES, 1 << 16)
+        return reply
 
     def _death_note(self) -> str:
         assert self._proc is not None

@@ -39,7 +39,6 @@ import functools
 import json
 import os
 import secrets
-import selectors
 import shutil
 import subprocess
 import threading
@@ -49,6 +48,7 @@ from pathlib import Path
 from jointrl.envs.base import EnvError
 from jointrl.envs.sandbox.base import SandboxConfig
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
+from jointrl.envs.sandbox.bwrap_proc import read_json_line
 
 SERVER = Path(__file__).parent / "tool" / "recalc_server.py"
 SERVER_MOUNT = "/opt/jointrl-office-recalc/recalc_server.py"
@@ -145,25 +145,8 @@ class RecalcServer:
 
     def _read(self, deadline: float) -> dict | bool | None:
         """The next JSON line from the server; False at the deadline; None at the pipe's end or garbage."""
-        fd = self._fds[0]
-        while b"\n" not in self._buffer:
-            now = time.monotonic()
-            if now >= deadline:
-                return False
-            with selectors.DefaultSelector() as sel:
-                sel.register(fd, selectors.EVENT_READ)
-                if not sel.select(timeout=deadline - now):
-                    return False
-            chunk = os.read(fd, 1 << 20)
-            if not chunk or len(self._buffer) > _MAX_REPLY_BYTES:
-                return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            return None
-        return reply if isinstance(reply, dict) else None
+        reply, self._buffer = read_json_line(self._fds[0], self._buffer, deadline, _MAX_REPLY_BYTES, 1 << 20)
+        return reply
 
     def _stop(self) -> None:
         """Close the sandbox (every process in it) and our pipe ends. Idempotent."""

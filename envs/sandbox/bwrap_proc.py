@@ -171,3 +171,30 @@ def _read_first_status(fd: int, deadline: float) -> bytes:
             break
         buf += chunk
     return buf
+
+
+def read_json_line(fd: int, buffer: bytes, deadline: float, max_bytes: int,
+                   chunk: int = 1 << 16) -> tuple[dict | bool | None, bytes]:
+    """The next JSON object (one per line) a sandboxed server writes on pipe ``fd``, reading past
+    ``buffer`` (what earlier calls read beyond their line) → (reply, the new buffer). The reply is
+    False at ``deadline`` (``time.monotonic()``), None at the pipe's end, past ``max_bytes``
+    buffered, or for a line that is not a JSON object: the caller's server is then not to be
+    trusted and is restarted. Never blocks past the deadline."""
+    while b"\n" not in buffer:
+        now = time.monotonic()
+        if now >= deadline:
+            return False, buffer
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            if not sel.select(timeout=deadline - now):
+                return False, buffer
+        data = os.read(fd, chunk)
+        if not data or len(buffer) > max_bytes:
+            return None, buffer
+        buffer += data
+    line, buffer = buffer.split(b"\n", 1)
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        return None, buffer
+    return (reply if isinstance(reply, dict) else None), buffer
