@@ -22,18 +22,25 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from jointrl.rl.config import Config
+from jointrl.rl.config import Config, RolloutBackend
 
 
-def resolve_bundle(bundle: dict, cluster_gpus: float) -> dict[str, float]:
-    """``GPU: auto`` -> 1 if the cluster has GPUs else 0; zero entries dropped."""
+def resolve_bundle(bundle: dict, cluster_gpus: float, auto_gpus: int = 1) -> dict[str, float]:
+    """``GPU: auto`` -> ``auto_gpus`` if the cluster has GPUs else 0; zero entries dropped."""
     out = {}
     for k, v in bundle.items():
         if v == "auto":
-            v = 1 if cluster_gpus > 0 else 0
+            v = auto_gpus if cluster_gpus > 0 else 0
         if float(v) > 0:
             out[k] = float(v)
     return out
+
+
+def rollout_gpus(cfg: Config) -> int:
+    """GPUs one rollout worker needs: its vLLM instance's ``tensor_parallel_size`` x
+    ``data_parallel_size`` (expert parallelism spans those same GPUs); one for the own engine."""
+    v = cfg.rollout.vllm
+    return v.tensor_parallel_size * v.data_parallel_size if cfg.rollout.backend is RolloutBackend.vllm else 1
 
 
 def cpu_only_nodes() -> list[str]:
@@ -61,7 +68,11 @@ class Placement:
         gpus = ray.cluster_resources().get("GPU", 0.0)
         self.env_cpus, self.env_nodes = cc.env_worker_cpus, cpu_only_nodes()
         self.learner_bundle = resolve_bundle(cc.learner_bundle, gpus)
-        self.rollout_bundle = resolve_bundle(cc.rollout_bundle, gpus)
+        self.rollout_bundle = resolve_bundle(cc.rollout_bundle, gpus, rollout_gpus(cfg))
+        if 0 < self.rollout_bundle.get("GPU", 0) < rollout_gpus(cfg):
+            raise ValueError(f"cluster.rollout_bundle has GPU: {self.rollout_bundle['GPU']:g}, but one vLLM instance spans "
+                             f"rollout.vllm.tensor_parallel_size x data_parallel_size = {rollout_gpus(cfg)} GPUs "
+                             "(GPU: auto sizes it)")
         self.colocate = cc.colocate
         if self.colocate:
             if cfg.rollout.num_workers > cfg.learner.num_ranks:

@@ -78,3 +78,16 @@ def test_colocate_needs_a_learner_rank_per_rollout_worker(gpu_cluster):
     cfg = load_config(["learner.num_ranks=1", "rollout.num_workers=2", "cluster.colocate=true"])
     with pytest.raises(ValueError, match="rollout.num_workers"):
         Placement(cfg)
+
+
+def test_a_vllm_worker_bundle_spans_its_tensor_parallel_gpus(gpu_cluster):
+    """``GPU: auto`` gives a vLLM rollout worker tensor_parallel_size x data_parallel_size GPUs (one
+    bundle, so one node); a bundle that names fewer is refused before anything is placed."""
+    over = ["learner.num_ranks=1", "rollout.num_workers=1", "rollout.backend=vllm", "rollout.vllm.tensor_parallel_size=2",
+            "cluster.learner_bundle={CPU: 1, GPU: auto}"]
+    placement = Placement(load_config([*over, "cluster.rollout_bundle={CPU: 2, GPU: auto}"]))
+    assert placement.rollout_bundle == {"CPU": 2.0, "GPU": 2.0}
+    assert ray.util.placement_group_table(placement.groups["rollout"])["bundles"][0] == {"CPU": 2.0, "GPU": 2.0}
+    placement.remove()
+    with pytest.raises(ValueError, match="tensor_parallel_size x data_parallel_size = 2"):
+        Placement(load_config([*over, "cluster.rollout_bundle={CPU: 2, GPU: 1}"]))
