@@ -152,7 +152,7 @@ class LLMEngine:
                              f"KV blocks; the engine has num_blocks={self.config.num_blocks}")
         gen = None
         if params.seed is not None:
-            gen = torch.Generator().manual_seed(params.seed)
+            gen = torch.Generator(self.runner.device).manual_seed(params.seed)  # sampled where the logits are
         self.stats.prompt_tokens += len(prompt_ids)
         return Sequence(seq_id=next(self._ids), token_ids=list(prompt_ids), params=params,
                         stops=frozenset(params.stop_token_ids if self.config.ignore_eos
