@@ -277,7 +277,8 @@ class ModelRunner:
         image_id, dim = self.image
         rows = [slot_patches(seq.token_ids, seq.images, image_id, dim, seq.num_computed, seq.num_computed + n)
                 for seq, n in parts if image_id in seq.token_ids[seq.num_computed:seq.num_computed + n]]
-        return torch.cat(rows) if rows else torch.zeros(0, dim, dtype=self.dtype, device=self.device)
+        # the request's patches arrive on the host: one copy to the engine's device (none on the host)
+        return torch.cat(rows).to(self.device) if rows else torch.zeros(0, dim, dtype=self.dtype, device=self.device)
 
     def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
         pos = torch.arange(start, end, device=self.device)

@@ -19,7 +19,9 @@ from torch.overrides import TorchFunctionMode
 
 import jointrl
 from jointrl.model import MoEConfig, MoETransformer
+from jointrl.model.tokenizer import ByteTokenizer
 from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
+from jointrl.rl.rollout.sampler import SimpleSampler
 from jointrl.rl.types import SamplingParams
 
 ROOT = Path(jointrl.__file__).resolve().parent
@@ -28,8 +30,9 @@ FACTORIES = {torch.tensor, torch.as_tensor, torch.arange, torch.zeros, torch.one
              torch.rand, torch.randn, torch.randint, torch.eye, torch.linspace, torch.randperm, torch.empty_strided}
 
 # (file, enclosing function, factory) -> why that tensor is meant to be a host tensor
-HOST_BY_DESIGN: dict[tuple[str, str, str], str] = {
-}
+# (empty: every tensor of a step meets device tensors; the C++ CPU path gets its tensors with device=cpu,
+# the same call as before)
+HOST_BY_DESIGN: dict[tuple[str, str, str], str] = {}
 
 
 class FactoryAudit(TorchFunctionMode):
@@ -78,3 +81,14 @@ def test_an_engine_step_allocates_on_the_engine_device(kind, backend):
     unexplained = {k: line for k, line in audit.found.items() if k not in HOST_BY_DESIGN}
     assert not unexplained, "tensors created without device= (file, function, factory: line):\n" + "\n".join(
         f"  {f}:{line} {fn}() torch.{fac}" for (f, fn, fac), line in sorted(unexplained.items()))
+
+
+def test_the_simple_sampler_allocates_on_the_model_device():
+    model = MoETransformer.from_config(MODELS["full"], dtype=torch.float32, seed=3, kernels="torch")
+    sampler = SimpleSampler(model, ByteTokenizer(), record_routes=True)
+    audit = FactoryAudit()
+    with audit:
+        outs = sampler.generate_batch([[5, 6, 7], [8]], [SamplingParams(max_tokens=3, seed=2),
+                                                         SamplingParams(max_tokens=3, temperature=0)])
+    assert all(len(o.token_ids) == 3 for o in outs)
+    assert not audit.found, f"tensors created without device=: {audit.found}"
