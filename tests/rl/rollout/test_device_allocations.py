@@ -1,5 +1,5 @@
 """Allocation audit of the engine's hot loop: every tensor a step of the own engine creates in
-``rl/rollout/`` or ``model/`` code is created on the engine's device (an explicit ``device=``, a
+``rl/rollout/``, ``model/`` or ``kernels/`` code is created on the engine's device (an explicit ``device=``, a
 ``like`` tensor, or a ``new_*`` / ``*_like`` call), so the same code runs with the weights, KV pool and
 states on CUDA. It runs on the host, where a forgotten ``device=`` costs nothing and shows nothing: so
 a ``TorchFunctionMode`` records every factory call (``torch.tensor``, ``arange``, ``zeros``, ...) made
@@ -25,14 +25,17 @@ from jointrl.rl.rollout.sampler import SimpleSampler
 from jointrl.rl.types import SamplingParams
 
 ROOT = Path(jointrl.__file__).resolve().parent
-AUDITED = ("rl/rollout/", "model/")
+AUDITED = ("rl/rollout/", "model/", "kernels/")
 FACTORIES = {torch.tensor, torch.as_tensor, torch.arange, torch.zeros, torch.ones, torch.empty, torch.full,
              torch.rand, torch.randn, torch.randint, torch.eye, torch.linspace, torch.randperm, torch.empty_strided}
 
 # (file, enclosing function, factory) -> why that tensor is meant to be a host tensor
-# (empty: every tensor of a step meets device tensors; the C++ CPU path gets its tensors with device=cpu,
-# the same call as before)
-HOST_BY_DESIGN: dict[tuple[str, str, str], str] = {}
+HOST_BY_DESIGN: dict[tuple[str, str, str], str] = {
+    ("kernels/cpu_extension.py", "zeros_huge_pages", "empty"):
+        "the host KV pool / expert panels in huge pages: ModelRunner calls it only when its device is the host",
+    ("kernels/cpu_extension.py", "zeros_huge_pages", "zeros"):
+        "the same, where the OS gives no huge pages",
+}
 
 
 class FactoryAudit(TorchFunctionMode):
