@@ -35,6 +35,7 @@ import torch
 
 from jointrl.model import MoETransformer
 from jointrl.model.tokenizer import ByteTokenizer
+from jointrl.rl.device import HOST
 from jointrl.rl.rollout.block_manager import BlockManager
 from jointrl.rl.rollout.model_runner import ModelRunner
 from jointrl.rl.rollout.sampling import sample_rows
@@ -228,7 +229,8 @@ class LLMEngine:
                 continue
             if seq.routed is not None:  # routing replay: positions routed_from .. len - 2
                 out.routed_from = seq.routed_from
-                out.routed_experts = seq.routed[seq.routed_from:len(seq) - 1].clone()
+                # kept on the engine's device while the turn runs; the output crosses processes: a host copy
+                out.routed_experts = seq.routed[seq.routed_from:len(seq) - 1].to(HOST, copy=True)
             self.scheduler.finish(seq, now)
             done.append(seq)
         return done

@@ -28,6 +28,7 @@ import torch
 from jointrl.model import KVCache, MoETransformer
 from jointrl.model.rope import position_ids
 from jointrl.model.tokenizer import ByteTokenizer
+from jointrl.rl.device import HOST
 from jointrl.rl.image_inputs import slot_patches
 from jointrl.rl.types import ROUTE_DTYPE, GenerationOutput, SamplingParams
 from jointrl.rl.weight_sync import apply_bundle
@@ -142,7 +143,7 @@ class SimpleSampler:
         for b, (row, o) in enumerate(zip(rows, outs)):
             o.finish_reason = row.finish
             if routes is not None:
-                o.routed_experts = torch.cat(routes[b])[:len(prompts[b]) + len(o.token_ids) - 1]
+                o.routed_experts = torch.cat(routes[b])[:len(prompts[b]) + len(o.token_ids) - 1].to(HOST)  # crosses processes
         return outs
 
     def _patches(self, rows: list[list[int]], images: list[torch.Tensor | None] | None = None) -> torch.Tensor | None:

@@ -78,6 +78,7 @@ def test_an_engine_step_allocates_on_the_engine_device(kind, backend):
     with audit:
         outs = engine.generate_batch(prompts, params)
     assert all(len(o.token_ids) == 4 for o in outs)
+    assert all(o.routed_experts.device.type == "cpu" for o in outs)  # outputs cross processes: host tensors
     device = next(engine.model.parameters()).device
     assert engine.runner.kv_LPCHD.device == device
     assert engine.make_sequence([1, 2], SamplingParams(seed=1)).gen.device == device  # sampled where the logits are
@@ -93,5 +94,5 @@ def test_the_simple_sampler_allocates_on_the_model_device():
     with audit:
         outs = sampler.generate_batch([[5, 6, 7], [8]], [SamplingParams(max_tokens=3, seed=2),
                                                          SamplingParams(max_tokens=3, temperature=0)])
-    assert all(len(o.token_ids) == 3 for o in outs)
+    assert all(len(o.token_ids) == 3 and o.routed_experts.device.type == "cpu" for o in outs)
     assert not audit.found, f"tensors created without device=: {audit.found}"
