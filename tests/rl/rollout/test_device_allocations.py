@@ -4,7 +4,8 @@
 states on CUDA. It runs on the host, where a forgotten ``device=`` costs nothing and shows nothing: so
 a ``TorchFunctionMode`` records every factory call (``torch.tensor``, ``arange``, ``zeros``, ...) made
 from those files without a device, over chunked prefill, batched decode and sampling (seeded, top-k,
-routing replay) of a full-attention and a hybrid model on the ``torch`` and ``cpu`` kernel backends,
+routing replay) of a full-attention and a hybrid model on the ``torch`` and ``cpu`` kernel backends
+(and bfloat16, whose expert matmuls pad their rows),
 and the test fails listing them -- except ``HOST_BY_DESIGN``, each with the reason it stays a host tensor.
 """
 
@@ -64,10 +65,11 @@ MODELS = {"full": MoEConfig(initializer_range=0.1),
           "hybrid": MoEConfig.preset("tiny_hybrid", initializer_range=0.1, kda_chunk_size=8)}
 
 
-@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize(("backend", "dtype"), [("torch", torch.float32), ("cpu", torch.float32),
+                                               ("torch", torch.bfloat16)])  # bfloat16: the MoE's padded rows
 @pytest.mark.parametrize("kind", sorted(MODELS))
-def test_an_engine_step_allocates_on_the_engine_device(kind, backend):
-    model = MoETransformer.from_config(MODELS[kind], dtype=torch.float32, seed=3, kernels=backend)
+def test_an_engine_step_allocates_on_the_engine_device(kind, backend, dtype):
+    model = MoETransformer.from_config(MODELS[kind], dtype=dtype, seed=3, kernels=backend)
     engine = LLMEngine(model, config=EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=16,
                                                   return_routed_experts=True))
     g = torch.Generator().manual_seed(0)
