@@ -84,7 +84,7 @@ def paged_decode_torch(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B: 
     kv_BSCHD = kv_PCHD.index_select(0, slots_BS.reshape(-1)).view(B, S, 2, Hkv, D).to(q_BHD.dtype)
     q_BHgD = q_BHD.view(B, Hkv, Hq // Hkv, D)
     scores_BHgS = torch.einsum("bhgd,bshd->bhgs", q_BHgD, kv_BSCHD[:, :, 0]) * scale
-    pad_B11S = (torch.arange(S)[None, :] >= ctx_B[:, None])[:, None, None, :]
+    pad_B11S = (torch.arange(S, device=ctx_B.device)[None, :] >= ctx_B[:, None])[:, None, None, :]
     p_BHgS = torch.softmax(scores_BHgS.masked_fill(pad_B11S, -torch.inf), dim=-1).nan_to_num(0.0)
     return torch.einsum("bhgs,bshd->bhgd", p_BHgS, kv_BSCHD[:, :, 1]).reshape(B, Hq, D)
 
@@ -112,7 +112,8 @@ def paged_prefill_torch(q_NHD: Tensor, kv_PCHD: Tensor, slots_CS: Tensor, start_
     Hq, Hkv = q_NHD.shape[1], kv_PCHD.shape[2]
     for j, (r0, n, c) in enumerate(zip(row0_C.tolist(), count_C.tolist(), start_C.tolist())):
         kv_SCHD = kv_PCHD.index_select(0, slots_CS[j, :c + n]).to(q_NHD.dtype)
-        mask_TS = torch.arange(c + n)[None, :] <= torch.arange(c, c + n)[:, None]
+        dev = q_NHD.device  # the references run on a GPU too (the triton table's prefill)
+        mask_TS = torch.arange(c + n, device=dev)[None, :] <= torch.arange(c, c + n, device=dev)[:, None]
         out_1HTD = F.scaled_dot_product_attention(
             q_NHD[r0:r0 + n].transpose(0, 1)[None], kv_SCHD[None, :, 0].transpose(1, 2),
             kv_SCHD[None, :, 1].transpose(1, 2), attn_mask=mask_TS, scale=scale, enable_gqa=Hq != Hkv)

@@ -158,7 +158,7 @@ class GatedDSAAttention(Attention):
             outs.append(self._weighted_values(probs_BHcS.to(v_BHSD.dtype), v_BHSD[:, :, :Sc]))
             kl_sum = kl_sum + indexer_kl(probs_BHcS.detach().mean(1), scores_BcS, visible_BcS, real_Bc)
         if want_loss:
-            n_real = torch.tensor(float(B * T)) if weight_BT is None else weight_BT.sum()
+            n_real = torch.tensor(float(B * T), device=x_BTH.device) if weight_BT is None else weight_BT.sum()
             batch.indexer_losses.append((kl_sum, n_real.to(kl_sum.dtype)))
         return self.output(x_BTH, torch.cat(outs, dim=2))
 

@@ -184,8 +184,10 @@ def padded_layout(counts: list[int], order_A: torch.Tensor, N: int, k: int
         shift.append(pstart - start)
         start, pstart = start + c, pstart + p
     A, P = order_A.shape[0], pstart
-    slot_A = torch.arange(A) + torch.repeat_interleave(torch.tensor(shift), torch.tensor(counts), output_size=A)
-    order_P = torch.full((P,), N * k, dtype=order_A.dtype).index_copy_(0, slot_A, order_A)
+    dev = order_A.device
+    slot_A = torch.arange(A, device=dev) + torch.repeat_interleave(torch.tensor(shift, device=dev),
+                                                                    torch.tensor(counts, device=dev), output_size=A)
+    order_P = torch.full((P,), N * k, dtype=order_A.dtype, device=dev).index_copy_(0, slot_A, order_A)
     return padded, order_P, order_P // k
 
 

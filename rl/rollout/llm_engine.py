@@ -35,6 +35,7 @@ import torch
 
 from jointrl.model import MoETransformer
 from jointrl.model.tokenizer import ByteTokenizer
+from jointrl.rl.device import HOST
 from jointrl.rl.rollout.block_manager import BlockManager
 from jointrl.rl.rollout.model_runner import ModelRunner
 from jointrl.rl.rollout.sampling import sample_rows
@@ -152,7 +153,7 @@ class LLMEngine:
                              f"KV blocks; the engine has num_blocks={self.config.num_blocks}")
         gen = None
         if params.seed is not None:
-            gen = torch.Generator().manual_seed(params.seed)
+            gen = torch.Generator(self.runner.device).manual_seed(params.seed)  # sampled where the logits are
         self.stats.prompt_tokens += len(prompt_ids)
         return Sequence(seq_id=next(self._ids), token_ids=list(prompt_ids), params=params,
                         stops=frozenset(params.stop_token_ids if self.config.ignore_eos
@@ -228,7 +229,8 @@ class LLMEngine:
                 continue
             if seq.routed is not None:  # routing replay: positions routed_from .. len - 2
                 out.routed_from = seq.routed_from
-                out.routed_experts = seq.routed[seq.routed_from:len(seq) - 1].clone()
+                # kept on the engine's device while the turn runs; the output crosses processes: a host copy
+                out.routed_experts = seq.routed[seq.routed_from:len(seq) - 1].to(HOST, copy=True)
             self.scheduler.finish(seq, now)
             done.append(seq)
         return done

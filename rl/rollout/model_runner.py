@@ -234,15 +234,15 @@ class ModelRunner:
             return moe_cpu.pack_experts(*ws, out=old)
         return tuple(zeros_huge_pages(p.shape, p.dtype).copy_(p) for p in moe_cpu.pack_experts(*ws))
 
-    def _rope(self, pos_N: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos_ND, sin_ND) of ``rotary_emb`` at ``pos_N``, looked up in a table of positions 0..P-1 built by
+    def _rope(self, pos_N: torch.Tensor, need: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos_ND, sin_ND) of ``rotary_emb`` at ``pos_N`` (``need``: max(pos_N) + 1, a host int: no device
+        sync), looked up in a table of positions 0..P-1 built by
         ``rotary_emb`` itself (elementwise in the position: the same values up to the vectorized cos/sin's
         last ulp) and doubled when a position passes it -- one index per step instead of ~10 ops."""
-        need = int(pos_N.max()) + 1 if len(pos_N) else 1
         table = self._rope_table
         if table is None or table[0].shape[0] < need or table[0].dtype != dtype:
             size = max(1024, 1 << (need - 1).bit_length())
-            cos_1PD, sin_1PD = self.model.model.rotary_emb(torch.arange(size)[None], dtype)
+            cos_1PD, sin_1PD = self.model.model.rotary_emb(torch.arange(size, device=self.device)[None], dtype)
             table = self._rope_table = (cos_1PD[0], sin_1PD[0])
         return table[0][pos_N], table[1][pos_N]
 
@@ -277,11 +277,12 @@ class ModelRunner:
         image_id, dim = self.image
         rows = [slot_patches(seq.token_ids, seq.images, image_id, dim, seq.num_computed, seq.num_computed + n)
                 for seq, n in parts if image_id in seq.token_ids[seq.num_computed:seq.num_computed + n]]
-        return torch.cat(rows) if rows else torch.zeros(0, dim, dtype=self.dtype)
+        # the request's patches arrive on the host: one copy to the engine's device (none on the host)
+        return torch.cat(rows).to(self.device) if rows else torch.zeros(0, dim, dtype=self.dtype, device=self.device)
 
     def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
-        pos = torch.arange(start, end)
-        return torch.tensor(seq.block_table)[pos // self.bs] * self.bs + pos % self.bs
+        pos = torch.arange(start, end, device=self.device)
+        return torch.tensor(seq.block_table, device=self.device)[pos // self.bs] * self.bs + pos % self.bs
 
     @torch.no_grad()
     def run(self, batch: list[tuple[Sequence, int]], want_routed: bool = False
@@ -305,8 +306,9 @@ class ModelRunner:
             ids.append(seq.token_ids[c])
             pos.append(c)
             slots.append(seq.block_table[c // bs] * bs + c % bs)
-        ids_N, pos_N = torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long)
-        slot_N = torch.tensor(slots, dtype=torch.long)
+        dev = self.device  # every index tensor of the step on the engine's device (host lists built first)
+        ids_N, pos_N = torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev)
+        slot_N = torch.tensor(slots, dtype=torch.long, device=dev)
         prefill = []  # (row offset, n, start, key slots [S])
         row = n_dec
         parts_ids, parts_pos, parts_slot = [ids_N], [pos_N], [slot_N]
@@ -315,29 +317,30 @@ class ModelRunner:
             first_row[i] = row
             c = seq.num_computed
             key_slots_S = self._slots(seq, 0, c + n)
-            parts_ids.append(torch.tensor(seq.token_ids[c:c + n], dtype=torch.long))
-            parts_pos.append(torch.arange(c, c + n))
+            parts_ids.append(torch.tensor(seq.token_ids[c:c + n], dtype=torch.long, device=dev))
+            parts_pos.append(torch.arange(c, c + n, device=dev))
             parts_slot.append(key_slots_S[c:])
             prefill.append((row, n, c, key_slots_S))
             row += n
         if prefill:
             ids_N, pos_N, slot_N = torch.cat(parts_ids), torch.cat(parts_pos), torch.cat(parts_slot)
+        n_pos = max([p + 1 for p in pos] + [c + n for _, n, c, _ in prefill])  # max(pos_N) + 1, from host ints
 
         dec_slots_BS = ctx_B = None
         if n_dec:
             ctx_B = pos_N[:n_dec] + 1
-            S = max(pos[:n_dec]) + 1
+            S = max(pos[:n_dec]) + 1  # host ints: no device sync
             M = -(-S // bs)
             tables = [batch[i][0].block_table[:M] for i in order[:n_dec]]
-            table_BM = torch.tensor([t + [0] * (M - len(t)) for t in tables], dtype=torch.long)  # one call per step
-            dec_slots_BS = (table_BM[:, :, None] * bs + torch.arange(bs)).view(n_dec, M * bs)[:, :S].contiguous()
+            table_BM = torch.tensor([t + [0] * (M - len(t)) for t in tables], dtype=torch.long, device=dev)  # one call per step
+            dec_slots_BS = (table_BM[:, :, None] * bs + torch.arange(bs, device=dev)).view(n_dec, M * bs)[:, :S].contiguous()
         # every row a decode query, its keys 0..pos read through the decode kernel: batch-invariant mode, and
         # steps whose prefill chunks are all short (a GRPO group's members after the shared prompt's full
         # blocks: one kernel call per layer; faster than SDPA per chunk, even with paged_prefill: docstring)
         rows_as_decode = self.invariant or (prefill and self.fast and paged_attention_cpu.load_kernel() is not None
                                             and all(n <= SHORT_PREFILL for _, n, _, _ in prefill))
         if rows_as_decode:
-            all_slots_NS = torch.zeros(len(ids_N), int(pos_N.max()) + 1, dtype=torch.long)
+            all_slots_NS = torch.zeros(len(ids_N), n_pos, dtype=torch.long, device=dev)
             if n_dec:
                 all_slots_NS[:n_dec, :dec_slots_BS.shape[1]] = dec_slots_BS
             for r0, n, c, key_slots_S in prefill:
@@ -345,16 +348,16 @@ class ModelRunner:
             all_ctx_N = pos_N + 1
         chunks = None  # the prefill chunks' key slots and rows, once for every layer's paged_prefill
         if prefill and not rows_as_decode:
-            slots_CS = torch.zeros(len(prefill), max(c + n for _, n, c, _ in prefill), dtype=torch.long)
+            slots_CS = torch.zeros(len(prefill), max(c + n for _, n, c, _ in prefill), dtype=torch.long, device=dev)
             for j, (_, n, c, key_slots_S) in enumerate(prefill):
                 slots_CS[j, :c + n] = key_slots_S
-            chunks = (slots_CS, *torch.tensor([(c, r0, n) for r0, n, c, _ in prefill], dtype=torch.long).T)
+            chunks = (slots_CS, *torch.tensor([(c, r0, n) for r0, n, c, _ in prefill], dtype=torch.long, device=dev).T)
 
         m = self.model
         x_NH = m.model.embed_tokens(ids_N)
         if self.image is not None and bool((ids_N == self.image[0]).any()):
             x_NH = m.model.image_projector.merge(x_NH[None], ids_N[None], self._patches([batch[i] for i in order]))[0]
-        cos_ND, sin_ND = self._rope(pos_N, x_NH.dtype)
+        cos_ND, sin_ND = self._rope(pos_N, n_pos, x_NH.dtype)
         packed = self.packed_linear  # the dense projections through kernels/linear_cpu, at any row count
         if packed and not prefill and self.image is None:
             plan = self._decode_plan()
@@ -405,7 +408,8 @@ class ModelRunner:
             logits_RV = self._rows(m.lm_head, h_RH)
         routed_NLk = None
         if want_routed:  # back to batch order
-            rows = torch.cat([torch.arange(first_row[i], first_row[i] + n) for i, (_, n) in enumerate(batch)])
+            rows = torch.tensor([r for i, (_, n) in enumerate(batch) for r in range(first_row[i], first_row[i] + n)],
+                                dtype=torch.long, device=self.device)
             routed_NLk = torch.stack(routed, dim=1)[rows]
         return logits_RV, ends, routed_NLk
 
@@ -554,7 +558,7 @@ class ModelRunner:
         rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # batch index -> (logits [n, V], routed [n, L, k])
         if len(decoding) > 1:
             state = DecodeBatchState(self, [batch[i][0] for i in decoding])
-            ids_B1 = torch.tensor([[batch[i][0].token_ids[batch[i][0].num_computed]] for i in decoding])
+            ids_B1 = torch.tensor([[batch[i][0].token_ids[batch[i][0].num_computed]] for i in decoding], device=self.device)
             out = self.model(ids_B1, position_ids=state.position_ids_B1, attention_mask=state.attention_mask_BS,
                              cache=state, image_patches=self._patches([batch[i] for i in decoding]))
             rows = {i: (out.logits[b], out.topk_ids[b]) for b, i in enumerate(decoding)}
@@ -562,7 +566,8 @@ class ModelRunner:
         for i, (seq, n) in enumerate(batch):
             c = seq.num_computed
             if i not in rows:
-                out = self.model(torch.tensor([seq.token_ids[c:c + n]]), position_ids=torch.arange(c, c + n)[None],
+                out = self.model(torch.tensor([seq.token_ids[c:c + n]], device=self.device),
+                                 position_ids=torch.arange(c, c + n, device=self.device)[None],
                                  cache=PagedState(self, seq, n), image_patches=self._patches([(seq, n)]))
                 rows[i] = (out.logits[0], out.topk_ids[0])
             if c + n == len(seq):
@@ -570,7 +575,8 @@ class ModelRunner:
                 logits.append(rows[i][0][-1])
             if want_routed:
                 routed.append(rows[i][1])
-        logits_RV = torch.stack(logits) if logits else torch.empty(0, self.model.config.vocab_size, dtype=self.dtype)
+        logits_RV = torch.stack(logits) if logits else torch.empty(0, self.model.config.vocab_size, dtype=self.dtype,
+                                                                     device=self.device)
         return logits_RV, ends, torch.cat(routed) if want_routed else None
 
 

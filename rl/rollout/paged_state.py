@@ -26,8 +26,8 @@ class PagedState:
     def __init__(self, runner, seq: Sequence, num_new: int) -> None:
         self.runner, self.seq = runner, seq
         bs, c = runner.bs, seq.num_computed
-        pos = torch.arange(c + num_new)
-        self.slots_S = torch.tensor(seq.block_table)[pos // bs] * bs + pos % bs  # every position's slot
+        pos = torch.arange(c + num_new, device=runner.device)  # index tensors on the pools' device
+        self.slots_S = torch.tensor(seq.block_table, device=runner.device)[pos // bs] * bs + pos % bs  # every position's slot
         self.new_slots = self.slots_S[c:]
         if c == 0:
             seq.recurrent = {}
@@ -69,18 +69,19 @@ class DecodeBatchState:
 
     def __init__(self, runner, seqs: list[Sequence]) -> None:
         self.runner, self.seqs = runner, seqs
-        bs = runner.bs
+        bs, dev = runner.bs, runner.device  # index tensors on the pools' device
         ctx = [s.num_computed for s in seqs]
         S = max(ctx) + 1
         self.S = S
-        pos_BS = torch.arange(S)[None, :] - torch.tensor([S - 1 - c for c in ctx])[:, None]  # left padding
+        pos_BS = torch.arange(S, device=dev)[None, :] - torch.tensor([S - 1 - c for c in ctx], device=dev)[:, None]  # left padding
         self.attention_mask_BS = pos_BS >= 0
         pos_BS = pos_BS.clamp_min(0)
         width = -(-S // bs)
-        table_BM = torch.tensor([s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in seqs])
+        table_BM = torch.tensor([s.block_table[:width] + [0] * (width - len(s.block_table[:width])) for s in seqs],
+                                device=dev)
         self.slots_BS = table_BM.gather(1, pos_BS // bs) * bs + pos_BS % bs  # padding reads slot of position 0
         self.new_slots_B = self.slots_BS[:, -1].contiguous()
-        self.position_ids_B1 = torch.tensor(ctx)[:, None]
+        self.position_ids_B1 = torch.tensor(ctx, device=dev)[:, None]
 
     @property
     def batch(self) -> int:

@@ -12,6 +12,8 @@ replay, R3): ``GenerationOutput.routed_experts`` [n, L, k] holds the ids of ever
 call ran through the model, in order — the whole prompt (one prefill) then every generated
 token but the last (each fed back as the next step's input; the last one never is).
 
+Device: the model's; the batch's ids, masks and each seeded row's generator are made there.
+
 Log-prob convention (the learner uses the same): ``log_softmax(logits / T)`` of the sampled
 token, before top-k / top-p filtering; ``T = 1`` when sampling greedily (``temperature=0``).
 """
@@ -26,6 +28,7 @@ import torch
 from jointrl.model import KVCache, MoETransformer
 from jointrl.model.rope import position_ids
 from jointrl.model.tokenizer import ByteTokenizer
+from jointrl.rl.device import HOST
 from jointrl.rl.image_inputs import slot_patches
 from jointrl.rl.types import ROUTE_DTYPE, GenerationOutput, SamplingParams
 from jointrl.rl.weight_sync import apply_bundle
@@ -105,18 +108,17 @@ class SimpleSampler:
             raise ValueError("every prompt needs at least one token")
         B, S = len(prompts), max(len(p) for p in prompts)
         pad = self.tok.pad_id
-        ids_BS = torch.full((B, S), pad, dtype=torch.long)
-        mask_BS = torch.zeros((B, S), dtype=torch.bool)
-        for b, p in enumerate(prompts):  # left padding: every row's last token is at S-1
-            ids_BS[b, S - len(p):] = torch.tensor(p)
-            mask_BS[b, S - len(p):] = True
+        dev = next(self.model.parameters()).device
+        # left padding: every row's last token is at S-1 (built on the host, one copy to the device)
+        ids_BS = torch.tensor([[pad] * (S - len(p)) + list(p) for p in prompts], dtype=torch.long, device=dev)
+        mask_BS = torch.tensor([[False] * (S - len(p)) + [True] * len(p) for p in prompts], device=dev)
         pos_BS = position_ids(mask_BS)
-        rows = [_Row(params=sp, gen=_generator(sp.seed), stops=frozenset((self.tok.im_end_id, *sp.stop_token_ids)))
+        rows = [_Row(params=sp, gen=_generator(sp.seed, dev), stops=frozenset((self.tok.im_end_id, *sp.stop_token_ids)))
                 for sp in params]
         outs = [GenerationOutput([], [], [], "length", self._version) for _ in prompts]
 
         dtype = next(self.model.parameters()).dtype
-        cache = KVCache.empty(self.model.config, B, dtype)
+        cache = KVCache.empty(self.model.config, B, dtype, dev)
         out = self.model(ids_BS, position_ids=pos_BS, attention_mask=mask_BS, cache=cache,
                          image_patches=self._patches(prompts, images or [None] * B))
         logits_BV = out.logits[:, -1]
@@ -128,8 +130,8 @@ class SimpleSampler:
             step_ids = [self._pick(row, logits_BV[b], outs[b]) if not row.done else pad for b, row in enumerate(rows)]
             if all(r.done for r in rows):
                 break
-            mask_BS = torch.cat([mask_BS, torch.ones((B, 1), dtype=torch.bool)], dim=1)
-            out = self.model(torch.tensor(step_ids)[:, None], position_ids=next_pos_B[:, None],
+            mask_BS = torch.cat([mask_BS, mask_BS.new_ones((B, 1))], dim=1)
+            out = self.model(torch.tensor(step_ids, device=dev)[:, None], position_ids=next_pos_B[:, None],
                              attention_mask=mask_BS, cache=cache, image_patches=self._patches([[t] for t in step_ids]))
             logits_BV = out.logits[:, -1]
             if routes is not None:
@@ -141,7 +143,7 @@ class SimpleSampler:
         for b, (row, o) in enumerate(zip(rows, outs)):
             o.finish_reason = row.finish
             if routes is not None:
-                o.routed_experts = torch.cat(routes[b])[:len(prompts[b]) + len(o.token_ids) - 1]
+                o.routed_experts = torch.cat(routes[b])[:len(prompts[b]) + len(o.token_ids) - 1].to(HOST)  # crosses processes
         return outs
 
     def _patches(self, rows: list[list[int]], images: list[torch.Tensor | None] | None = None) -> torch.Tensor | None:
@@ -153,7 +155,8 @@ class SimpleSampler:
             if any(p is not None for p in images):
                 raise ValueError("image_patches given but MoEConfig.image_patch_dim is 0 (a text-only model)")
             return None
-        return torch.cat([slot_patches(r, p, cfg.image_token_id, cfg.image_patch_dim) for r, p in zip(rows, images)])
+        patches = torch.cat([slot_patches(r, p, cfg.image_token_id, cfg.image_patch_dim) for r, p in zip(rows, images)])
+        return patches.to(next(self.model.parameters()).device)  # from the host: one copy (none on the host)
 
     def _pick(self, row: _Row, logits_V: torch.Tensor, out: GenerationOutput) -> int:
         """Sample this row's next token, record it, and update the row's state."""
@@ -169,10 +172,10 @@ class SimpleSampler:
         return token
 
 
-def _generator(seed: int | None) -> torch.Generator | None:
+def _generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     if seed is None:
         return None
-    g = torch.Generator()
+    g = torch.Generator(device)
     g.manual_seed(seed)
     return g
 

@@ -8,6 +8,12 @@ Batched: one log-softmax over all rows (each divided by its own temperature), gr
 one argmax, sampled rows by one inverse-CDF lookup -- each sampled row draws one uniform number
 from its own generator (a per-request seed reproduces, whatever else shares the batch); only
 rows that ask for top-k / top-p are filtered one by one.
+
+Device: everything runs where ``logits_RV`` is (the engine's device); a row's generator must be a
+generator of that device (``LLMEngine.make_sequence`` makes them there), an unseeded row draws from
+the device's default generator. On the host the draws are those of a host generator, so CPU results
+are unchanged; a seed gives other numbers on CUDA than on the host (another generator), the same ones
+run after run. Only the chosen tokens and their log-probs come back to the host (one copy each).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ def sample_rows(logits_RV: torch.Tensor, params: list[SamplingParams], gens: lis
     logits_RV = logits_RV.double()
     temps = [sp.temperature or 1.0 for sp in params]
     if any(t != 1.0 for t in temps):
-        logits_RV = logits_RV / torch.tensor(temps, dtype=torch.float64)[:, None]
+        logits_RV = logits_RV / torch.tensor(temps, dtype=torch.float64, device=logits_RV.device)[:, None]
     logp_RV = torch.log_softmax(logits_RV, -1)
     sampled = [i for i, sp in enumerate(params) if sp.temperature != 0]
     every = len(sampled) == R
@@ -43,7 +49,8 @@ def sample_rows(logits_RV: torch.Tensor, params: list[SamplingParams], gens: lis
         for row in rows:
             filter_top_k_top_p(filtered_SV[row], params[sampled[row]])
         cdf_SV = torch.softmax(filtered_SV, -1).cumsum(-1)
-        u_S1 = torch.cat([torch.rand(1, dtype=torch.float64, generator=gens[i]) for i in sampled])[:, None]
+        dev = logits_RV.device
+        u_S1 = torch.cat([torch.rand(1, dtype=torch.float64, generator=gens[i], device=dev) for i in sampled])[:, None]
         pick_S = torch.searchsorted(cdf_SV, u_S1 * cdf_SV[:, -1:], right=True)[:, 0].clamp_max(logp_RV.shape[1] - 1)
         if every:
             tok_R = pick_S

@@ -10,14 +10,31 @@ import torch
 
 from jointrl.rl.actor_resources import ActorResources, claim
 from jointrl.rl.build import build_model, build_tokenizer
+from jointrl.kernels.dispatch import resolve
 from jointrl.rl.config import Config
-from jointrl.rl.device import HOST
+from jointrl.rl.device import HOST, as_device
 from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
 from jointrl.rl.rollout.sampler import SimpleSampler
 from jointrl.rl.rollout.vllm.engine import VLLMEngine, VLLMEngineConfig
 from jointrl.rl.types import GenerationOutput, SamplingParams
 from jointrl.rl.weight_sync import merge_bundles
 from jointrl.rl.weight_transport import WeightReceiver
+
+
+def engine_device(kernels: str, batch_invariant: bool = False, device: torch.device | str | None = None
+                  ) -> tuple[torch.device, str]:
+    """Where the own engine (and the simple sampler) runs, and why: ``device`` (None: this process's
+    ``rl/device.rank_device()``) when it is a GPU and ``model.kernels`` runs there (``auto`` or
+    ``triton``: Triton kernels; ``torch``: the references), else the host -- ``cpu`` is the C++ CPU
+    kernels, and ``rollout.batch_invariant`` needs them. → (device, a one-line reason for the log)."""
+    device = as_device(device)
+    if device.type == "cpu":
+        return HOST, f"no GPU visible: model.kernels={kernels} runs as {resolve(kernels, HOST)!r} on the host"
+    if batch_invariant:
+        return HOST, f"rollout.batch_invariant needs the C++ CPU kernels: on the host, though {device} is visible"
+    if kernels == "cpu":
+        return HOST, f"model.kernels=cpu runs on the host only, though {device} is visible"
+    return device, f"model.kernels={kernels} runs as {resolve(kernels, device)!r} on {device}"
 
 
 class RolloutWorker:
@@ -27,10 +44,12 @@ class RolloutWorker:
         self._resources = claim("rollout", index)  # torch threads = the bundle's CPUs, before the engine starts
         torch.manual_seed(cfg.seed)
         r = cfg.rollout
-        # on the host even where the actor sees a GPU: the engine's runner calls the C++ CPU kernels
-        # (Triton paged attention, CUDA graphs and device sampling in it are issue #36's open part)
+        if r.backend in ("engine", "simple"):  # on the GPU where the kernel backend runs there (engine_device)
+            device, why = engine_device(str(cfg.model.kernels), r.batch_invariant)
+            print(f"rollout worker {index}: {r.backend} engine on {device} ({why})", flush=True)
+            self.device = device
         if r.backend == "engine":
-            self.engine = LLMEngine(build_model(cfg, HOST), build_tokenizer(cfg), EngineConfig(
+            self.engine = LLMEngine(build_model(cfg, device), build_tokenizer(cfg), EngineConfig(
                 num_blocks=r.num_blocks, block_size=r.block_size, max_num_seqs=r.max_batch,
                 max_num_batched_tokens=r.max_num_batched_tokens, session_ttl_s=r.session_ttl_s, kv_dtype=r.kv_dtype,
                 live_sessions=r.live_sessions, batch_invariant=r.batch_invariant,
@@ -43,7 +62,7 @@ class RolloutWorker:
                 v.data_parallel_size, v.enable_expert_parallel, cfg.seed, v.start_timeout_s),
                 build_model(cfg, HOST).state_dict())  # host copy: the push rewrites it, vLLM holds the GPU one
         else:
-            self.engine = SimpleSampler(build_model(cfg, HOST), build_tokenizer(cfg), max_batch=r.max_batch,
+            self.engine = SimpleSampler(build_model(cfg, device), build_tokenizer(cfg), max_batch=r.max_batch,
                                         record_routes=cfg.learner.routing_replay)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, image_patches=None) -> GenerationOutput:
