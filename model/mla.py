@@ -87,11 +87,13 @@ class MultiHeadLatentAttention(nn.Module):
         if absorbed if absorbed is not None else absorbed_pays(T, S, R, Dn, Dr, Dv):
             w_HQR = self.kv_b_proj.weight.view(Hq, Dn + Dv, R)
             q_lat_BHTR = torch.einsum("bhtd,hdr->bhtr", q_BHTQ[..., :Dn], w_HQR[:, :Dn])
-            q_BHTL = torch.cat((q_lat_BHTR, q_BHTQ[..., Dn:]), dim=-1)
+            # one shared key/value head: the Hq·T queries as the rows of one head (row h·T + t), which CPU
+            # SDPA runs ~20x faster than enable_gqa's broadcast over heads at 32K keys
+            q_B1NL = torch.cat((q_lat_BHTR, q_BHTQ[..., Dn:]), dim=-1).reshape(B, 1, Hq * T, R + Dr)
             kv_B1SL = latent_BTL[:, None]
-            o_BHTR = F.scaled_dot_product_attention(q_BHTL, kv_B1SL, kv_B1SL[..., :R], attn_mask=mask,
-                                                    scale=self.scale, enable_gqa=True)
-            out_BHTV = torch.einsum("bhtr,hvr->bhtv", o_BHTR, w_HQR[:, Dn:])
+            o_B1NR = F.scaled_dot_product_attention(q_B1NL, kv_B1SL, kv_B1SL[..., :R], attn_mask=mask.repeat(1, 1, Hq, 1),
+                                                    scale=self.scale)
+            out_BHTV = torch.einsum("bhtr,hvr->bhtv", o_B1NR.view(B, Hq, T, R), w_HQR[:, Dn:])
         else:
             c_BSR, kr_BSD = latent_BTL.split((R, Dr), dim=-1)
             kv_BHSQ = self.kv_b_proj(c_BSR).view(B, S, Hq, Dn + Dv).transpose(1, 2)
