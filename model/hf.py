@@ -179,25 +179,40 @@ def _kimi_linear_config(d: dict[str, Any]) -> MoEConfig:
     fields = {_KIMI_FIELDS[k]: v for k, v in d.items() if k in _KIMI_FIELDS}
     if fields.get("num_key_value_heads") is None:
         fields["num_key_value_heads"] = fields["num_attention_heads"]
+    if "full_attention" in kinds and fields["num_key_value_heads"] != fields["num_attention_heads"]:
+        raise ValueError(f"unsupported kimi_linear config field num_key_value_heads={fields['num_key_value_heads']}; "
+                         f"allowed with full_attention (MLA) layers: num_attention_heads={fields['num_attention_heads']}")
     fields.update(layer_types=tuple(_KIMI_KINDS[k] for k in kinds), scoring_func="sigmoid",
                   first_k_dense_replace=k_dense,
                   head_dim=2 * max(1, fields["hidden_size"] // fields["num_attention_heads"] // 2))  # unused: no full layers
     return MoEConfig(**fields)
 
 
-def kimi_linear_hf_dict(config: MoEConfig) -> dict[str, Any]:
-    """`config` as a kimi_linear config.json (transformers' `KimiLinearConfig` names); ValueError names a field
-    Kimi-Linear cannot hold (layer kinds other than kda / mla, softmax routing, a shared-expert gate, ...)."""
+def kimi_linear_misfit(config: MoEConfig) -> str | None:
+    """Why `config` cannot be written as a kimi_linear checkpoint (a layer kind other than kda / mla, softmax
+    routing, a shared-expert gate, ...), or None when it can."""
     bad = sorted(set(config.kinds) - {"kda", "mla"})
     if bad:
-        raise ValueError(f"kimi_linear export: layer_types has {bad}; Kimi-Linear holds only 'kda' and 'mla'")
+        return f"layer_types has {bad}; Kimi-Linear holds only 'kda' and 'mla'"
     need = {"scoring_func": "sigmoid", "shared_expert_gate": False, "linear_lower_bound": None,
-            "attn_output_gate": False, "image_patch_dim": 0, "qk_norm": "head"}
+            "attn_output_gate": False, "image_patch_dim": 0}
     for name, value in need.items():
         if getattr(config, name) != value:
-            raise ValueError(f"kimi_linear export: MoEConfig.{name}={getattr(config, name)!r}; allowed: {value!r}")
+            return f"MoEConfig.{name}={getattr(config, name)!r}; allowed: {value!r}"
     if config.is_gpt_oss:
-        raise ValueError("kimi_linear export: gpt-oss options are set; Kimi-Linear has none")
+        return "gpt-oss options are set; Kimi-Linear has none"
+    if "mla" in config.kinds and config.num_key_value_heads != config.num_attention_heads:
+        return (f"MoEConfig.num_key_value_heads={config.num_key_value_heads}; MLA layers need it equal to "
+                f"num_attention_heads={config.num_attention_heads} (transformers' KimiLinearAttention)")
+    return None
+
+
+def kimi_linear_hf_dict(config: MoEConfig) -> dict[str, Any]:
+    """`config` as a kimi_linear config.json (transformers' `KimiLinearConfig` names); ValueError names what
+    Kimi-Linear cannot hold (`kimi_linear_misfit`)."""
+    misfit = kimi_linear_misfit(config)
+    if misfit is not None:
+        raise ValueError(f"kimi_linear export: {misfit}")
     L = config.num_hidden_layers
     return {
         "model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"],

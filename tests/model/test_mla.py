@@ -80,12 +80,15 @@ def test_kimi_linear_loads_and_exports_with_equal_logits(tmp_path, q_lora_rank):
     assert load_hf(tmp_path / "ours").config == ours.config
 
 
-def test_kimi_linear_refuses_rotated_mla(tmp_path):
+@pytest.mark.parametrize(("field", "value"), [("mla_use_nope", False), ("num_key_value_heads", 2)])
+def test_kimi_linear_refuses_what_its_mla_does_not_compute(tmp_path, field, value):
+    """mla_use_nope false (the hub's flag: a rotated key part, which Kimi-Linear does not use); fewer key-value
+    heads than heads (transformers' KimiLinearAttention would repeat the already expanded heads)."""
     _kimi_linear(None).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    config["mla_use_nope"] = False  # the hub's flag: a rotated key part, which Kimi-Linear does not use
+    config[field] = value
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="mla_use_nope"):
+    with pytest.raises(ValueError, match=field):
         load_hf(tmp_path)
 
 
