@@ -15,12 +15,13 @@ from typing import Any
 # The byte tokenizer: 256 byte ids followed by the chat template's special tokens.
 BYTE_VOCAB_SIZE = 256 + 8
 
-LAYER_TYPES = ("full", "kda", "gated_dsa", "sliding")
+LAYER_TYPES = ("full", "kda", "gated_dsa", "sliding", "mla")
 # MoEConfig fields of the hybrid's attention: not Qwen3-MoE fields, so `to_hf_dict` leaves them out.
 HYBRID_FIELDS = ("layer_types", "attn_output_gate", "linear_num_heads", "linear_head_dim",
                  "linear_conv_kernel_dim", "linear_lower_bound", "kda_chunk_size", "index_n_heads",
                  "index_head_dim", "index_topk", "dsa_mode", "dsa_query_chunk", "image_patch_dim",
-                 "image_token_id")
+                 "image_token_id", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                 "v_head_dim")
 # gpt-oss's attention, FFN and RoPE options (model/gpt_oss.py), with the value that turns each off: a
 # config with any other value is a gpt-oss-family model, exported by model/gpt_oss.save_gpt_oss.
 GPT_OSS_VALUES: dict[str, Any] = {
@@ -103,6 +104,12 @@ class MoEConfig:
     index_topk: int = 32                # DSA keys attended per query
     dsa_mode: str = "sparse"            # "sparse": attend the indexer's top-k; "dense": all keys (warm-up)
     dsa_query_chunk: int = 256          # DSA queries scored per chunk: prefill memory O(chunk · S)
+    # "mla" layers (model/mla.py): Kimi-Linear's multi-head latent attention, transformers' field names.
+    kv_lora_rank: int = 32              # width of the compressed key-value latent (what the cache keeps)
+    q_lora_rank: int | None = None      # None: q_proj; else q_a_proj → RMSNorm → q_b_proj through this rank
+    qk_nope_head_dim: int = 16          # per-head key/query part expanded from the latent
+    qk_rope_head_dim: int = 8           # key part shared by all heads, stored beside the latent (no rotation: NoPE)
+    v_head_dim: int = 16                # per-head value dim expanded from the latent
     # ---- optional image input (model/image.py): patch features → Linear → the <image> slots ----
     image_patch_dim: int = 0            # features per patch (C·p·p); 0 = text only, no image_proj
     image_token_id: int = BYTE_VOCAB_SIZE - 1  # the byte tokenizer's `<image>`
@@ -132,10 +139,14 @@ class MoEConfig:
                 raise ValueError(f"MoEConfig.layer_types has {len(self.layer_types)} entries, "
                                  f"num_hidden_layers is {self.num_hidden_layers}")
         for name in ("linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim", "kda_chunk_size",
-                     "index_n_heads", "index_head_dim", "index_topk", "dsa_query_chunk"):
+                     "index_n_heads", "index_head_dim", "index_topk", "dsa_query_chunk", "kv_lora_rank",
+                     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"MoEConfig.{name} must be a positive int, got {value!r}")
+        q = self.q_lora_rank
+        if q is not None and (isinstance(q, bool) or not isinstance(q, int) or q < 1):
+            raise ValueError(f"MoEConfig.q_lora_rank must be None or a positive int, got {q!r}")
         if self.index_head_dim % 2:
             raise ValueError(f"MoEConfig.index_head_dim must be even for RoPE, got {self.index_head_dim}")
         if self.linear_lower_bound is not None and (

@@ -9,11 +9,11 @@ plus `model.safetensors` (or sharded `model.safetensors.index.json`). Per archit
 | qwen3_moe  | per head (`qk_norm=head`) | softmax, `norm_topk_prob`       | —                                 |
 | mixtral    | none                      | softmax, always renormalised    | `block_sparse_moe.` → `mlp.`; w1/w3/w2 → gate/up/down_proj |
 | olmoe      | over all heads (`full`)   | softmax, `norm_topk_prob`       | —                                 |
-| kimi_linear| (KDA layers only)         | sigmoid + bias, groups, shared  | as mixtral; KDA: q/k/v_conv1d → conv1d, f_a/f_b/dt_bias/A_log → forget_gate |
+| kimi_linear| none (KDA and MLA layers)  | sigmoid + bias, groups, shared  | as mixtral; KDA: q/k/v_conv1d → conv1d, f_a/f_b/dt_bias/A_log → forget_gate |
 | gpt_oss    | none (sinks, sliding)     | softmax + bias over top-k       | router → gate; experts: MXFP4 blocks+scales, gate/up de-interleaved (model/hf_gpt_oss.py) |
 
-kimi_linear's full-attention layers are MLA, which we do not implement: only all-KDA checkpoints
-load (a `full_attention` layer is a ValueError naming `layer_types`).
+kimi_linear's `full_attention` layers are MLA (model/mla.py, NoPE as Kimi-Linear's; `mla_use_nope` False is a
+ValueError); `save_kimi_linear` writes a kda / mla model back as kimi_linear.
 
 transformers 5.x holds experts fused (`mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I])
 but `save_pretrained` writes the hub's per-expert layout (`experts.{e}.{gate,up,down}_proj.weight`,
@@ -118,6 +118,9 @@ def config_from_hf(d: dict[str, Any]) -> MoEConfig:
     return MoEConfig(**fields)
 
 
+SHARD_BYTES = 4 << 30  # save_hf's default shard payload bound (transformers' default is 5 GB)
+
+
 # kimi_linear config.json key (hub or transformers name) → MoEConfig field.
 _KIMI_FIELDS = {
     "vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_hidden_layers": "num_hidden_layers",
@@ -134,17 +137,20 @@ _KIMI_FIELDS = {
     "max_position_embeddings": "max_position_embeddings", "linear_num_heads": "linear_num_heads",
     "linear_head_dim": "linear_head_dim", "linear_conv_kernel_dim": "linear_conv_kernel_dim",
 }
-# Fields only full-attention (MLA) layers read; meaningless in an all-KDA model.
-_KIMI_MLA_KEYS = frozenset({"kv_lora_rank", "q_lora_rank", "qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim",
-                            "v_head_dim", "head_dim", "rope_parameters", "rope_theta", "rope_scaling",
-                            "mla_use_nope"})
+_KIMI_FIELDS.update({k: k for k in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                     "v_head_dim")})
+# Derived or unused by Kimi-Linear's NoPE MLA (model/mla.py): qk_head_dim = nope + rope dims, head_dim =
+# rope dim in transformers' config; the RoPE keys are in the hub's config.json but nothing rotates.
+_KIMI_IGNORED = frozenset({"qk_head_dim", "head_dim", "rope_parameters", "rope_theta", "rope_scaling"})
+_KIMI_KINDS = {"linear_attention": "kda", "full_attention": "mla"}
 
 
 def _kimi_linear_config(d: dict[str, Any]) -> MoEConfig:
-    """An all-KDA kimi_linear config: KDA layers, sigmoid router with groups, shared and dense layers."""
+    """A kimi_linear config: KDA and MLA layers, sigmoid router with groups, shared expert, dense first layers."""
     d = {k: v for k, v in d.items() if k != "model_type"}
     for key, allowed in (("hidden_act", "silu"), ("attention_bias", False), ("attention_dropout", 0.0),
-                         ("pretraining_tp", 1), ("moe_router_activation_func", "sigmoid"), ("moe_layer_freq", 1)):
+                         ("pretraining_tp", 1), ("moe_router_activation_func", "sigmoid"), ("moe_layer_freq", 1),
+                         ("mla_use_nope", True)):
         value = d.pop(key, allowed)
         if value != allowed and value is not None:
             raise ValueError(f"unsupported kimi_linear config field {key}={value!r}; allowed: {allowed!r}")
@@ -157,26 +163,92 @@ def _kimi_linear_config(d: dict[str, Any]) -> MoEConfig:
     kinds = d.pop("layer_types", None)
     if kinds is None and "kda_layers" in linear:  # the hub lists 1-indexed layers
         kinds = ["linear_attention" if i + 1 in linear["kda_layers"] else "full_attention" for i in range(L)]
-    if kinds is None or any(k != "linear_attention" for k in kinds):
-        raise ValueError(f"unsupported kimi_linear config field layer_types={kinds!r}: full_attention layers "
-                         "are MLA, which jointrl does not implement; allowed: every layer 'linear_attention'")
+    if kinds is None:  # transformers' default: full attention every 4th layer from layer 4
+        kinds = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(L)]
+    if any(k not in _KIMI_KINDS for k in kinds):
+        raise ValueError(f"unsupported kimi_linear config field layer_types={kinds!r}; allowed entries: "
+                         f"{sorted(_KIMI_KINDS)}")
     mlp = d.pop("mlp_layer_types", None)
     k_dense = d.pop("first_k_dense_replace", 1) if mlp is None else mlp.count("dense")
     if mlp is not None and mlp != ["dense"] * k_dense + ["sparse"] * (L - k_dense):
         raise ValueError(f"unsupported kimi_linear config field mlp_layer_types={mlp!r}; allowed: "
                          "'dense' for the first layers, then 'sparse'")
-    unknown = sorted(k for k in d if k not in _KIMI_FIELDS and k not in _KIMI_MLA_KEYS and k not in _HF_IGNORED_KEYS)
+    unknown = sorted(k for k in d if k not in _KIMI_FIELDS and k not in _KIMI_IGNORED and k not in _HF_IGNORED_KEYS)
     if unknown:
         raise ValueError(f"unsupported kimi_linear config field(s) {unknown}")
     fields = {_KIMI_FIELDS[k]: v for k, v in d.items() if k in _KIMI_FIELDS}
     if fields.get("num_key_value_heads") is None:
         fields["num_key_value_heads"] = fields["num_attention_heads"]
-    fields.update(layer_types=("kda",) * L, scoring_func="sigmoid", first_k_dense_replace=k_dense,
+    if "full_attention" in kinds and fields["num_key_value_heads"] != fields["num_attention_heads"]:
+        raise ValueError(f"unsupported kimi_linear config field num_key_value_heads={fields['num_key_value_heads']}; "
+                         f"allowed with full_attention (MLA) layers: num_attention_heads={fields['num_attention_heads']}")
+    fields.update(layer_types=tuple(_KIMI_KINDS[k] for k in kinds), scoring_func="sigmoid",
+                  first_k_dense_replace=k_dense,
                   head_dim=2 * max(1, fields["hidden_size"] // fields["num_attention_heads"] // 2))  # unused: no full layers
     return MoEConfig(**fields)
 
 
-SHARD_BYTES = 4 << 30  # save_hf's default shard payload bound (transformers' default is 5 GB)
+def kimi_linear_misfit(config: MoEConfig) -> str | None:
+    """Why `config` cannot be written as a kimi_linear checkpoint (a layer kind other than kda / mla, softmax
+    routing, a shared-expert gate, ...), or None when it can."""
+    bad = sorted(set(config.kinds) - {"kda", "mla"})
+    if bad:
+        return f"layer_types has {bad}; Kimi-Linear holds only 'kda' and 'mla'"
+    need = {"scoring_func": "sigmoid", "shared_expert_gate": False, "linear_lower_bound": None,
+            "attn_output_gate": False, "image_patch_dim": 0}
+    for name, value in need.items():
+        if getattr(config, name) != value:
+            return f"MoEConfig.{name}={getattr(config, name)!r}; allowed: {value!r}"
+    if config.is_gpt_oss:
+        return "gpt-oss options are set; Kimi-Linear has none"
+    if "mla" in config.kinds and config.num_key_value_heads != config.num_attention_heads:
+        return (f"MoEConfig.num_key_value_heads={config.num_key_value_heads}; MLA layers need it equal to "
+                f"num_attention_heads={config.num_attention_heads} (transformers' KimiLinearAttention)")
+    return None
+
+
+def kimi_linear_hf_dict(config: MoEConfig) -> dict[str, Any]:
+    """`config` as a kimi_linear config.json (transformers' `KimiLinearConfig` names); ValueError names what
+    Kimi-Linear cannot hold (`kimi_linear_misfit`)."""
+    misfit = kimi_linear_misfit(config)
+    if misfit is not None:
+        raise ValueError(f"kimi_linear export: {misfit}")
+    L = config.num_hidden_layers
+    return {
+        "model_type": "kimi_linear", "architectures": ["KimiLinearForCausalLM"],
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size, "num_hidden_layers": L,
+        "num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
+        "intermediate_size": config.intermediate_size, "moe_intermediate_size": config.moe_intermediate_size,
+        "num_local_experts": config.num_experts, "num_experts_per_tok": config.num_experts_per_tok,
+        "n_shared_experts": config.n_shared_experts, "n_group": config.n_group, "topk_group": config.topk_group,
+        "norm_topk_prob": config.norm_topk_prob, "routed_scaling_factor": config.routed_scaling_factor,
+        "rms_norm_eps": config.rms_norm_eps, "tie_word_embeddings": config.tie_word_embeddings,
+        "initializer_range": config.initializer_range, "router_aux_loss_coef": config.router_aux_loss_coef,
+        "max_position_embeddings": config.max_position_embeddings,
+        "kv_lora_rank": config.kv_lora_rank, "q_lora_rank": config.q_lora_rank,
+        "qk_nope_head_dim": config.qk_nope_head_dim, "qk_rope_head_dim": config.qk_rope_head_dim,
+        "v_head_dim": config.v_head_dim, "linear_num_heads": config.linear_num_heads,
+        "linear_head_dim": config.linear_head_dim, "linear_conv_kernel_dim": config.linear_conv_kernel_dim,
+        "layer_types": [{"kda": "linear_attention", "mla": "full_attention"}[k] for k in config.kinds],
+        "mlp_layer_types": ["dense" if i < config.first_k_dense_replace else "sparse" for i in range(L)],
+        "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
+        "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+    }
+
+
+def save_kimi_linear(model: MoETransformer, directory: str | Path, max_shard_bytes: int = SHARD_BYTES) -> Path:
+    """Write a kda / mla model as a kimi_linear checkpoint (`kimi_linear_hf_dict` + sharded safetensors in
+    transformers' in-memory names: fused experts, one KDA `conv1d`, `forget_gate.*`), which both
+    `KimiLinearForCausalLM.from_pretrained` and `load_hf` read."""
+    out = Path(directory)
+    config = kimi_linear_hf_dict(model.config)
+    out.mkdir(parents=True, exist_ok=True)
+    state = model.state_dict()
+    config["dtype"] = str(state["model.embed_tokens.weight"].dtype).removeprefix("torch.")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_shards(((k, v.detach().to("cpu").contiguous()) for k, v in state.items()
+                  if not (model.config.tie_word_embeddings and k == "lm_head.weight")), out, max_shard_bytes)
+    return out
 
 
 def save_hf(model: MoETransformer, directory: str | Path, max_shard_bytes: int = SHARD_BYTES,
@@ -240,7 +312,7 @@ def write_shards(items: Iterable[tuple[str, torch.Tensor]], out: Path, max_shard
 
 def load_hf(directory: str | Path, dtype: torch.dtype | None = None, device: torch.device | str | None = None,
             ep_rank: int = 0, ep_size: int = 1, config: MoEConfig | None = None) -> MoETransformer:
-    """Load a Qwen3-MoE, Mixtral, OLMoE, gpt-oss or (all-KDA) kimi_linear checkpoint directory; `dtype` None
+    """Load a Qwen3-MoE, Mixtral, OLMoE, gpt-oss or kimi_linear checkpoint directory; `dtype` None
     keeps the stored dtype (gpt-oss's MXFP4 experts are dequantized into it, one tensor at a time).
 
     Streams: the model is built on the meta device, each tensor is then allocated once in its

@@ -2,7 +2,7 @@
 
 Implements `model.state.AttentionState` for every layer kind: keys/values (after q/k-norm and RoPE,
 model dtype, [B, kv_heads, S, head_dim]) for `full` and `gated_dsa` layers, indexer keys [B, S, Di]
-for `gated_dsa`, and the fixed-size conv window + delta state for `kda`. The per-token stores grow
+for `gated_dsa`, the latent [B, S, kv_lora_rank + qk_rope_head_dim] for `mla`, and the fixed-size conv window + delta state for `kda`. The per-token stores grow
 by concatenation: simple and autograd-safe, O(S²) copies over a generation, which is fine at test
 and CPU scale; the rollout engine's paged store replaces it at scale. Which cached positions are
 padding is the caller's business: pass `attention_mask` [B, S] (past + new tokens) to every forward.
@@ -26,6 +26,7 @@ class KVCache:
     conv_states: list[torch.Tensor | None]       # kda layers: [B, 3·N·K, W−1], model dtype
     recurrent_states: list[torch.Tensor | None]  # kda layers: [B, N, K, K], compute dtype
     batch: int
+    latents: list[torch.Tensor | None] | None = None  # mla layers: [B, S, kv_lora_rank + qk_rope_head_dim]
     length: int = 0  # tokens consumed; advanced by the model once per forward
 
     @classmethod
@@ -40,12 +41,13 @@ class KVCache:
                    index_keys=per_kind(("gated_dsa",), (batch, 0, config.index_head_dim), dtype),
                    conv_states=per_kind(("kda",), (batch, 3 * N * K, W - 1), dtype),
                    recurrent_states=per_kind(("kda",), (batch, N, K, K), compute_dtype(dtype)),
-                   batch=batch)
+                   batch=batch,
+                   latents=per_kind(("mla",), (batch, 0, config.kv_lora_rank + config.qk_rope_head_dim), dtype))
 
     def update(self, layer: int, k_BHTD: torch.Tensor, v_BHTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this step's keys/values for `layer`; return the full [B, kv_heads, S+T, D] pair."""
         if self.keys[layer] is None:
-            raise ValueError(f"layer {layer} keeps no keys/values (a kda layer)")
+            raise ValueError(f"layer {layer} keeps no keys/values (a kda or mla layer)")
         if k_BHTD.shape[0] != self.batch or k_BHTD.dtype != self.keys[layer].dtype:
             raise ValueError(f"KVCache holds batch {self.batch} in {self.keys[layer].dtype}; got keys of "
                              f"batch {k_BHTD.shape[0]} in {k_BHTD.dtype}")
@@ -59,6 +61,13 @@ class KVCache:
             raise ValueError(f"layer {layer} keeps no indexer keys (not a gated_dsa layer)")
         self.index_keys[layer] = torch.cat((self.index_keys[layer], k_BTD.to(self.index_keys[layer].dtype)), dim=1)
         return self.index_keys[layer]
+
+    def update_latent(self, layer: int, c_BTD: torch.Tensor) -> torch.Tensor:
+        """Append this step's latents for an mla `layer`; return all [B, S+T, kv_lora_rank + qk_rope_head_dim]."""
+        if self.latents is None or self.latents[layer] is None:
+            raise ValueError(f"layer {layer} keeps no latent (not an mla layer)")
+        self.latents[layer] = torch.cat((self.latents[layer], c_BTD.to(self.latents[layer].dtype)), dim=1)
+        return self.latents[layer]
 
     def recurrent(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return self.conv_states[layer], self.recurrent_states[layer]

@@ -1,7 +1,7 @@
 """`MoETransformer`: the decoder-only MoE language model, single-device and plain PyTorch.
 
 Each layer's token mixer is chosen by `config.layer_types`: `full` (model/attention.py), `kda`
-(model/kda.py) or `gated_dsa` (model/dsa.py). With every layer `full` (the default) and Qwen3-MoE's
+(model/kda.py), `gated_dsa` (model/dsa.py) or `mla` (model/mla.py, Kimi-Linear's latent attention). With every layer `full` (the default) and Qwen3-MoE's
 FFN options the model is state-dict-identical to transformers' `Qwen3MoeForCausalLM` (5.x layout).
 
 Shapes: B batch, T new tokens, S = past + T key positions, H hidden, V vocab, E experts,
@@ -25,6 +25,7 @@ from jointrl.model.dsa import GatedDSAAttention, indexer_loss
 from jointrl.model.gpt_oss import ClampedSwiGLUExperts, SinkAttention
 from jointrl.model.image import ImageProjector
 from jointrl.model.kda import KimiDeltaAttention
+from jointrl.model.mla import MultiHeadLatentAttention
 from jointrl.model.state import AttentionState
 from jointrl.model.moe import MLP, SparseMoeBlock
 from jointrl.model.routing import expert_load, load_balancing_loss
@@ -44,7 +45,8 @@ class ModelOutput:
     indexer_loss: torch.Tensor | None = None
 
 
-MIXERS = {"full": Attention, "kda": KimiDeltaAttention, "gated_dsa": GatedDSAAttention, "sliding": SinkAttention}
+MIXERS = {"full": Attention, "kda": KimiDeltaAttention, "gated_dsa": GatedDSAAttention, "sliding": SinkAttention,
+          "mla": MultiHeadLatentAttention}
 
 
 def mixer(config: MoEConfig, layer_idx: int) -> nn.Module:

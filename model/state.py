@@ -4,21 +4,24 @@ A sequence's state has two parts, by layer kind:
 
 - `full` and `gated_dsa` layers keep **per-token** keys and values (post-norm, post-RoPE), which a
   paged engine stores in fixed-size blocks; `gated_dsa` also keeps one indexer key per token.
+- `mla` layers keep one **per-token latent** of `kv_lora_rank + qk_rope_head_dim` values (the normed
+  compressed key-value latent and the shared key part), not the expanded heads (model/mla.py).
 - `kda` layers keep a **fixed-size** state: the conv window (the last W−1 projected [q; k; v] inputs)
   and the delta-rule matrix S per head, whatever the context length.
 
 Bytes per sequence of T tokens (b = bytes of the model dtype, s = bytes of the state dtype, float32
 for a bf16/fp32 model; `state_bytes_per_sequence` computes it):
 
-    Σ_{full, gated_dsa layers} T · 2·Hkv·D·b  +  Σ_{gated_dsa layers} T · Di·b
+    Σ_{full, gated_dsa layers} T · 2·Hkv·D·b  +  Σ_{gated_dsa layers} T · Di·b  +  Σ_{mla layers} T · (R + Dr)·b
   + Σ_{kda layers} (3·N·K·(W−1)·b + N·K·K·s)
 
-with Hkv/D the key-value heads and head dim, Di the indexer head dim, N/K the KDA heads and head
+with Hkv/D the key-value heads and head dim, Di the indexer head dim, R/Dr MLA's `kv_lora_rank` and
+`qk_rope_head_dim`, N/K the KDA heads and head
 dim, W the conv width. A paged engine rounds T up to its block size for the per-token part.
 
 `AttentionState` is the protocol the layers call; `model.kv_cache.KVCache` implements it with
 growing contiguous tensors (the skeleton sampler and the exactness tests). A paged store for the
-engine (issue #5) implements the same five methods over its block tables and state slots.
+engine (issue #5) implements the same methods over its block tables and state slots.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class StateSpec:
 
     keys_values: bool = False  # per-token keys and values: ``update``
     index_dim: int = 0         # per-token indexer keys of this width: ``update_index``
+    latent_dim: int = 0        # per-token latent of this width (MLA): ``update_latent``
     fixed: bool = False        # a fixed-size state (tensors of any shapes, batch first): ``recurrent`` / ``set_recurrent``
 
 
@@ -61,6 +65,9 @@ class AttentionState(Protocol):
 
     def update_index(self, layer: int, k_BTD: torch.Tensor) -> torch.Tensor:
         """Append the new tokens' indexer keys; return all of them, [B, S, Di]."""
+
+    def update_latent(self, layer: int, c_BTD: torch.Tensor) -> torch.Tensor:
+        """Append the new tokens' latents (MLA: [normed kv latent; shared key part]); return all, [B, S, Dl]."""
 
     def recurrent(self, layer: int) -> tuple[torch.Tensor, ...] | None:
         """The layer's fixed-size state as it last stored it (each tensor batch first), or None before its
@@ -94,6 +101,8 @@ def state_layout(config: MoEConfig, dtype: torch.dtype = torch.bfloat16) -> Stat
             per_token += 2 * config.num_key_value_heads * config.head_dim * b
         if kind == "gated_dsa":
             per_token += config.index_head_dim * b
+        if kind == "mla":
+            per_token += (config.kv_lora_rank + config.qk_rope_head_dim) * b
         if kind == "kda":
             N, K, W = config.linear_num_heads, config.linear_head_dim, config.linear_conv_kernel_dim
             fixed += 3 * N * K * (W - 1) * b + N * K * K * s

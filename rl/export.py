@@ -9,7 +9,8 @@ beside ``checkpoints/``), else from ``conf/`` and the overrides given.
 ``hf``: ``transformers``-loadable safetensors through the model's exporters (``model/hf.save_gpt_oss``
 for gpt-oss, in its own layout -- MXFP4 experts as ``*_blocks`` + ``*_scales`` with ``format=mxfp4``;
 ``model/hf.save_hf`` for Qwen3-MoE shapes: shards of at most 4 GB plus ``model.safetensors.index.json``, written shard
-by shard; ``model/hf_hybrid.save_hybrid`` -- remote code -- for hybrids) plus the tokenizer and
+by shard; ``model/hf.save_kimi_linear`` for Kimi-Linear-shaped models with MLA layers, in its layout;
+``model/hf_hybrid.save_hybrid`` -- remote code -- for other hybrids) plus the tokenizer and
 chat template: the run's ``model.path`` checkpoint's own files, copied, else the byte
 tokenizer's (``model/hf_tokenizer.py``).
 
@@ -31,7 +32,7 @@ import torch
 from omegaconf import OmegaConf
 
 from jointrl.kernels.mxfp4 import quantize_mxfp4
-from jointrl.model.hf import SHARD_BYTES, save_gpt_oss, save_hf
+from jointrl.model.hf import SHARD_BYTES, kimi_linear_misfit, save_gpt_oss, save_hf, save_kimi_linear
 from jointrl.model.hf_hybrid import save_hybrid
 from jointrl.model.hf_tokenizer import copy_tokenizer, save_tokenizer
 from jointrl.model.moe_transformer import MoETransformer
@@ -61,6 +62,10 @@ def export_hf(model: MoETransformer, out: str | Path, tokenizer_dir: str | Path 
     out = Path(out)
     if model.config.is_gpt_oss:  # gpt-oss's own layout: experts unquantized here, MXFP4 in export_mxfp4
         save_gpt_oss(model, out, mxfp4=tensors is not None, max_shard_bytes=max_shard_bytes)
+    elif "mla" in model.config.kinds and kimi_linear_misfit(model.config) is None:  # Kimi-Linear's own layout
+        if tensors is not None:
+            raise ValueError("MXFP4 export of Kimi-Linear models is not supported")
+        save_kimi_linear(model, out, max_shard_bytes)
     elif any(kind != "full" for kind in model.config.kinds):
         if tensors is not None:
             raise ValueError("MXFP4 export of hybrid models is not supported")

@@ -1,5 +1,5 @@
-"""Shared prompts for models with ``kda`` / ``gated_dsa`` layers: the prompt through the model once,
-its attention state (keys/values, indexer keys, KDA conv window and delta state) handed to every row
+"""Shared prompts for models with ``kda`` / ``gated_dsa`` / ``mla`` layers: the prompt through the model once,
+its attention state (keys/values, indexer keys, MLA latents, KDA conv window and delta state) handed to every row
 that continues it, as the rollout engine's cache would be.
 
 ``forward.learner_forward(prefix=...)`` calls ``forward_with_prefix_cache`` for such models (its flat
@@ -82,7 +82,7 @@ def forward_with_prefix_cache(model: torch.nn.Module, ids_BT: torch.Tensor, pos_
         return [None if t is None else t[rg] for t in ts]
     row_cache = KVCache(keys=rows(cache.keys), values=rows(cache.values), index_keys=rows(cache.index_keys),
                         conv_states=rows(cache.conv_states), recurrent_states=rows(cache.recurrent_states),
-                        batch=B, length=P0)
+                        batch=B, length=P0, latents=rows(cache.latents))
     real_BT = seg_BT >= 0
     x_BTH = backbone.embed_tokens(ids_BT)
     batch = _batch(model, x_BTH, pos_BT, real_BT, row_cache, losses, torch.cat((pre_real[rg], real_BT), dim=1))

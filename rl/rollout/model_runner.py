@@ -144,6 +144,10 @@ class ModelRunner:
         assert len(index_dims) <= 1, f"one indexer-key width per model, got {index_dims}"
         self.pool_index = {layer: j for j, layer in enumerate(kv_layers)}      # layer -> kv_LPCHD row
         self.index_pool = {layer: j for j, layer in enumerate(index_layers)}  # layer -> index_LPD row
+        latent_layers = [i for i, spec in enumerate(specs) if spec.latent_dim]  # MLA: one latent per token
+        latent_dims = {specs[i].latent_dim for i in latent_layers}
+        assert len(latent_dims) <= 1, f"one latent width per model, got {latent_dims}"
+        self.latent_pool = {layer: j for j, layer in enumerate(latent_layers)}  # layer -> latent_LPD row
         # the pools live on the model's device; on the host in transparent huge pages where the OS allows
         # (a decode step reads it in scattered 16 KB blocks)
         self.device = next(model.parameters()).device
@@ -152,6 +156,8 @@ class ModelRunner:
                          else torch.zeros(kv_shape, dtype=self.kv_dtype, device=self.device))
         self.index_LPD = torch.zeros(len(index_layers), P, max(index_dims, default=1), dtype=self.dtype,
                                      device=self.device)
+        self.latent_LPD = torch.zeros(len(latent_layers), P, max(latent_dims, default=1), dtype=self.dtype,
+                                      device=self.device)
         self._fused: dict[int, tuple[tuple, torch.Tensor]] = {}
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos_PD, sin_PD) by position  # id(attention) -> (weights' versions, qkv weight)
         self.image = (cfg.image_token_id, cfg.image_patch_dim) if getattr(cfg, "image_patch_dim", 0) else None
@@ -267,7 +273,7 @@ class ModelRunner:
 
     @property
     def cache_bytes(self) -> int:
-        return self.kv_LPCHD.numel() * self.kv_LPCHD.element_size() + self.index_LPD.numel() * self.index_LPD.element_size()
+        return sum(t.numel() * t.element_size() for t in (self.kv_LPCHD, self.index_LPD, self.latent_LPD))
 
     def _patches(self, parts: list[tuple[Sequence, int]]) -> torch.Tensor | None:
         """``image_patches`` for the next ``n`` tokens of each ``(seq, n)``, in that order (None for a

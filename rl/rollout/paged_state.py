@@ -3,8 +3,8 @@
 Used for every model whose layers are not all plain full attention (``ModelRunner`` runs them through
 the model's own forward): each layer kind declares what it keeps (its mixer's ``state_spec``,
 ``model.state.StateSpec``) and calls only those methods, so a new kind plugs in without a change here
-or in the runner. Per-token keys/values (``update``) and indexer keys (``update_index``) live in the
-runner's paged pools at the sequence's block-table slots; a fixed-size state (``recurrent`` /
+or in the runner. Per-token keys/values (``update``), indexer keys (``update_index``) and MLA latents
+(``update_latent``) live in the runner's paged pools at the sequence's block-table slots; a fixed-size state (``recurrent`` /
 ``set_recurrent``: KDA's conv window [3NK, W-1] and delta state [N, K, K], or any tuple of batch-first
 tensors a kind stores) lives on the ``Sequence`` itself, so it travels with a session and is dropped
 with it (its bytes do not grow with the context: ``model.state.state_layout``).
@@ -50,6 +50,11 @@ class PagedState:
         ik_PD = self.runner.index_LPD[self.runner.index_pool[layer]]
         ik_PD.index_copy_(0, self.new_slots, k_BTD[0].to(ik_PD.dtype))
         return ik_PD.index_select(0, self.slots_S)[None]
+
+    def update_latent(self, layer: int, c_BTD: torch.Tensor) -> torch.Tensor:
+        c_PD = self.runner.latent_LPD[self.runner.latent_pool[layer]]
+        c_PD.index_copy_(0, self.new_slots, c_BTD[0].to(c_PD.dtype))
+        return c_PD.index_select(0, self.slots_S)[None]
 
     def recurrent(self, layer: int) -> tuple[torch.Tensor, ...] | None:
         return self.seq.recurrent.get(layer)
@@ -102,6 +107,11 @@ class DecodeBatchState:
         ik_PD = self.runner.index_LPD[self.runner.index_pool[layer]]
         ik_PD.index_copy_(0, self.new_slots_B, k_BTD[:, 0].to(ik_PD.dtype))
         return ik_PD.index_select(0, self.slots_BS.reshape(-1)).view(self.batch, self.S, -1)
+
+    def update_latent(self, layer: int, c_BTD: torch.Tensor) -> torch.Tensor:
+        c_PD = self.runner.latent_LPD[self.runner.latent_pool[layer]]
+        c_PD.index_copy_(0, self.new_slots_B, c_BTD[:, 0].to(c_PD.dtype))
+        return c_PD.index_select(0, self.slots_BS.reshape(-1)).view(self.batch, self.S, -1)
 
     def recurrent(self, layer: int) -> tuple[torch.Tensor, ...] | None:
         states = [s.recurrent[layer] for s in self.seqs]  # decoding: every sequence has run this layer

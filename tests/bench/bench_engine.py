@@ -30,7 +30,8 @@ time each side spent does much less (agentic: wall time is the target, it overla
    turn through ``rl/rollout/turn.generate_turn`` (reasoning up to the budget, a forced
    ``</think>``, the rest continued in the same session: two engine calls a turn, the same tokens).
 4. long context (``--only long``): one session on ``tiny_hybrid`` (3 KDA : 1 gated DSA) grown to
-   1K then 32K tokens, beside the same shape with every layer full attention: decode ms per
+   1K then 32K tokens, beside the same shape with every layer full attention and with Kimi-Linear's
+   layers (3 KDA : 1 MLA, the MLA cache a latent per token): decode ms per
    token at each length, KV pool bytes (fixed at start: the budget), blocks in use, and the
    KDA state bytes held by the session against ``model.state.state_layout``'s formula.
 5. decode profile (``--only profile``): a batch-32 decode step's CPU time split by the runner's C++
@@ -477,13 +478,21 @@ def vllm_workloads(path: str, vocab: int, q: bool, threads: int) -> list[str]:
     return rows
 
 
-def long_context(lengths=(1024, 32768), decode=16) -> list[str]:
+def long_context(lengths=(1024, 32768), decode=16, models=("tiny_hybrid", "full", "kimi_linear")) -> list[str]:
     from jointrl.model.state import state_layout
 
     hybrid = MoEConfig.preset("tiny_hybrid")
-    full = dataclasses.replace(hybrid, layer_types=("full",) * hybrid.num_hidden_layers)
+    shapes = {"tiny_hybrid": ("tiny_hybrid", hybrid),
+              "full": ("same shape, all full attention",
+                       dataclasses.replace(hybrid, layer_types=("full",) * hybrid.num_hidden_layers)),
+              # Kimi-Linear's layout at this scale: 3 KDA : 1 MLA (latent cache of 32 + 8 values per token),
+              # dense first MLP, q through a low rank
+              "kimi_linear": ("same shape, Kimi-Linear (3 KDA : 1 MLA)",
+                              dataclasses.replace(hybrid, layer_types=("kda", "kda", "kda", "mla"),
+                                                  first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32,
+                                                  qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16))}
     rows = []
-    for name, cfg in (("tiny_hybrid", hybrid), ("same shape, all full attention", full)):
+    for name, cfg in (shapes[m] for m in models):
         model = MoETransformer.from_config(cfg, dtype=torch.float32, seed=0).eval()
         eng = engine(model, num_blocks=(max(lengths) + 4 * decode) // 16 + 8, chunk=2048, session_ttl_s=3600.0)
         ids: list[int] = []

@@ -177,3 +177,23 @@ def test_expert_sharded_checkpoint_exports_the_expert_parallel_model(tmp_path, m
         logits = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()(torch.tensor(IDS)).logits
     got = logprobs_from_logits(logits, torch.tensor(IDS), 1.0)[0]
     assert torch.allclose(got[1:], torch.tensor(want[0])[1:], atol=1e-5)
+
+
+def test_kimi_linear_shaped_model_exports_in_kimi_linears_layout(tmp_path):
+    """3 KDA : 1 MLA with sigmoid routing, a shared expert and a dense first MLP: written as kimi_linear (no
+    remote code), which plain transformers loads as `KimiLinearForCausalLM` with our logits."""
+    from transformers import AutoModelForCausalLM
+
+    from jointrl.model import MoEConfig, MoETransformer
+    from jointrl.rl.export import export_hf
+
+    cfg = MoEConfig.preset("tiny_hybrid", layer_types=("kda", "kda", "kda", "mla"), first_k_dense_replace=1,
+                           q_lora_rank=12, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+                           num_key_value_heads=4)
+    ours = MoETransformer.from_config(cfg, seed=2).eval()
+    export_hf(ours, tmp_path)
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(theirs).__name__ == "KimiLinearForCausalLM"
+    ids = torch.tensor(IDS)
+    with torch.no_grad():
+        assert (theirs(ids).logits - ours(ids).logits).abs().max() <= 1e-5

@@ -41,10 +41,14 @@ def test_collate_shared_groups_equal_prompts():
 
 
 HYBRID = ["model=tiny_hybrid", "model.index_topk=4", "model.kda_chunk_size=4", "model.dsa_query_chunk=5"]
+# Kimi-Linear's shape: 3 KDA : 1 MLA (latent cache, q through q_lora_rank), dense first MLP, shared expert
+KIMI = ["model=tiny_hybrid", "model.kda_chunk_size=4", "model.layer_types=[kda,kda,kda,mla]",
+        "model.first_k_dense_replace=1", "model.q_lora_rank=12"]
 
 
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("model", [[], ["model.first_k_dense_replace=1", "model.n_shared_experts=1"], HYBRID])
+@pytest.mark.parametrize("model", [[], ["model.first_k_dense_replace=1", "model.n_shared_experts=1"], HYBRID, KIMI],
+                         ids=["moe", "dense_first", "hybrid", "kimi_linear"])
 def test_shared_forward_equals_unshared(model, fused, monkeypatch):
     """Every trained token's log-prob and entropy, and the gradients, equal the unshared forward's
     (also with a dense first layer and a shared expert; and for the hybrid, whose KDA and DSA layers
