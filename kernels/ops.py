@@ -14,13 +14,21 @@ named below), which the C++ and the Triton kernels are tested against.
 | kda_chunk       | ``kda.kda_chunk_torch``                      | reference                             | ``kda.kda_chunk_triton``     |
 | paged_decode    | ``paged_attention_cpu.paged_decode_torch``   | ``paged_attention_cpu.paged_decode``  | ``paged_decode_triton``      |
 | paged_prefill   | ``paged_attention_cpu.paged_prefill_torch``  | ``paged_attention_cpu.paged_prefill`` | reference                    |
+| moe_experts     | ``moe_experts.moe_experts_torch``            | ``moe_experts.moe_experts_cpu``       | ``moe_experts.moe_experts_triton`` |
+| moe_experts_mxfp4 | ``moe_matmul.moe_experts_mxfp4_torch``     | reference                             | ``moe_matmul.moe_experts_mxfp4_triton`` |
+
+``moe_experts`` (``model.moe.Experts`` over its dense parameters): the C++ loop (``moe_cpu``) on ``cpu`` and
+the grouped Triton matmuls (``moe_matmul``, ``MXFP4=False``) on ``triton`` for inference; wherever a
+gradient is needed (the learner) and for float64 on ``triton``, the reference (``RoutedSwiGLU``: the grouped
+kernels are forward only). ``moe_experts_mxfp4`` runs when the layer holds its experts MXFP4-resident
+(``Experts.load_mxfp4``: uint8 blocks and scales as ``kernels/mxfp4`` packs them, what a push delivers):
+the MXFP4 MoE kernel on ``triton``, its reference (dequantize, fp32 per-expert matmuls) elsewhere.
 
 ``cpp`` says whether the C++ CPU kernels are this table's (backend ``cpu``): the engine's per-row C++
 ops (``decode_cpu``, ``linear_cpu``, ``moe_cpu``: norms fused with the KV write, the packed projections,
-the routed experts) run only then, their torch references otherwise. Ops whose inputs a layer does not
-have in the kernel's form stay out of the table: ``moe_matmul`` takes MXFP4 expert blocks (the model
-keeps dense experts; the engine dequantizes a pushed MXFP4 bundle), and DSA's Triton ops score and
-attend over a whole cache where the model's gated_dsa layer works per query chunk with its indexer loss.
+the routed experts) run only then, their torch references otherwise. DSA's Triton ops score and
+attend over a whole cache where the model's gated_dsa layer works per query chunk with its indexer loss:
+they stay out of the table.
 
 Shapes as in the op modules: paged_decode q [B, Hq, D], kv [P, 2, Hkv, D] (the engine's cache: slot p's
 key and value), slots [B, S] int64, ctx [B] int64 → [B, Hq, D].
@@ -35,7 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from jointrl.kernels import dispatch, kda, norm_rope_cpu, paged_attention, paged_attention_cpu
+from jointrl.kernels import dispatch, kda, moe_experts, moe_matmul, norm_rope_cpu, paged_attention, paged_attention_cpu
 
 __all__ = ["Kernels", "kernels_for", "paged_decode_triton"]
 
@@ -51,6 +59,8 @@ class Kernels:
     kda_chunk: Callable[..., tuple[Tensor, Tensor]]
     paged_decode: Callable[[Tensor, Tensor, Tensor, Tensor, float], Tensor]
     paged_prefill: Callable[..., Tensor]
+    moe_experts: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+    moe_experts_mxfp4: Callable[..., Tensor]
 
 
 def paged_decode_triton(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B: Tensor, scale: float) -> Tensor:
@@ -70,13 +80,16 @@ def paged_decode_triton(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B:
 def _table(backend: str) -> Kernels:
     if backend == "cpu":
         return Kernels("cpu", True, norm_rope_cpu.rms_norm, kda.kda_recurrent_torch, kda.kda_chunk_torch,
-                       paged_attention_cpu.paged_decode, paged_attention_cpu.paged_prefill)
+                       paged_attention_cpu.paged_decode, paged_attention_cpu.paged_prefill,
+                       moe_experts.moe_experts_cpu, moe_matmul.moe_experts_mxfp4_torch)
     if backend == "triton":
         return Kernels("triton", False, norm_rope_cpu.rms_norm_torch, kda.kda_recurrent_triton, kda.kda_chunk_triton,
-                       paged_decode_triton, paged_attention_cpu.paged_prefill_torch)
+                       paged_decode_triton, paged_attention_cpu.paged_prefill_torch,
+                       moe_experts.moe_experts_triton, moe_matmul.moe_experts_mxfp4_triton)
     assert backend == "torch", backend
     return Kernels("torch", False, norm_rope_cpu.rms_norm_torch, kda.kda_recurrent_torch, kda.kda_chunk_torch,
-                   paged_attention_cpu.paged_decode_torch, paged_attention_cpu.paged_prefill_torch)
+                   paged_attention_cpu.paged_decode_torch, paged_attention_cpu.paged_prefill_torch,
+                   moe_experts.moe_experts_torch, moe_matmul.moe_experts_mxfp4_torch)
 
 
 def kernels_for(name: str, device: torch.device | str = "cpu") -> Kernels:
