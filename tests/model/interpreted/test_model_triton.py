@@ -89,9 +89,22 @@ def test_load_mxfp4_names_a_mismatched_tensor():
         ex.load_mxfp4(*gu, dn[0], dn[1][:, :1])
 
 
+def test_hybrid_logits_equal():
+    """tiny_hybrid's inference forward: KDA chunks, the indexer scores, the top-k selection and the sparse
+    attention on their Triton kernels (top-8 of up to 24 keys, so the selection bites)."""
+    cfg = MoEConfig.preset("tiny_hybrid", num_hidden_layers=2, layer_types=("kda", "gated_dsa"), index_topk=8,
+                           dsa_query_chunk=16)
+    ref, tri = _pair(cfg)
+    ids = _ids(cfg, 2, 24)
+    with torch.no_grad():
+        assert rel(tri(ids).logits, ref(ids).logits) < TOL
+
+
 def test_hybrid_loss_and_gradients_equal():
     """tiny_hybrid (KDA, gated DSA, MoE): the language-model loss plus the indexer loss and every parameter's
-    gradient with ``kernels=triton`` (KDA's chunked forward and backward kernels) equal ``kernels=torch``."""
+    gradient with ``kernels=triton`` (KDA's chunked forward and backward kernels, the sparse attention's
+    forward and backward kernels; the indexer, whose kernel is forward only, and the experts train through
+    their references) equal ``kernels=torch``."""
     cfg = MoEConfig.preset("tiny_hybrid", num_hidden_layers=2, layer_types=("kda", "gated_dsa"), index_topk=8)
     ref, tri = _pair(cfg)
     ids = _ids(cfg, 2, 20)
@@ -100,7 +113,8 @@ def test_hybrid_loss_and_gradients_equal():
         out = model(ids, return_indexer_loss=True)
         loss = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, cfg.vocab_size), ids[:, 1:].reshape(-1))
         loss = loss + out.indexer_loss + 0.01 * out.aux_loss
-        assert ("_KDAChunkBackward" in _graph_nodes(loss)) == (model is tri)  # KDA trains through the Triton backward
+        nodes = _graph_nodes(loss)  # KDA and the sparse attention train through their Triton backward kernels
+        assert ("_KDAChunkBackward" in nodes) == ("_SparseAttentionBackward" in nodes) == (model is tri)
         loss.backward()
         losses.append(loss.detach())
         grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
