@@ -7,18 +7,20 @@ calls ``self.kernels.<op>(...)``: the function was picked when the table was bui
 forward compares backend names, and there is one torch reference per op (the ``*_torch`` functions
 named below), which the C++ and the Triton kernels are tested against.
 
-| op                | torch (reference)                           | cpu (C++, ``csrc/``)                  | triton                                  |
-|-------------------|---------------------------------------------|---------------------------------------|-----------------------------------------|
-| rms_norm          | ``norm_rope_cpu.rms_norm_torch``            | ``norm_rope_cpu.rms_norm`` (autograd) | reference                               |
-| kda_recurrent     | ``kda.kda_recurrent_torch``                 | reference                             | ``kda.kda_recurrent_triton``            |
-| kda_chunk         | ``kda.kda_chunk_torch``                     | reference                             | ``kda.kda_chunk_triton`` (+ backward)   |
-| paged_decode      | ``paged_attention_cpu.paged_decode_torch``  | ``paged_attention_cpu.paged_decode``  | ``paged_decode_triton``                 |
-| paged_prefill     | ``paged_attention_cpu.paged_prefill_torch`` | ``paged_attention_cpu.paged_prefill`` | reference                               |
-| moe_experts       | ``moe_experts.moe_experts_torch``           | ``moe_experts.moe_experts_cpu``       | ``moe_experts.moe_experts_triton``      |
-| moe_experts_mxfp4 | ``moe_matmul.moe_experts_mxfp4_torch``      | reference                             | ``moe_matmul.moe_experts_mxfp4_triton`` |
-| dsa_scores        | ``dsa.indexer_scores_torch``                | reference                             | ``dsa.indexer_scores_triton``           |
-| dsa_select        | ``topk.select_keys_torch``                  | reference                             | ``topk.select_keys_triton``             |
-| dsa_attend        | ``dsa.sparse_attention_torch``              | reference                             | ``dsa.sparse_attention_triton`` (+ bw)  |
+| op                | torch (reference)                       | cpu (C++)                         | triton                              |
+|-------------------|-----------------------------------------|-----------------------------------|-------------------------------------|
+| rms_norm          | norm_rope_cpu.rms_norm_torch            | norm_rope_cpu.rms_norm            | reference                           |
+| kda_recurrent     | kda.kda_recurrent_torch                 | reference                         | kda.kda_recurrent_triton            |
+| kda_chunk         | kda.kda_chunk_torch                     | reference                         | kda.kda_chunk_triton                |
+| paged_decode      | paged_attention_cpu.paged_decode_torch  | paged_attention_cpu.paged_decode  | paged_decode_triton                 |
+| paged_prefill     | paged_attention_cpu.paged_prefill_torch | paged_attention_cpu.paged_prefill | reference                           |
+| moe_experts       | moe_experts.moe_experts_torch           | moe_experts.moe_experts_cpu       | moe_experts.moe_experts_triton      |
+| moe_experts_mxfp4 | moe_matmul.moe_experts_mxfp4_torch      | reference                         | moe_matmul.moe_experts_mxfp4_triton |
+| dsa_scores        | dsa.indexer_scores_torch                | reference                         | dsa.indexer_scores_triton           |
+| dsa_select        | topk.select_keys_torch                  | reference                         | topk.select_keys_triton             |
+| dsa_attend        | dsa.sparse_attention_torch              | reference                         | dsa.sparse_attention_triton         |
+
+(``rms_norm`` on cpu is an autograd op; ``kda_chunk`` and ``dsa_attend`` on triton have backward kernels.)
 
 ``kda_chunk`` on ``triton`` is an ``autograd.Function`` whose backward is the chunked backward kernel, so a
 learner step on that table trains KDA through Triton (float64: the reference).

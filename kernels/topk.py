@@ -3,9 +3,9 @@ largest indexer scores, as a Triton kernel beside its torch reference.
 
 ``select_topk(scores_BTS, visible_BTS, k)`` → ids ``[B, T, k]`` (int32) in ascending position
 order, padded with -1 after the last selected key when fewer than k keys are visible. Ties go
-to the most recent key (the larger position), the rule of the reference ``topk_mask`` (the gated_dsa layer's): ReLU makes
-exact ties (scores of 0) common, and a rule that depended on the query-chunk shape would let a
-prefill and the same tokens decoded one by one select different keys. ``-0.0`` ties with
+to the most recent key (the larger position), the rule of the reference ``topk_mask`` (the gated_dsa
+layer's): ReLU makes exact ties (scores of 0) common, and a rule that depended on the query-chunk
+shape would let a prefill and the same tokens decoded one by one select different keys. ``-0.0`` ties with
 ``+0.0``. Scores must be finite.
 
 ``select_keys_torch`` / ``select_keys_triton``: the op table's ``dsa_select`` (``kernels/ops``), the layer's

@@ -83,7 +83,8 @@ def test_moe_logits_equal_with_mxfp4_resident_experts():
 
 
 def test_load_mxfp4_names_a_mismatched_tensor():
-    ex = MoETransformer.from_config(MoEConfig.preset("tiny_moe", num_hidden_layers=1), kernels="torch").model.layers[0].mlp.experts
+    model = MoETransformer.from_config(MoEConfig.preset("tiny_moe", num_hidden_layers=1), kernels="torch")
+    ex = model.model.layers[0].mlp.experts
     gu, dn = quantize_mxfp4(ex.gate_up_proj.detach()), quantize_mxfp4(ex.down_proj.detach())
     with pytest.raises(ValueError, match="down_scales"):
         ex.load_mxfp4(*gu, dn[0], dn[1][:, :1])
