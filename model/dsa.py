@@ -12,6 +12,10 @@ visible ones; with `dsa_mode="dense"` it sees every visible key (the indexer's w
 Memory: queries are processed `dsa_query_chunk` at a time, so prefill holds O(chunk · S) scores,
 never an S×S matrix; keys and values stay [B, Hkv, S, D].
 
+Kernels: per chunk the scores, the top-k selection and the sparse attention are kernel ops called through
+the op table the model hands down (`self.kernels.dsa_scores / dsa_select / dsa_attend`, `kernels/ops`):
+one torch reference each (`kernels/dsa.py`, `kernels/topk.py`), the Triton kernels on the `triton` table.
+
 Indexer loss (for the learner; `indexer_loss()` below): the indexer's input is detached, so it learns
 only from
     L_I = Σ_t KL(p_t ‖ softmax(I[t, ·]))  over the attended set,

@@ -7,6 +7,9 @@ rows) and `experts.down_proj` [E, H, I], each expert matrix laid out as an `nn.L
 n_shared_experts·I named as DeepSeek-V3's `shared_experts.{gate,up,down}_proj.weight`, with Qwen2-MoE's
 `shared_expert_gate.weight` [1, H] when gated. The dense MLP of the first layers has the same names.
 
+The routed experts are a kernel op (``kernels/moe_experts``: ``moe_experts``, and ``moe_experts_mxfp4`` over
+MXFP4-resident experts), called through the op table the model hands down (``self.kernels``, ``kernels/ops``).
+
 Shapes: N tokens (B·T flattened), H hidden, I expert width, E experts, k experts per token.
 """
 
