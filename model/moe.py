@@ -41,6 +41,9 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+MXFP4_BUFFERS = ("mxfp4_gate_up_blocks", "mxfp4_gate_up_scales", "mxfp4_down_blocks", "mxfp4_down_scales")
+
+
 class Experts(nn.Module):
     """E SwiGLU experts: y_e(x) = down_e(silu(gate_e x) ⊙ up_e x), stored fused as 3-D tensors."""
 
@@ -50,16 +53,20 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.zeros(E, 2 * I, H))
         self.down_proj = nn.Parameter(torch.zeros(E, H, I))
         self.kernels: Kernels = kernels_for("torch")  # MoETransformer.set_kernels hands down the model's
-        # (gate_up blocks, gate_up scales, down blocks, down scales) when MXFP4-resident (load_mxfp4), else None
-        self.mxfp4: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        # MXFP4-resident experts (load_mxfp4), else None: non-persistent buffers, so they follow the module's
+        # .to(device) (uint8: no dtype cast) and stay out of state_dict (HF's names, the push's targets)
+        for name in MXFP4_BUFFERS:
+            self.register_buffer(name, None, persistent=False)
 
     def forward(self, x_NH: torch.Tensor, ids_Nk: torch.Tensor, weights_Nk: torch.Tensor) -> torch.Tensor:
         """y_n = Σ_j weights[n, j] · y_{ids[n, j]}(x_n), through the kernel table: ``moe_experts_mxfp4`` over
         the MXFP4-resident experts when the layer holds them (``load_mxfp4``), else ``moe_experts`` over the
         dense parameters (``kernels/moe_experts``: the torch reference, the C++ loop on ``cpu``, the grouped
         Triton matmuls on ``triton`` for inference)."""
-        if self.mxfp4 is not None:
-            return self.kernels.moe_experts_mxfp4(x_NH, ids_Nk, weights_Nk, *self.mxfp4)
+        if self.mxfp4_gate_up_blocks is not None:
+            return self.kernels.moe_experts_mxfp4(x_NH, ids_Nk, weights_Nk, self.mxfp4_gate_up_blocks,
+                                                  self.mxfp4_gate_up_scales, self.mxfp4_down_blocks,
+                                                  self.mxfp4_down_scales)
         return self.kernels.moe_experts(x_NH, ids_Nk, weights_Nk, self.gate_up_proj, self.down_proj)
 
     @torch.no_grad()
@@ -67,10 +74,11 @@ class Experts(nn.Module):
                    down_scales: torch.Tensor) -> None:
         """Hold the routed experts MXFP4-resident (``kernels/mxfp4.quantize_mxfp4`` of ``gate_up_proj`` and
         ``down_proj``: uint8 blocks [E, 2I, H/2], [E, H, I/2] and scales [E, 2I, H/32], [E, H, I/32], what a
-        weight push delivers), kept as given (no copy) on the weights' device; forwards then run
-        ``moe_experts_mxfp4`` on them (the MXFP4 MoE kernel on ``triton``) and the dense parameters are not
-        read. A later ``load_mxfp4`` replaces them, ``drop_mxfp4`` returns to the dense parameters. Raises
-        ``ValueError`` naming a tensor whose dtype or shape does not match this layer's experts."""
+        weight push delivers), held as non-persistent buffers on the weights' device (moved with the module,
+        not in ``state_dict``); forwards then run ``moe_experts_mxfp4`` on them (the MXFP4 MoE kernel on
+        ``triton``, dequantize-then-torch elsewhere) and the dense parameters are not read. A later
+        ``load_mxfp4`` replaces them, ``drop_mxfp4`` returns to the dense parameters. Raises ``ValueError``
+        naming a tensor whose dtype or shape does not match this layer's experts."""
         E, two_i, H = self.gate_up_proj.shape
         I = self.down_proj.shape[2]
         want = {"gate_up_blocks": (E, two_i, H // 2), "gate_up_scales": (E, two_i, H // 32),
@@ -81,11 +89,13 @@ class Experts(nn.Module):
             if t.dtype != torch.uint8 or tuple(t.shape) != want[name]:
                 raise ValueError(f"{name} must be uint8 {list(want[name])}, got {t.dtype} {list(t.shape)}")
         dev = self.gate_up_proj.device
-        self.mxfp4 = tuple(t.to(dev) for t in got.values())
+        for name, t in zip(MXFP4_BUFFERS, got.values()):
+            setattr(self, name, t.to(dev))
 
     def drop_mxfp4(self) -> None:
         """Forget the MXFP4-resident experts: forwards read the dense parameters again."""
-        self.mxfp4 = None
+        for name in MXFP4_BUFFERS:
+            setattr(self, name, None)
 
 
 class SparseMoeBlock(nn.Module):
