@@ -104,9 +104,13 @@ def test_eval_oracle_solves_terminal_tasks_in_kimis_format(kimi_dir, tmp_path):
     the tiktoken tokenizer's ids (a tool-calls section per turn), parse by id and solve their tasks."""
     from jointrl.rl.eval import main as eval_main
 
-    result = eval_main(["envs=terminal", "policy=oracle", "tier=low", "k=1", "limit=3", f"out={tmp_path}",
-                        "logger.wandb_mode=disabled", "model=hf", f"model.path={kimi_dir}",
-                        "rollout.max_tokens_per_turn=65536", "rollout.max_context=262144"])
+    def run(policy: str) -> dict:
+        return eval_main(["envs=terminal", f"policy={policy}", "tier=low", "k=1", "limit=3", f"out={tmp_path / policy}",
+                          "logger.wandb_mode=disabled", "model=hf", f"model.path={kimi_dir}",
+                          "rollout.max_tokens_per_turn=65536", "rollout.max_context=262144"])
+
+    result = run("oracle")
     (row,) = result["rows"]
     assert row["tasks"] == 3 and row["env_error"] == 0
     assert row["pass@1"] == 1.0, [e for e in result["episodes"] if not e["success"]]
+    assert run("noop")["rows"][0]["pass@1"] == 0.0  # the oracles' calls, not the tasks, solved them
