@@ -215,6 +215,9 @@ def parse_kimi_turn(body: list[int], tok: Tokenizer, ended: bool) -> ParsedTurn:
     def error(message: str, raw: list[int] = ()) -> None:
         turn.calls.append(CallError(message, tok.decode(raw)))
 
+    def pending() -> list[int]:  # the open call's ids so far
+        return (header or []) + (args or [])
+
     for i in body:
         if i == section:
             if in_section:
@@ -224,17 +227,18 @@ def parse_kimi_turn(body: list[int], tok: Tokenizer, ended: bool) -> ParsedTurn:
             if not in_section:
                 error("<|tool_calls_section_end|> without <|tool_calls_section_begin|>")
             elif header is not None or args is not None:
-                error("<|tool_calls_section_end|> inside a call (<|tool_call_end|> missing)", (header or []) + (args or []))
+                error("<|tool_calls_section_end|> inside a call (<|tool_call_end|> missing)", pending())
             in_section, header, args = False, None, None
         elif i == call:
             if not in_section:
                 error("<|tool_call_begin|> outside <|tool_calls_section_begin|>...<|tool_calls_section_end|>")
             elif header is not None or args is not None:
-                error("<|tool_call_begin|> again before <|tool_call_end|>", (header or []) + (args or []))
+                error("<|tool_call_begin|> again before <|tool_call_end|>", pending())
             header, args = [], None
         elif i == argument:
-            if header is None:
-                error("<|tool_call_argument_begin|> outside a call")
+            if header is None or args is not None:
+                error("<|tool_call_argument_begin|> outside a call, or twice in one", pending())
+                header, args = None, None
             else:
                 args = []
         elif i == call_end:
@@ -252,7 +256,7 @@ def parse_kimi_turn(body: list[int], tok: Tokenizer, ended: bool) -> ParsedTurn:
         else:
             text.append(i)
     if header is not None or args is not None:
-        error("<|tool_call_begin|> was not closed with <|tool_call_end|>", (header or []) + (args or []))
+        error("<|tool_call_begin|> was not closed with <|tool_call_end|>", pending())
     if in_section:
         error("<|tool_calls_section_begin|> was not closed with <|tool_calls_section_end|>")
     if tok.decode(stray).strip():

@@ -66,6 +66,8 @@ def test_markers_typed_as_text_are_not_calls(tpl):
      "again before"),
     (("<|tool_calls_section_begin|>", "stray words", "<|tool_calls_section_end|>"), "text inside the tool-calls"),
     (("<|tool_calls_section_end|>",), "without <|tool_calls_section_begin|>"),
+    (("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "functions.run:0", "<|tool_call_argument_begin|>", "{}",
+      "<|tool_call_argument_begin|>", "{}", "<|tool_call_end|>", "<|tool_calls_section_end|>"), "twice in one"),
 ])
 def test_malformed_sections_are_call_errors(tpl, pieces, error):
     tok = tpl.tok
