@@ -95,6 +95,9 @@ def test_train_runs_two_grpo_steps_on_kimi_linear(kimi_dir, tmp_path):
     assert len(files) == 2
     trajs = [json.loads(line) for f in files for line in f.read_text().splitlines()]
     assert len(trajs) == 8 and all(t["finish_reason"] != "env_error" for t in trajs)
+    tok = HFTokenizer(kimi_dir)  # every prompt is Kimi's rendering, opening with the env's tools declared
+    declare = [tok.special_ids["<|im_system|>"], *tok.encode("tool_declare"), tok.special_ids["<|im_middle|>"]]
+    assert all(t["token_ids"][:len(declare)] == declare for t in trajs)
 
 
 
