@@ -16,7 +16,7 @@ lowest rank; ``ignore_merges`` takes a whole pre-token that is itself a token, a
 pre-tokenizer = ``KIMI_PATTERN`` (oniguruma accepts its ``&&`` class intersections) then ByteLevel
 without its own regex. Transformers 5.24's ``TikTokenConverter`` does the same conversion but reads
 the file through the ``tiktoken`` package and uses its default (GPT-4) pattern unless told; the
-file format is four lines of Python, so we read it ourselves (tests/model/test_kimi_tokenizer.py
+file format is four lines of Python, so we read it ourselves (tests/model/test_kimi.py
 checks the ids against a rank-by-rank reference BPE).
 
 The chat format (the checkpoint's own Jinja, rendered by ``model/hf_chat_template.HFChatTemplate``)::
