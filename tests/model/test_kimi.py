@@ -12,7 +12,7 @@ import regex
 
 from jointrl.envs.base import Message, ToolCall, ToolSpec
 from jointrl.model.hf_chat_template import HFChatTemplate
-from jointrl.model.hf_tokenizer import HFTokenizer
+from jointrl.model.hf_tokenizer import HFTokenizer, copy_tokenizer
 from jointrl.model.kimi import KIMI_PATTERN, KIMI_TOKENS, NO_TOKEN, read_tiktoken_ranks
 from jointrl.model.tokenizer import Tokenizer
 
@@ -137,3 +137,10 @@ def test_template_renders_kimis_format_and_markers_are_ids(kimi_tok):
     default = kimi_tok.decode(tpl.render([Message(role="user", content="hi")]))
     assert default == ("<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI."
                        "<|im_end|>\n<|im_user|>user<|im_middle|>hi<|im_end|><|im_assistant|>assistant<|im_middle|>")
+
+
+def test_export_copies_kimis_files_and_they_load_alike(kimi_dir, kimi_tok, tmp_path):
+    assert copy_tokenizer(kimi_dir, tmp_path) == ["tiktoken.model", "tokenizer_config.json"]
+    copied = HFTokenizer(tmp_path)
+    assert copied.special_ids == kimi_tok.special_ids and copied.hf.chat_template == kimi_tok.hf.chat_template
+    assert copied.encode(TEXTS[0]) == kimi_tok.encode(TEXTS[0])
