@@ -65,6 +65,7 @@ CPU-only machine (untested here).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -145,10 +146,11 @@ print(json.dumps({"available": bool(p.is_sleep_mode_available()), "platform": ty
 """
 
 
+@functools.cache
 def sleep_mode_unavailable(venv: str, timeout_s: float = 300.0) -> str | None:
     """Why the vLLM build in ``venv`` cannot sleep (``LLM.sleep`` / ``wake_up``, vLLM's
     ``enable_sleep_mode``), or None when it can: the venv's own vLLM is asked
-    (``current_platform.is_sleep_mode_available()``, a few seconds: vLLM's import)."""
+    (``current_platform.is_sleep_mode_available()``, a few seconds: vLLM's import), once per process."""
     python = Path(venv) / "bin" / "python"
     if not python.exists():
         return f"no vLLM venv at rollout.vllm.venv={venv!r} (build it with `bash .ci/setup.d/vllm.sh`)"
