@@ -13,7 +13,7 @@ named below), which the C++ and the Triton kernels are tested against.
 | kda_recurrent   | ``kda.kda_recurrent_torch``                  | reference                             | ``kda.kda_recurrent_triton`` |
 | kda_chunk       | ``kda.kda_chunk_torch``                      | reference                             | ``kda.kda_chunk_triton``     |
 | paged_decode    | ``paged_attention_cpu.paged_decode_torch``   | ``paged_attention_cpu.paged_decode``  | ``paged_decode_triton``      |
-| paged_prefill   | ``paged_attention_cpu.paged_prefill_torch``  | ``paged_attention_cpu.paged_prefill`` | reference                    |
+| paged_prefill   | ``paged_attention_cpu.paged_prefill_torch``  | ``paged_attention_cpu.paged_prefill`` | ``paged_attention.paged_prefill_triton`` |
 
 ``cpp`` says whether the C++ CPU kernels are this table's (backend ``cpu``): the engine's per-row C++
 ops (``decode_cpu``, ``linear_cpu``, ``moe_cpu``: norms fused with the KV write, the packed projections,
@@ -73,7 +73,7 @@ def _table(backend: str) -> Kernels:
                        paged_attention_cpu.paged_decode, paged_attention_cpu.paged_prefill)
     if backend == "triton":
         return Kernels("triton", False, norm_rope_cpu.rms_norm_torch, kda.kda_recurrent_triton, kda.kda_chunk_triton,
-                       paged_decode_triton, paged_attention_cpu.paged_prefill_torch)
+                       paged_decode_triton, paged_attention.paged_prefill_triton)
     assert backend == "torch", backend
     return Kernels("torch", False, norm_rope_cpu.rms_norm_torch, kda.kda_recurrent_torch, kda.kda_chunk_torch,
                    paged_attention_cpu.paged_decode_torch, paged_attention_cpu.paged_prefill_torch)
