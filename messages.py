@@ -47,6 +47,7 @@ class Message:
     reasoning: str = ""  # the <think> text of an assistant turn
     tool_calls: list[ToolCall] = field(default_factory=list)
     name: str = ""  # tool name, on tool messages
+    tool_call_id: str = ""  # on tool messages: the id of the call answered (Kimi's template shows it)
     image: bytes | None = None  # a tool result's screenshot (PNG): <image> slots in the template
 
     def to_openai(self) -> dict[str, Any]:
@@ -60,4 +61,6 @@ class Message:
             ]
         if self.name:
             out["name"] = self.name
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
         return out

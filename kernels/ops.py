@@ -7,18 +7,18 @@ calls ``self.kernels.<op>(...)``: the function was picked when the table was bui
 forward compares backend names, and there is one torch reference per op (the ``*_torch`` functions
 named below), which the C++ and the Triton kernels are tested against.
 
-| op                | torch (reference)                       | cpu (C++)                         | triton                              |
-|-------------------|-----------------------------------------|-----------------------------------|-------------------------------------|
-| rms_norm          | norm_rope_cpu.rms_norm_torch            | norm_rope_cpu.rms_norm            | reference                           |
-| kda_recurrent     | kda.kda_recurrent_torch                 | reference                         | kda.kda_recurrent_triton            |
-| kda_chunk         | kda.kda_chunk_torch                     | reference                         | kda.kda_chunk_triton                |
-| paged_decode      | paged_attention_cpu.paged_decode_torch  | paged_attention_cpu.paged_decode  | paged_decode_triton                 |
-| paged_prefill     | paged_attention_cpu.paged_prefill_torch | paged_attention_cpu.paged_prefill | reference                           |
-| moe_experts       | moe_experts.moe_experts_torch           | moe_experts.moe_experts_cpu       | moe_experts.moe_experts_triton      |
-| moe_experts_mxfp4 | moe_matmul.moe_experts_mxfp4_torch      | reference                         | moe_matmul.moe_experts_mxfp4_triton |
-| dsa_scores        | dsa.indexer_scores_torch                | reference                         | dsa.indexer_scores_triton           |
-| dsa_select        | topk.select_keys_torch                  | reference                         | topk.select_keys_triton             |
-| dsa_attend        | dsa.sparse_attention_torch              | reference                         | dsa.sparse_attention_triton         |
+| op                | torch (reference)                       | cpu (C++)                         | triton                               |
+|-------------------|-----------------------------------------|-----------------------------------|--------------------------------------|
+| rms_norm          | norm_rope_cpu.rms_norm_torch            | norm_rope_cpu.rms_norm            | reference                            |
+| kda_recurrent     | kda.kda_recurrent_torch                 | reference                         | kda.kda_recurrent_triton             |
+| kda_chunk         | kda.kda_chunk_torch                     | reference                         | kda.kda_chunk_triton                 |
+| paged_decode      | paged_attention_cpu.paged_decode_torch  | paged_attention_cpu.paged_decode  | paged_decode_triton                  |
+| paged_prefill     | paged_attention_cpu.paged_prefill_torch | paged_attention_cpu.paged_prefill | paged_attention.paged_prefill_triton |
+| moe_experts       | moe_experts.moe_experts_torch           | moe_experts.moe_experts_cpu       | moe_experts.moe_experts_triton       |
+| moe_experts_mxfp4 | moe_matmul.moe_experts_mxfp4_torch      | reference                         | moe_matmul.moe_experts_mxfp4_triton  |
+| dsa_scores        | dsa.indexer_scores_torch                | reference                         | dsa.indexer_scores_triton            |
+| dsa_select        | topk.select_keys_torch                  | reference                         | topk.select_keys_triton              |
+| dsa_attend        | dsa.sparse_attention_torch              | reference                         | dsa.sparse_attention_triton          |
 
 (``rms_norm`` on cpu is an autograd op; ``kda_chunk`` and ``dsa_attend`` on triton have backward kernels.)
 
@@ -105,7 +105,7 @@ def _table(backend: str) -> Kernels:
                        dsa.indexer_scores_torch, topk.select_keys_torch, dsa.sparse_attention_torch)
     if backend == "triton":
         return Kernels("triton", False, norm_rope_cpu.rms_norm_torch, kda.kda_recurrent_triton, kda.kda_chunk_triton,
-                       paged_decode_triton, paged_attention_cpu.paged_prefill_torch,
+                       paged_decode_triton, paged_attention.paged_prefill_triton,
                        moe_experts.moe_experts_triton, moe_matmul.moe_experts_mxfp4_triton,
                        dsa.indexer_scores_triton, topk.select_keys_triton, dsa.sparse_attention_triton)
     assert backend == "torch", backend

@@ -1,4 +1,4 @@
-"""Decode attention over a paged KV cache (one new query token per sequence), with GQA.
+"""Decode and prefill-chunk attention over a paged KV cache, with GQA.
 
 Keys and values live in fixed-size blocks of ``block_size`` token slots; sequence ``b``'s
 token ``t`` sits in physical block ``block_table[b, t // block_size]``, slot
@@ -21,7 +21,24 @@ done yet. Under the interpreter the dots run in fp32 (its bf16 ``tl.dot`` is bro
 bf16/fp16 operands go to ``tl.dot`` directly (p is rounded to the value dtype, as in
 FlashAttention), fp32 ones as IEEE fp32.
 
-Layout (kernels/ convention): torch reference, Triton kernel, launcher, public function.
+Prefill chunks (``paged_prefill_triton``): ``paged_attention_cpu.paged_prefill_torch``'s contract -- the
+engine's step of C chunks in one call, chunk c's ``count_C[c]`` queries at rows ``row0_C[c] + i`` of
+``q [N, Hq, D]`` and positions ``start_C[c] + i`` of a sequence whose token t sits in slot
+``slots_CS[c, t]`` of the fused ``[P, 2, Hkv, D]`` pool (its block table expanded to slots, i.e. a table of
+one-slot blocks); query i sees keys ``0 .. start + i`` (its cached prefix and its own chunk, causally).
+Kernel: one program per (tile of ``BLOCK_M`` rows of a chunk, kv head), a row being a (query, head of the
+GQA group) pair -- row r of chunk c is query ``r // G``, head ``kvh·G + r % G`` -- so every key tile
+loaded is used by all the group's heads of ``BLOCK_M / G`` queries. It walks the chunk's keys ``BLOCK_N`` at
+a time up to the tile's last position (gathering slots; causal mask per row) with the same fp32 online
+softmax and dot precision rules as decode; a cache in another dtype than q (a bfloat16 pool under a
+float32 model) is converted tile by tile as it is read, never copied whole. The grid has
+``ceil(N·G / BLOCK_M) + C`` programs along the rows (at least the sum over chunks of their tiles, known
+without reading ``count_C`` on the host: no device sync); each program finds its chunk from a cumulative
+sum of the chunks' tile counts, and the spare ones return at once. Rows of ``out`` outside the chunks
+(the step's decode rows) are not written.
+
+Layout (kernels/ convention): torch reference, Triton kernels, launchers, public functions (the prefill's
+reference is ``paged_attention_cpu.paged_prefill_torch``, the one the C++ kernel is tested against too).
 Forward only (the engine does not differentiate).
 """
 
@@ -35,9 +52,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from jointrl.kernels import paged_attention_cpu
 from jointrl.kernels.dispatch import interpreting, launcher, use_triton
 
-__all__ = ["DECODE_CONFIG", "paged_attention_decode"]
+__all__ = ["DECODE_CONFIG", "PREFILL_CONFIG", "paged_attention_decode", "paged_prefill_triton"]
 
 
 class DecodeConfig(NamedTuple):
@@ -47,6 +65,16 @@ class DecodeConfig(NamedTuple):
 
 
 DECODE_CONFIG = DecodeConfig(block_n=64, num_warps=4, num_stages=2)
+
+
+class PrefillConfig(NamedTuple):
+    block_m: int  # (query, head) rows per program
+    block_n: int  # keys per step
+    num_warps: int
+    num_stages: int
+
+
+PREFILL_CONFIG = PrefillConfig(block_m=64, block_n=64, num_warps=4, num_stages=2)
 
 
 # ---------------------------------------------------------------------------------------
@@ -135,6 +163,74 @@ def _paged_decode_kernel(
              mask=g_ok[:, None] & d_ok[None, :])
 
 
+@triton.jit
+def _paged_prefill_kernel(
+    q_ptr, kv_ptr, slots_ptr, start_ptr, row0_ptr, count_ptr, o_ptr,
+    qk_scale, C, G, D,
+    stride_qn, stride_qh,
+    stride_kvp, stride_kvc, stride_kvh,
+    stride_sc,
+    stride_on, stride_oh,
+    BLOCK_C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    """Program (row tile, kv head): rows ``tile·BLOCK_M ..`` of the chunk the tile falls in (module
+    docstring). qk_scale = scale · log2(e)."""
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    cs = tl.arange(0, BLOCK_C)
+    tiles_C = (tl.load(count_ptr + cs, mask=cs < C, other=0).to(tl.int32) * G + BLOCK_M - 1) // BLOCK_M
+    ends_C = tl.cumsum(tiles_C, axis=0)
+    if pid >= tl.sum(tiles_C):  # a spare program of the grid's upper bound
+        return
+    c = tl.sum((ends_C <= pid).to(tl.int32))
+    tile = pid - tl.sum(tl.where(cs < c, tiles_C, 0))
+    count = tl.load(count_ptr + c).to(tl.int32)
+    start = tl.load(start_ptr + c)
+    row0 = tl.load(row0_ptr + c)
+    r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    r_ok = r < count * G
+    i = tl.minimum(r // G, count - 1)  # rows past the chunk repeat its last query, never stored
+    heads = kvh * G + r % G
+    pos = start + i
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    q_mask = r_ok[:, None] & d_ok[None, :]
+    q = tl.load(q_ptr + (row0 + i)[:, None] * stride_qn + heads[:, None] * stride_qh + d[None, :],
+                mask=q_mask, other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    kv_end = start + tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // G, count - 1) + 1  # the tile's keys
+    for t0 in range(0, kv_end, BLOCK_N):
+        t = t0 + tl.arange(0, BLOCK_N)
+        t_ok = t < kv_end
+        slot = tl.load(slots_ptr + c * stride_sc + t, mask=t_ok, other=0).to(tl.int64)
+        kv_mask = t_ok[:, None] & d_ok[None, :]
+        k_off = slot[:, None] * stride_kvp + kvh * stride_kvh + d[None, :]
+        k = tl.load(kv_ptr + k_off, mask=kv_mask, other=0.0)
+        v = tl.load(kv_ptr + stride_kvc + k_off, mask=kv_mask, other=0.0)
+        if DOT_FP32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        else:
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        s = tl.where(t[None, :] <= pos[:, None], s, float("-inf"))  # causal; key 0 is always visible
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + (row0 + i)[:, None] * stride_on + heads[:, None] * stride_oh + d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=q_mask)
+
+
 # ---------------------------------------------------------------------------------------
 # launcher
 # ---------------------------------------------------------------------------------------
@@ -170,6 +266,36 @@ def _paged_attention_triton(q_BHD: Tensor, k_cache: Tensor, v_cache: Tensor, blo
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out_BHD
+
+
+def prefill_tiles(num_chunks: int, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_C, BLOCK_D): the chunk count and head_dim padded to powers of two >= 16."""
+    return max(16, triton.next_power_of_2(num_chunks)), max(16, triton.next_power_of_2(head_dim))
+
+
+def _paged_prefill_triton(q_NHD: Tensor, kv_PCHD: Tensor, slots_CS: Tensor, start_C: Tensor, row0_C: Tensor,
+                          count_C: Tensor, scale: float, out_NHD: Tensor,
+                          config: PrefillConfig = PREFILL_CONFIG) -> Tensor:
+    N, Hq, D = q_NHD.shape
+    C, Hkv = slots_CS.shape[0], kv_PCHD.shape[2]
+    if C == 0 or N == 0:
+        return out_NHD
+    G = Hq // Hkv
+    block_c, block_d = prefill_tiles(C, D)
+    q_NHD = q_NHD if q_NHD.stride(-1) == 1 else q_NHD.contiguous()
+    kernel = launcher(_paged_prefill_kernel, q_NHD.device)
+    kernel[(triton.cdiv(N * G, config.block_m) + C, Hkv)](
+        q_NHD, kv_PCHD, slots_CS, start_C, row0_C, count_C, out_NHD,
+        scale * math.log2(math.e), C, G, D,
+        q_NHD.stride(0), q_NHD.stride(1),
+        kv_PCHD.stride(0), kv_PCHD.stride(1), kv_PCHD.stride(2),
+        slots_CS.stride(0),
+        out_NHD.stride(0), out_NHD.stride(1),
+        BLOCK_C=block_c, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d,
+        DOT_FP32=interpreting(kernel) or q_NHD.dtype == torch.float32,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out_NHD
 
 
 # ---------------------------------------------------------------------------------------
@@ -210,3 +336,42 @@ def paged_attention_decode(q_BHD: Tensor, k_cache: Tensor, v_cache: Tensor, bloc
     if use_triton(q_BHD.device):
         return _paged_attention_triton(q_BHD, k_cache, v_cache, block_table_BM, context_lens_B, scale)
     return _paged_attention_torch(q_BHD, k_cache, v_cache, block_table_BM, context_lens_B, scale)
+
+
+def paged_prefill_triton(q_NHD: Tensor, kv_PCHD: Tensor, slots_CS: Tensor, start_C: Tensor, row0_C: Tensor,
+                         count_C: Tensor, scale: float, out_NHD: Tensor) -> Tensor:
+    """Causal attention of C prefill chunks over the engine's paged pool, written into ``out_NHD``
+    (``paged_attention_cpu.paged_prefill``'s contract, the triton op table's ``paged_prefill``).
+
+    Args:
+        q_NHD: ``[N, Hq, D]`` queries; chunk c's are rows ``row0_C[c] .. row0_C[c] + count_C[c]``.
+        kv_PCHD: ``[P, 2, Hkv, D]`` the pool (slot p's key and value; any strides, D contiguous), in q's
+            dtype or another float dtype (converted as read); ``Hq % Hkv == 0``.
+        slots_CS: int64 ``[C, S]`` slot of each token of chunk c's sequence; entries past
+            ``start_C[c] + count_C[c]`` are not read.
+        start_C, row0_C, count_C: int64 ``[C]`` the chunk's first position, first row of q, query count
+            (any strides: the engine passes the columns of one [C, 3] tensor).
+        scale: softmax scale.
+        out_NHD: ``[N, Hq, D]`` (D contiguous): the chunks' rows are written, the others left as they are.
+
+    Returns:
+        ``out_NHD``. Float64 queries run the reference (the kernel works in fp32).
+    """
+    if q_NHD.dim() != 3 or kv_PCHD.dim() != 4 or kv_PCHD.shape[1] != 2 or out_NHD.shape != q_NHD.shape:
+        raise ValueError(f"paged_prefill: q and out [N, Hq, D], kv [P, 2, Hkv, D]; got {tuple(q_NHD.shape)}, "
+                         f"{tuple(out_NHD.shape)}, {tuple(kv_PCHD.shape)}")
+    Hq, D = q_NHD.shape[1:]
+    if kv_PCHD.shape[3] != D or Hq % kv_PCHD.shape[2]:
+        raise ValueError(f"paged_prefill: kv {tuple(kv_PCHD.shape)} does not fit q {tuple(q_NHD.shape)}: need "
+                         f"head_dim {D} and Hq a multiple of Hkv")
+    C = slots_CS.shape[0]
+    if slots_CS.dim() != 2 or not start_C.shape == row0_C.shape == count_C.shape == (C,):
+        raise ValueError(f"paged_prefill: slots [C, S] and start, row0, count [C]; got {tuple(slots_CS.shape)}, "
+                         f"{tuple(start_C.shape)}, {tuple(row0_C.shape)}, {tuple(count_C.shape)}")
+    if kv_PCHD.stride(-1) != 1 or out_NHD.stride(-1) != 1:
+        raise ValueError("paged_prefill: kv and out need a contiguous last (head_dim) dim")
+    if q_NHD.dtype == torch.float64:
+        return paged_attention_cpu.paged_prefill_torch(q_NHD, kv_PCHD, slots_CS, start_C, row0_C, count_C, scale,
+                                                       out_NHD)
+    return _paged_prefill_triton(q_NHD, kv_PCHD, slots_CS.contiguous(), start_C.contiguous(), row0_C.contiguous(),
+                                 count_C.contiguous(), scale, out_NHD)

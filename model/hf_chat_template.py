@@ -10,6 +10,10 @@ rendered as sentinels (private-use characters) and encoded separately; a templat
 transforms message content (strips or escapes it) is refused at load, because the sentinel
 rendering would then differ from the real one.
 
+Kimi's template (model/kimi.py) writes each call's id (``functions.NAME:INDEX``, as its models
+write them): a call without one (a scripted policy's) gets ``functions.{name}:{k}``, k its place
+in the message; a tool result's ``tool_call_id`` is its call's (``rl/agent_loop``).
+
 Token-in/token-out: the agent loop never re-tokenizes what the model generated. It appends
 the generated ids, then ``continuation(new messages)``: the ids the template writes after a
 turn's end token (``tok.im_end_id``) up to the next generation prompt. ``check_prefix_property``
@@ -69,6 +73,8 @@ class HFChatTemplate:
             if m.role not in ("system", "user", "assistant", "tool"):
                 raise ValueError(f"message role must be one of system/user/assistant/tool, got {m.role!r}")
             d = m.to_openai()
+            for k, c in enumerate(d.get("tool_calls", []) if self.tok.kimi else []):
+                c["id"] = c["id"] or f"functions.{c['function']['name']}:{k}"  # Kimi's template shows call ids
             if slots is not None and m.role != "assistant" and m.content != _MARK:
                 d["content"] = f"\ue000{len(slots)}\ue001"
                 slots.append(m.content)

@@ -2,11 +2,14 @@
 ``tokenizer.json`` as a ``Tokenizer`` (``model/tokenizer.py``); ``save_tokenizer(directory)``
 writes the byte tokenizer and ChatML template as Hugging Face files.
 
-``HFTokenizer``: a fast tokenizer (``tokenizer.json``; slow and remote-code tokenizers are a
-ValueError) from a local directory. The loop's special ids are found by their strings among the
+``HFTokenizer``: a fast tokenizer (``tokenizer.json``, or Kimi's ``tiktoken.model``; slow and
+remote-code tokenizers are a ValueError) from a local directory. The loop's special ids are found by their strings among the
 added tokens (``SPECIAL_ROLES``: Qwen3's, which is ChatML plus ``<think>`` and ``<tool_call>``;
-a vocabulary with harmony's tokens and no ``<|im_start|>`` takes ``model/harmony.HARMONY_ROLES``);
-a vocabulary without one of them is a ValueError naming it. ``encode`` runs the same
+a vocabulary with harmony's tokens and no ``<|im_start|>`` takes ``model/harmony.HARMONY_ROLES``;
+a vocabulary with Kimi's ``<|im_middle|>`` and no ``<|im_start|>`` takes ``model/kimi.KIMI_ROLES``);
+a vocabulary without one of them is a ValueError naming it. A directory with Kimi's ``tiktoken.model``
+and ``tokenizer_config.json`` instead of ``tokenizer.json`` is read by ``model/kimi.tiktoken_tokenizer``
+(no remote code, no ``tiktoken`` package). ``encode`` runs the same
 normalizer, pre-tokenizer and BPE without the added tokens, so text containing ``<|im_end|>``
 becomes the ordinary tokens of those characters, never the special id (transformers' own
 ``encode`` would match it even with ``split_special_tokens``, which spares only tokens flagged
@@ -36,6 +39,7 @@ from pathlib import Path
 
 from jointrl.model.chat_template import TOOL_INSTRUCTIONS
 from jointrl.model.harmony import HARMONY_ROLES, HARMONY_TOKENS
+from jointrl.model.kimi import KIMI_ROLES, KIMI_THINK, KIMI_TOKENS, NO_TOKEN, tiktoken_tokenizer
 from jointrl.model.tokenizer import SPECIAL_TOKENS
 
 # Tokenizer attribute -> the token string that plays that role (ChatML + Qwen3's reasoning / tools).
@@ -59,22 +63,34 @@ class HFTokenizer:
         from transformers import AutoTokenizer
 
         src = Path(directory)
-        if not (src / "tokenizer.json").is_file():
-            raise ValueError(f"tokenizer: {str(src)!r} has no tokenizer.json (a fast Hugging Face tokenizer is needed)")
-        self.hf = AutoTokenizer.from_pretrained(str(src), local_files_only=True, trust_remote_code=False)
+        if (src / "tokenizer.json").is_file():
+            self.hf = AutoTokenizer.from_pretrained(str(src), local_files_only=True, trust_remote_code=False)
+        elif (src / "tiktoken.model").is_file() or (src / "tokenization_kimi.py").is_file():
+            self.hf = tiktoken_tokenizer(src)  # Kimi's files, read without their remote code (model/kimi.py)
+        else:
+            raise ValueError(f"tokenizer: {str(src)!r} has no tokenizer.json (a fast Hugging Face tokenizer) "
+                             "nor tiktoken.model with tokenizer_config.json (Kimi's)")
         if not self.hf.is_fast:
             raise ValueError(f"tokenizer: {str(src)!r} loads as a slow tokenizer; a tokenizer.json one is needed")
         self.special_ids: dict[str, int] = dict(self.hf.get_added_vocab())
-        # harmony (gpt-oss): its tokens play the loop's roles (model/harmony.py); else ChatML + Qwen3's
+        # harmony (gpt-oss) or Kimi: their tokens play the loop's roles (model/harmony.py, model/kimi.py);
+        # else ChatML + Qwen3's
         self.harmony = "<|im_start|>" not in self.special_ids and all(
             t in self.special_ids for t in HARMONY_TOKENS.values())
-        roles = HARMONY_ROLES if self.harmony else SPECIAL_ROLES
-        missing = [t for t in roles.values() if t not in self.special_ids]
+        self.kimi = "<|im_start|>" not in self.special_ids and "<|im_middle|>" in self.special_ids
+        if self.harmony:
+            roles = HARMONY_ROLES
+        elif self.kimi:
+            roles = {**KIMI_ROLES, "think_id": KIMI_THINK[0], "think_end_id": KIMI_THINK[1]}
+        else:
+            roles = SPECIAL_ROLES
+        required = ({**KIMI_ROLES, **KIMI_TOKENS} if self.kimi else roles).values()
+        missing = [t for t in required if t not in self.special_ids]
         if missing:
             raise ValueError(f"tokenizer: {str(src)!r} lacks the special token(s) {missing} the agent loop needs "
-                             f"(as added tokens of tokenizer.json)")
+                             f"(as added tokens of tokenizer.json or tokenizer_config.json)")
         for attr, text in roles.items():
-            setattr(self, attr, self.special_ids[text])
+            setattr(self, attr, self.special_ids.get(text, NO_TOKEN))  # only Kimi's <think> may be absent
         # stop ids besides im_end_id that end a turn (harmony's <|call|>); generate_turn adds them
         self.turn_stop_ids: tuple[int, ...] = (self.special_ids["<|call|>"],) if self.harmony else ()
         self.image_id: int | None = next((self.special_ids[t] for t in IMAGE_TOKENS if t in self.special_ids), None)
@@ -151,15 +167,15 @@ def chat_template_jinja() -> str:
 
 
 # A checkpoint's tokenizer, chat template and generation settings (what export copies as they came).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+TOKENIZER_FILES = ("tokenizer.json", "tiktoken.model", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "generation_config.json")
 
 
 def copy_tokenizer(source: str | Path, directory: str | Path) -> list[str]:
     """Copy ``TOKENIZER_FILES`` present in ``source`` into ``directory`` byte for byte; returns their names."""
     src, out = Path(source), Path(directory)
-    if not (src / "tokenizer.json").is_file():
-        raise ValueError(f"tokenizer: {str(src)!r} has no tokenizer.json to copy")
+    if not (src / "tokenizer.json").is_file() and not (src / "tiktoken.model").is_file():
+        raise ValueError(f"tokenizer: {str(src)!r} has no tokenizer.json or tiktoken.model to copy")
     copied = [name for name in TOKENIZER_FILES if (src / name).is_file()]
     for name in copied:
         shutil.copyfile(src / name, out / name)

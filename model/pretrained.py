@@ -5,8 +5,10 @@ model shape it implies.
 ``check_pretrained(path)`` -> ``MoEConfig``; a ValueError with a one-line message naming the
 problem: a missing directory, no ``config.json``, an unsupported ``model_type`` or config field
 (``model/hf.config_from_hf``), no weights (``model.safetensors`` or an index), no
-``tokenizer.json``, or a tokenizer without a special token the loop needs
-(``model/hf_tokenizer.SPECIAL_ROLES``, or harmony's ``model/harmony.HARMONY_ROLES``) or with more ids than the model's vocabulary.
+``tokenizer.json`` (nor Kimi's ``tiktoken.model`` + ``tokenizer_config.json``), or a tokenizer without a
+special token the loop needs (``model/hf_tokenizer.SPECIAL_ROLES``, harmony's ``model/harmony.HARMONY_ROLES``
+or Kimi's ``model/kimi.KIMI_ROLES`` and ``KIMI_TOKENS``) or with more ids than the model's vocabulary (a
+tiktoken vocabulary: the ranks plus its 256 reserved special ids).
 
 ``fill_shape(fields, path)``: the model config's fields with every unset (None) one taken from
 the checkpoint's; a set shape field that disagrees with ``config.json`` is a ValueError naming
@@ -23,6 +25,7 @@ from typing import Any
 from jointrl.model.config import MoEConfig
 from jointrl.model.harmony import HARMONY_ROLES, HARMONY_TOKENS
 from jointrl.model.hf import config_from_hf
+from jointrl.model.kimi import KIMI_ROLES, KIMI_TOKENS, NUM_RESERVED
 
 # MoEConfig fields a run may set differently from config.json: they do not change the weights' shapes or meaning.
 OVERRIDABLE = frozenset({"router_aux_loss_coef", "initializer_range", "kda_chunk_size", "dsa_mode", "dsa_query_chunk"})
@@ -45,15 +48,27 @@ def check_pretrained(path: str | Path, tokenizer: str | Path | None = None) -> M
         raise ValueError(f"model.path={str(path)!r} has no model.safetensors or model.safetensors.index.json")
     tok_dir = Path(tokenizer) if tokenizer is not None else src
     key = "model.tokenizer" if tokenizer is not None else "model.path"
-    if not (tok_dir / "tokenizer.json").is_file():
-        raise ValueError(f"{key}={str(tok_dir)!r} has no tokenizer.json (a fast Hugging Face tokenizer is needed)")
-    added = {t["content"]: t["id"] for t in json.loads((tok_dir / "tokenizer.json").read_text()).get("added_tokens", [])}
+    if (tok_dir / "tokenizer.json").is_file():
+        source = "tokenizer.json"
+        added = {t["content"]: t["id"] for t in json.loads((tok_dir / source).read_text()).get("added_tokens", [])}
+        top = max(added.values(), default=-1)
+    elif (tok_dir / "tiktoken.model").is_file() and (tok_dir / "tokenizer_config.json").is_file():
+        source = "tokenizer_config.json"  # Kimi's: the ranks, then NUM_RESERVED special ids (model/kimi.py)
+        decoder = json.loads((tok_dir / source).read_text()).get("added_tokens_decoder") or {}
+        added = {t["content"]: int(i) for i, t in decoder.items()}
+        with open(tok_dir / "tiktoken.model", "rb") as f:
+            top = sum(1 for line in f if line.strip()) + NUM_RESERVED - 1
+    else:
+        raise ValueError(f"{key}={str(tok_dir)!r} has no tokenizer.json (a fast Hugging Face tokenizer) nor "
+                         "tiktoken.model with tokenizer_config.json (Kimi's)")
     harmony = "<|im_start|>" not in added and all(t in added for t in HARMONY_TOKENS.values())
-    missing = [t for t in (HARMONY_ROLES.values() if harmony else _ROLES) if t not in added]
+    kimi = "<|im_start|>" not in added and "<|im_middle|>" in added
+    roles = HARMONY_ROLES.values() if harmony else [*KIMI_ROLES.values(), *KIMI_TOKENS.values()] if kimi else _ROLES
+    missing = [t for t in roles if t not in added]
     if missing:
-        raise ValueError(f"{key}={str(tok_dir)!r}: tokenizer.json lacks the special token(s) {missing} the agent loop needs")
-    if max(added.values()) >= config.vocab_size:
-        raise ValueError(f"{key}={str(tok_dir)!r}: token id {max(added.values())} is outside the model's vocabulary "
+        raise ValueError(f"{key}={str(tok_dir)!r}: {source} lacks the special token(s) {missing} the agent loop needs")
+    if top >= config.vocab_size:
+        raise ValueError(f"{key}={str(tok_dir)!r}: token id {top} is outside the model's vocabulary "
                          f"(vocab_size {config.vocab_size})")
     return config
 

@@ -36,7 +36,8 @@ class Tokenizer(Protocol):
     (None where the vocabulary has none). ``special_ids`` maps every special token's string to
     its id. ``encode(text)`` never returns an id in ``special_ids``' values. ``harmony``: the
     roles are played by harmony's tokens (gpt-oss, model/harmony.py); ``turn_stop_ids``: stop ids
-    besides ``im_end_id`` that end a turn (harmony's ``<|call|>``)."""
+    besides ``im_end_id`` that end a turn (harmony's ``<|call|>``); ``kimi``: the roles are played by
+    Kimi's tokens (model/kimi.py: tool calls in a ``<|tool_calls_section_begin|>`` section)."""
 
     vocab_size: int
     special_ids: dict[str, int]
@@ -50,6 +51,7 @@ class Tokenizer(Protocol):
     tool_call_end_id: int
     image_id: int | None
     harmony: bool
+    kimi: bool
     turn_stop_ids: tuple[int, ...]
 
     def encode(self, text: str) -> list[int]: ...
@@ -72,7 +74,7 @@ class ByteTokenizer:
         self.think_end_id = self.special_ids["</think>"]
         self.tool_call_id = self.special_ids["<tool_call>"]
         self.tool_call_end_id = self.special_ids["</tool_call>"]
-        self.harmony = False
+        self.harmony = self.kimi = False
         self.turn_stop_ids: tuple[int, ...] = ()
 
     def encode(self, text: str) -> list[int]:

@@ -157,11 +157,11 @@ async def _run_calls(env: Env, calls, traj: Trajectory) -> tuple[list[Message], 
     for call in calls:
         traj.num_tool_calls += 1
         if isinstance(call, CallError):
-            obs, name = Observation(text=f"Error: {call.message}", is_error=True), ""
+            obs, name, cid = Observation(text=f"Error: {call.message}", is_error=True), "", ""
         else:  # the env judges tool names and arguments (an error observation if bad)
-            obs, name = await env.step(call), call.name
+            obs, name, cid = await env.step(call), call.name, call.id
         traj.num_tool_errors += obs.is_error
-        results.append(Message(role="tool", content=obs.text, name=name, image=obs.image))
+        results.append(Message(role="tool", content=obs.text, name=name, image=obs.image, tool_call_id=cid))
         if obs.done:
             return results, obs
     return results, None

@@ -297,10 +297,14 @@ class VLLMRolloutConfig:
     data_parallel_size: int = 1
     enable_expert_parallel: bool = False
     start_timeout_s: float = 900.0
+    # cluster.colocate=true: vLLM sleeps during each learner step and push (rl/rollout/vllm/engine.py),
+    # 1: weights to host memory and KV cache dropped, 2: both dropped (the push refills the weights)
+    sleep_level: int = 1
 
     def __post_init__(self) -> None:
         for k in ("kv_cache_mb", "tensor_parallel_size", "data_parallel_size", "start_timeout_s"):
             _check_positive(f"rollout.vllm.{k}", getattr(self, k))
+        _check_choice("rollout.vllm.sleep_level", self.sleep_level, (1, 2))
 
 
 @dataclass

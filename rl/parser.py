@@ -18,11 +18,21 @@ role or channel part (both forms are published), optionally ``<|constrain|>json`
 are the reasoning; the final body (else commentary preambles) the content; a ``functions.`` recipient
 is a call whose body is its JSON arguments object (any other recipient, or a call not ended by
 <|call|>, is a ``CallError``).
+
+Kimi (``tok.kimi``; model/kimi.py): ``[<think>{reasoning}</think>] {text} <|tool_calls_section_begin|>
+(<|tool_call_begin|>{call id}<|tool_call_argument_begin|>{JSON}<|tool_call_end|>)*
+<|tool_calls_section_end|> <|im_end|>``, the markers read by id. The call id is ``functions.NAME:INDEX``
+(``NAME:INDEX`` is accepted, as vLLM's ``kimi_k2`` parser does); the ``ToolCall`` keeps it as its ``id``,
+so the template renders the call, and the result's ``## Return of`` line, as the model wrote them. A
+vocabulary without ``<think>`` has no reasoning: the turn before the section is its content. Each of a
+marker out of place, a section or call left open, an id not ``[functions.]NAME:INDEX`` and arguments
+that are not a JSON object is a ``CallError``; calls completed before it are kept.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from jointrl.envs.base import ToolCall
 from jointrl.model.tokenizer import Tokenizer
@@ -56,6 +66,8 @@ def parse_turn(ids: list[int], tok: Tokenizer) -> ParsedTurn:
     body = ids[:-1] if ended else ids
     if body and body[0] == tok.think_id:
         body = body[1:]
+    if tok.kimi:
+        return parse_kimi_turn(body, tok, ended)
     if tok.think_end_id not in body:
         return ParsedTurn(reasoning=tok.decode(body), content="", ended=ended)
     cut = body.index(tok.think_end_id)
@@ -175,3 +187,86 @@ def _parse_args(name: str, raw: str, call_id: str) -> ToolCall | CallError:
     if not isinstance(args, dict):
         return CallError(f"arguments of {name!r} must be a JSON object, got {type(args).__name__}", raw)
     return ToolCall(name=name, arguments=args, id=call_id)
+
+
+_KIMI_CALL_ID = re.compile(r"(?:functions\.)?([^\s:]+):(\d+)")
+
+
+def parse_kimi_turn(body: list[int], tok: Tokenizer, ended: bool) -> ParsedTurn:
+    """A Kimi turn (module docstring) without its ``<|im_end|>`` and opening ``<think>``, read by id."""
+    sp = tok.special_ids
+    section, section_end, call, argument, call_end = (sp[t] for t in (
+        "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>", "<|tool_call_end|>"))
+    thinks = tok.think_end_id >= 0  # model/kimi.NO_TOKEN: a vocabulary without <think>
+    turn = ParsedTurn(reasoning="", content="", ended=ended, closed_thinking=not thinks)
+    if thinks and tok.think_end_id not in body:
+        turn.reasoning = tok.decode(body)  # thinking never closed: all of it is reasoning
+        return turn
+    if thinks:
+        cut = body.index(tok.think_end_id)
+        turn.reasoning, turn.closed_thinking, body = tok.decode(body[:cut]), True, body[cut + 1:]
+    text: list[int] = []
+    stray: list[int] = []  # inside the section, between calls
+    in_section = False
+    header: list[int] | None = None  # the call id being read
+    args: list[int] | None = None  # the arguments being read
+
+    def error(message: str, raw: list[int] = ()) -> None:
+        turn.calls.append(CallError(message, tok.decode(raw)))
+
+    def pending() -> list[int]:  # the open call's ids so far
+        return (header or []) + (args or [])
+
+    for i in body:
+        if i == section:
+            if in_section:
+                error("<|tool_calls_section_begin|> inside an open section")
+            in_section, header, args = True, None, None
+        elif i == section_end:
+            if not in_section:
+                error("<|tool_calls_section_end|> without <|tool_calls_section_begin|>")
+            elif header is not None or args is not None:
+                error("<|tool_calls_section_end|> inside a call (<|tool_call_end|> missing)", pending())
+            in_section, header, args = False, None, None
+        elif i == call:
+            if not in_section:
+                error("<|tool_call_begin|> outside <|tool_calls_section_begin|>...<|tool_calls_section_end|>")
+            elif header is not None or args is not None:
+                error("<|tool_call_begin|> again before <|tool_call_end|>", pending())
+            header, args = [], None
+        elif i == argument:
+            if header is None or args is not None:
+                error("<|tool_call_argument_begin|> outside a call, or twice in one", pending())
+                header, args = None, None
+            else:
+                args = []
+        elif i == call_end:
+            if header is None or args is None:
+                error("<|tool_call_end|> without <|tool_call_begin|>{id}<|tool_call_argument_begin|>", header or [])
+            else:
+                turn.calls.append(_kimi_call(tok.decode(header).strip(), tok.decode(args)))
+            header, args = None, None
+        elif args is not None:
+            args.append(i)
+        elif header is not None:
+            header.append(i)
+        elif in_section:
+            stray.append(i)
+        else:
+            text.append(i)
+    if header is not None or args is not None:
+        error("<|tool_call_begin|> was not closed with <|tool_call_end|>", pending())
+    if in_section:
+        error("<|tool_calls_section_begin|> was not closed with <|tool_calls_section_end|>")
+    if tok.decode(stray).strip():
+        error("text inside the tool-calls section outside <|tool_call_begin|>...<|tool_call_end|>", stray)
+    turn.content = tok.decode(text)
+    return turn
+
+
+def _kimi_call(call_id: str, raw: str) -> ToolCall | CallError:
+    m = _KIMI_CALL_ID.fullmatch(call_id)
+    if m is None:
+        return CallError(f"tool call id {call_id!r} must be functions.NAME:INDEX", call_id + raw)
+    return _parse_args(m[1], raw, call_id)

@@ -6,7 +6,9 @@ loads every configured domain's tasks as the command will (a missing ``task_dir`
 ``task.toml``, a folder whose tasks all need Docker on the bwrap backend, a dataset record
 missing a field), reads ``recipe.sft_data``'s transcripts when set, checks that a
 ``checkpoint=`` path exists, that ``rollout.backend=vllm`` has a checkpoint to load and is not asked for
-``learner.routing_replay`` (vLLM's CPU build cannot record routes) and, for ``envs.sandbox.backend=docker``, that a daemon answers and
+``learner.routing_replay`` (vLLM's CPU build cannot record routes), that its venv's vLLM has sleep mode when
+``cluster.colocate=true`` asks it to sleep through the learner steps (the venv is asked) and, for
+``envs.sandbox.backend=docker``, that a daemon answers and
 every domain can run there. The first problem is printed as one line, ``jointrl: error: ...``,
 and the process exits with status 2 -- no traceback, unless ``--debug`` is given or
 ``HYDRA_FULL_ERROR=1`` is set (then the exception propagates). The checks are the same the
@@ -41,6 +43,12 @@ def check(overrides: list[str], split: str | None = None) -> None:
 
         raise ValueError(f"learner.routing_replay=true with rollout.backend=vllm: {ROUTES_UNSUPPORTED}; "
                          "use rollout.backend=engine for routing replay")
+    if str(cfg.rollout.backend) == "vllm" and cfg.cluster.colocate:
+        from jointrl.rl.rollout.vllm.engine import sleep_mode_unavailable  # lazy: as above
+
+        if (why := sleep_mode_unavailable(cfg.rollout.vllm.venv)) is not None:
+            raise ValueError(f"cluster.colocate=true with rollout.backend=vllm needs vLLM's sleep mode: {why}; "
+                             "use cluster.colocate=false or rollout.backend=engine")
     backend = str(cfg.envs.sandbox.backend)
     if backend == "docker":
         from jointrl.envs.sandbox.docker import unavailable_reason  # lazy: the docker SDK only when chosen

@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from jointrl.envs.sandbox.userns import preflight
 from jointrl.rl.actor_resources import placement_table
 from jointrl.rl.advantages import AdvantageResult, GAE, GroupRelative, build_estimator
-from jointrl.rl.config import Algorithm, Config, RolloutMode, register_schemas, to_config
+from jointrl.rl.config import Algorithm, Config, RolloutBackend, RolloutMode, register_schemas, to_config
 from jointrl.rl.env_worker import spawn_env_workers
 from jointrl.rl.joint_sampler import JointSampler
 from jointrl.rl.learner.batch import TrainBatch
@@ -71,6 +71,8 @@ def train(cfg: Config) -> dict[str, float]:
     start = _resume(cfg, learner, ckpt_dir)
     push = WeightPush(cfg.rollout.weight_transport, learner.senders, rollout, cfg.rollout.weight_dist_backend)
     push(start)
+    # colocated vLLM sleeps through each learner step and push: its GPU memory is the learner's meanwhile
+    sleeps = cfg.cluster.colocate and cfg.rollout.backend is RolloutBackend.vllm
     tracker, preempt = RunTracker(cfg, out_dir), PreemptionFlag().install()
     metrics: dict[str, float] = {}
     for step in range(start + 1, cfg.algo.total_steps + 1):
@@ -78,13 +80,17 @@ def train(cfg: Config) -> dict[str, float]:
         rec = rollouts.collect(step)  # sample tasks -> rollouts (+ rewards) -> advantages, dropped groups refilled
         rollouts.launch_ahead(step)  # rollout.mode=async: the next steps' rollouts run during the learner step
         t1 = time.perf_counter()
+        slept = _call_live(rollout, "sleep") if sleeps else 0.0
         if len(rec.adv.kept) >= cfg.learner.num_ranks:
             rec.learner = learner.train_step(train_batch(rec.adv, cfg.learner.routing_replay))
             check_mismatch(step, rec.learner, cfg.rollout.max_mismatch_kl)
         t2 = time.perf_counter()
         rec.push, rec.push_retries = push(step), push.retries
+        t3 = time.perf_counter()
+        woke = _call_live(rollout, "wake_up") if sleeps else 0.0
         router.revive.remote(push.live)
-        rec.times = {"rollout": t1 - t0, "learner": t2 - t1, "push": time.perf_counter() - t2}
+        rec.times = {"rollout": t1 - t0, "learner": t2 - t1 - slept, "push": t3 - t2,
+                     **({"rollout_sleep": slept, "rollout_wake": woke} if sleeps else {})}
         rec.routing = ray.get(router.stats.remote())
         metrics, histograms = step_metrics(rec, rollouts.sampler.realized_mix(rec.groups), rollouts.sampler.target_mix)
         tracker.log(step, metrics, rec.trajs, histograms=histograms)
@@ -101,6 +107,18 @@ def train(cfg: Config) -> dict[str, float]:
     ray.get([w.close.remote() for w in rollout])
     learner.shutdown()
     return metrics
+
+
+def _call_live(workers: list, method: str) -> float:
+    """``method`` on every rollout worker, waited for; a dead one is skipped (Ray restarts it, awake).
+    → the seconds it took."""
+    t0 = time.perf_counter()
+    for ref in [getattr(w, method).remote() for w in workers]:
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError:
+            pass
+    return time.perf_counter() - t0
 
 
 class Rollouts:

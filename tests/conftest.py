@@ -27,12 +27,9 @@ _CORPUS = [
 ]
 
 
-def save_qwen3_tokenizer(directory: Path, merges: int = 300) -> Path:
-    """A byte-level BPE trained here on a small corpus (~``merges`` merges) with Qwen3's added
-    tokens appended after the base vocabulary and a Qwen3-style chat template
-    (``assets/qwen3_chat_template.jinja``), saved as a fast tokenizer."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+def _trained_bpe(merges: int):
+    """A byte-level BPE trained here on ``_CORPUS`` (~``merges`` merges after the 256 bytes)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -40,12 +37,27 @@ def save_qwen3_tokenizer(directory: Path, merges: int = 300) -> Path:
     trainer = trainers.BpeTrainer(vocab_size=256 + merges, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in QWEN3_ADDED])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   model_max_length=1 << 17)
-    fast.chat_template = QWEN3_TEMPLATE.read_text()
+    return tok
+
+
+def _save_fast(tok, directory: Path, added, eos: str, pad: str, chat_template: str | None = None) -> Path:
+    """``tok`` with ``added`` ((string, special) pairs) appended, saved as a fast tokenizer."""
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+
+    tok.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in added])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=pad, model_max_length=1 << 17)
+    fast.chat_template = chat_template
     fast.save_pretrained(str(directory))
     return directory
+
+
+def save_qwen3_tokenizer(directory: Path, merges: int = 300) -> Path:
+    """A byte-level BPE trained here on a small corpus (~``merges`` merges) with Qwen3's added
+    tokens appended after the base vocabulary and a Qwen3-style chat template
+    (``assets/qwen3_chat_template.jinja``), saved as a fast tokenizer."""
+    return _save_fast(_trained_bpe(merges), directory, QWEN3_ADDED, "<|im_end|>", "<|endoftext|>",
+                      QWEN3_TEMPLATE.read_text())
 
 
 def save_qwen3_moe(directory: Path, vocab_size: int, seed: int = 0, **shape) -> Path:
@@ -133,20 +145,55 @@ HARMONY_ADDED = ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|
 def save_harmony_tokenizer(directory: Path, merges: int = 300) -> Path:
     """A byte-level BPE trained here (as ``save_qwen3_tokenizer``) with harmony's special tokens added,
     saved as a fast tokenizer without a chat template (harmony is rendered by model/harmony.py)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    return _save_fast(_trained_bpe(merges), directory, [(t, True) for t in HARMONY_ADDED], "<|return|>",
+                      "<|endoftext|>")
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=256 + merges, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in HARMONY_ADDED])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|return|>", pad_token="<|endoftext|>",
-                                   model_max_length=1 << 17)
-    fast.save_pretrained(str(directory))
+
+KIMI_TEMPLATE = Path(__file__).parent / "assets" / "kimi_chat_template.jinja"
+# Kimi-K2's / Kimi-Linear's added tokens as offsets from the first id after the ranks (163584 there),
+# with their "special" flags; the tool-call markers are flagged not special, as in Kimi's config.
+KIMI_ADDED = {0: ("[BOS]", True), 1: ("[EOS]", True), 2: ("<|im_end|>", True), 3: ("<|im_user|>", True),
+              4: ("<|im_assistant|>", True), 6: ("<|start_header_id|>", True), 7: ("<|end_header_id|>", True),
+              9: ("[EOT]", True), 10: ("<|im_system|>", True), 11: ("<|tool_calls_section_begin|>", False),
+              12: ("<|tool_calls_section_end|>", False), 13: ("<|tool_call_begin|>", False),
+              14: ("<|tool_call_argument_begin|>", False), 15: ("<|tool_call_end|>", False),
+              17: ("<|im_middle|>", True), 254: ("[UNK]", True), 255: ("[PAD]", True)}
+KIMI_THINK_ADDED = {22: ("<think>", False), 23: ("</think>", False)}  # Kimi-K2-Thinking's
+
+
+def save_kimi_tokenizer(directory: Path, merges: int = 300, think: bool = False) -> Path:
+    """Kimi's tokenizer files, tiny: ``tiktoken.model`` (the ranks of a BPE trained here, as
+    ``save_qwen3_tokenizer``'s: base64 bytes and rank per line), ``tokenizer_config.json`` with
+    Kimi's added tokens at their offsets after the ranks (``think``: also ``<think>`` / ``</think>``)
+    and a Kimi-style chat template (``assets/kimi_chat_template.jinja``). No ``tokenizer.json``."""
+    import base64
+
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    vocab = _trained_bpe(merges).get_vocab()  # ids: the 256 bytes, then the merges in order
+    ranks = sorted(vocab.items(), key=lambda kv: kv[1])
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tiktoken.model").write_text("".join(
+        f"{base64.b64encode(bytes(byte_of[c] for c in token)).decode()} {rank}\n" for token, rank in ranks))
+    added = {**KIMI_ADDED, **(KIMI_THINK_ADDED if think else {})}
+    config = {
+        "added_tokens_decoder": {str(len(ranks) + k): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                                                       "single_word": False, "special": special}
+                                 for k, (t, special) in sorted(added.items())},
+        "bos_token": "[BOS]", "eos_token": "[EOS]", "pad_token": "[PAD]", "unk_token": "[UNK]",
+        "chat_template": KIMI_TEMPLATE.read_text(), "model_max_length": 1048576,
+        "tokenizer_class": "TikTokenTokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
+    }
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     return directory
+
+
+@pytest.fixture(scope="session")
+def kimi_files():
+    """(save_kimi_tokenizer, KIMI_ADDED): for tests that need their own directory."""
+    return save_kimi_tokenizer, KIMI_ADDED
 
 
 @pytest.fixture(scope="session")

@@ -99,7 +99,8 @@ def _messages(system: Any, raw: Any) -> list[Message]:
                     raise RequestError(f"'{w}.tool_use_id' {cid!r} answers no tool_use of the preceding assistant "
                                        "message (or answers it twice)", f"{w}.tool_use_id")
                 called = open_calls.pop(cid)  # the result names its call's tool (harmony renders the name)
-                out.append(Message(role="tool", content=_result_text(b.get("content"), f"{w}.content"), name=called))
+                out.append(Message(role="tool", content=_result_text(b.get("content"), f"{w}.content"), name=called,
+                                   tool_call_id=cid))
             elif b["type"] == "text":
                 text.append(_field(b, "text", str, f"{w}.", required=True))
             else:

@@ -93,7 +93,8 @@ def _messages(raw: Any) -> list[Message]:
                 raise RequestError(f"'{where}.tool_call_id' {cid!r} answers no tool call of the preceding assistant "
                                    "message (or answers it twice)", f"{where}.tool_call_id")
             called = open_calls.pop(cid)  # the result names its call's tool (harmony renders the name)
-            out.append(Message(role="tool", content=content, name=_field(m, "name", str, f"{where}.", default="") or called))
+            out.append(Message(role="tool", content=content, name=_field(m, "name", str, f"{where}.", default="") or called,
+                               tool_call_id=cid))
         else:
             out.append(Message(role="system" if role == "developer" else role, content=content))
     return out

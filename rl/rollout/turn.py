@@ -24,7 +24,9 @@ seeded or greedy turn replays exactly; ``think_tokens`` counts the sampled reaso
 Harmony (gpt-oss, model/harmony.py) plays the same roles with its own tokens: the generation prompt
 ends ``<|channel|>analysis<|message|>`` (``think_id``), the budget's forced close is ``<|end|>``
 (``think_end_id``), after which the model writes its next message header itself; ``tok.turn_stop_ids``
-(``<|call|>``) join the stop ids, beside the engine's ``im_end_id`` (``<|return|>``).
+(``<|call|>``) join the stop ids, beside the engine's ``im_end_id`` (``<|return|>``). A vocabulary
+without reasoning tokens (Kimi-Linear-Instruct: ``think_id`` is ``model/kimi.NO_TOKEN``) has no budget:
+one engine.generate.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ async def generate_turn(engine: RolloutEngine, prompt_ids: list[int], params: Sa
     if tok.think_end_id in params.stop_token_ids:
         return await _generate(engine, prompt_ids, params, image_patches)
     if prompt_ids[-1] != tok.think_id:
-        if think_budget is None or tok.think_id in params.stop_token_ids:
+        if think_budget is None or tok.think_id < 0 or tok.think_id in params.stop_token_ids:  # < 0: no <think>
             return await _generate(engine, prompt_ids, params, image_patches)
         opening = await _generate(engine, prompt_ids, dataclasses.replace(
             params, stop_token_ids=(*params.stop_token_ids, tok.think_id)), image_patches)

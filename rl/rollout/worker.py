@@ -42,6 +42,7 @@ class RolloutWorker:
 
     def __init__(self, cfg: Config, index: int = 0) -> None:
         self._resources = claim("rollout", index)  # torch threads = the bundle's CPUs, before the engine starts
+        self._slept = False  # colocated vLLM: the first sleep prints what it does on this build
         torch.manual_seed(cfg.seed)
         r = cfg.rollout
         if r.backend in ("engine", "simple"):  # on the GPU where the kernel backend runs there (engine_device)
@@ -59,7 +60,8 @@ class RolloutWorker:
             self.engine = VLLMEngine(VLLMEngineConfig(
                 cfg.model.path, build_tokenizer(cfg).im_end_id, str(cfg.model.dtype), v.venv, r.max_context,
                 r.max_batch, max(r.max_num_batched_tokens, r.max_context), v.kv_cache_mb, v.tensor_parallel_size,
-                v.data_parallel_size, v.enable_expert_parallel, cfg.seed, v.start_timeout_s),
+                v.data_parallel_size, v.enable_expert_parallel, cfg.seed, v.start_timeout_s,
+                sleep_level=v.sleep_level if cfg.cluster.colocate else 0),  # colocated: sleeps per learner step
                 build_model(cfg, HOST).state_dict())  # host copy: the push rewrites it, vLLM holds the GPU one
         else:
             self.engine = SimpleSampler(build_model(cfg, device), build_tokenizer(cfg), max_batch=r.max_batch,
@@ -92,6 +94,17 @@ class RolloutWorker:
         t0 = time.perf_counter()
         self.engine.update_weights(version, bundle)
         return {**times, "apply": time.perf_counter() - t0}
+
+    # colocated mode with rollout.backend=vllm (the driver, rl/train.py): the GPU to the learner and back
+    def sleep(self) -> None:
+        self.engine.sleep()
+        if not self._slept:  # once: what the sleep does on this build
+            self._slept = True
+            print(f"rollout worker {self._resources.index}: vLLM asleep during the learner step (sleep level "
+                  f"{self.engine.config.sleep_level}, frees GPU memory: {self.engine.sleep_frees_memory})", flush=True)
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
 
     async def close(self) -> None:
         await self.engine.close()

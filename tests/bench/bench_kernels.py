@@ -4,7 +4,7 @@
 On CUDA, first measures two ceilings: copy bandwidth (``dst.copy_(src)`` of 2 GiB, counting
 read + write) and bf16 matmul throughput (8192³). Then, for each Triton kernel at a
 production shape, it checks the kernel against its torch reference (MXFP4: bit for bit;
-MoE matmul, paged attention: relative Frobenius error below a stated bound; a miss is
+MoE matmul, paged decode and prefill attention: relative Frobenius error below a stated bound; a miss is
 reported as FAIL and makes the exit status 1) and times it: median of ``--repeats`` runs with
 CUDA events after warm-up. Reported: ms, achieved GB/s (bytes the kernel must move, listed
 per row) as a share of the copy ceiling, and TFLOP/s where the kernel does matmul work.
@@ -35,7 +35,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from jointrl.kernels import dispatch, dsa, kda, moe_experts, moe_matmul, mxfp4, paged_attention, topk
+from jointrl.kernels import (dispatch, dsa, kda, moe_experts, moe_matmul, mxfp4, paged_attention, paged_attention_cpu,
+                             topk)
 
 
 def _median_ms(fn: Callable[[], object], repeats: int, cuda: bool) -> float:
@@ -188,6 +189,38 @@ def bench_paged(report: Report, dev: torch.device, cuda: bool, repeats: int, B: 
         report.row(label, _check(report, err < 1e-2, f"rel {err:.1e}"), ms, nbytes, flops)
     report.row(f"  torch ref: {label[13:]}", "-", ms_ref, nbytes, flops)
 
+
+def bench_paged_prefill(report: Report, dev: torch.device, cuda: bool, repeats: int, chunks: int, cached: int,
+                        new: int, Hq: int, Hkv: int, D: int, block_size: int) -> None:
+    """The engine's prefill step (``paged_prefill_triton``): ``chunks`` chunks of ``new`` queries after
+    ``cached`` cached tokens each, one launch over the [P, 2, Hkv, D] pool read through each chunk's
+    slots, against ``paged_attention_cpu.paged_prefill_torch`` (SDPA per chunk on gathered keys)."""
+    g = torch.Generator(device=dev).manual_seed(4)
+    ctx = cached + new
+    blocks_per_seq = -(-ctx // block_size)
+    num_blocks = chunks * blocks_per_seq + 7
+    kv = torch.randn(num_blocks * block_size, 2, Hkv, D, device=dev, dtype=torch.bfloat16, generator=g)
+    table = torch.randperm(num_blocks, device=dev, generator=g)[: chunks * blocks_per_seq].view(chunks, blocks_per_seq)
+    t = torch.arange(ctx, device=dev)
+    slots = table[:, t // block_size] * block_size + t % block_size
+    start = torch.full((chunks,), cached, device=dev)
+    count = torch.full((chunks,), new, device=dev)
+    row0 = torch.arange(chunks, device=dev) * new
+    q = torch.randn(chunks * new, Hq, D, device=dev, dtype=torch.bfloat16, generator=g)
+    out = torch.zeros_like(q)
+    nbytes = chunks * (2 * ctx * Hkv * D + 2 * new * Hq * D) * 2  # keys, values once; q in, out
+    flops = 4 * chunks * Hq * D * new * (cached + (new + 1) / 2)  # causal: the visible keys only
+    label = f"paged prefill {chunks}x{new} after {cached} Hq{Hq}/Hkv{Hkv} D{D}"
+    want = paged_attention_cpu.paged_prefill_torch(q, kv, slots, start, row0, count, D**-0.5, torch.zeros_like(q))
+    ms_ref = _median_ms(lambda: paged_attention_cpu.paged_prefill_torch(q, kv, slots, start, row0, count, D**-0.5, out),
+                        max(1, repeats // 5), cuda)
+    if cuda:
+        got = paged_attention.paged_prefill_triton(q, kv, slots, start, row0, count, D**-0.5, torch.zeros_like(q))
+        ms = _median_ms(lambda: paged_attention.paged_prefill_triton(q, kv, slots, start, row0, count, D**-0.5, out),
+                        repeats, cuda)
+        err = _rel(got, want)
+        report.row(label, _check(report, err < 1e-2, f"rel {err:.1e}"), ms, nbytes, flops)
+    report.row(f"  torch ref: {label[14:]}", "-", ms_ref, nbytes, flops)
 
 def bench_kda_decode(report: Report, dev: torch.device, cuda: bool, repeats: int, B: int, N: int, K: int) -> None:
     g = torch.Generator(device=dev).manual_seed(2)
@@ -347,6 +380,7 @@ def dry_run() -> int:
     bench_mxfp4(report, dev, True, 1, 64, 128)
     bench_moe(report, dev, True, 1, E=4, H=64, I=32, k=2, tokens=[3])
     bench_paged(report, dev, True, 1, B=2, ctx=40, Hq=4, Hkv=2, D=32, block_size=16)
+    bench_paged_prefill(report, dev, True, 1, chunks=2, cached=21, new=19, Hq=4, Hkv=2, D=32, block_size=16)
     bench_kda_decode(report, dev, True, 1, B=2, N=2, K=16)
     bench_dsa(report, dev, True, 1, T=32, Hq=2, Hkv=1, D=32, topk=8, n_idx=2)
     bench_topk(report, dev, True, 1, T=32, k=8)
@@ -380,6 +414,7 @@ def main() -> int:
     if small:
         bench_moe(report, dev, cuda, repeats, E=16, H=512, I=256, k=4, tokens=[8, 256])
         bench_paged(report, dev, cuda, repeats, B=4, ctx=1000, Hq=8, Hkv=2, D=64, block_size=16)
+        bench_paged_prefill(report, dev, cuda, repeats, chunks=2, cached=200, new=100, Hq=8, Hkv=2, D=64, block_size=16)
         bench_kda_decode(report, dev, cuda, repeats, B=4, N=4, K=64)
         bench_dsa(report, dev, cuda, repeats, T=256, Hq=4, Hkv=1, D=64, topk=64, n_idx=4)
         bench_topk(report, dev, cuda, repeats, T=256, k=64)
@@ -387,6 +422,8 @@ def main() -> int:
     else:  # Qwen3-30B-A3B-shaped experts; decode (64 tokens) and prefill (4096 tokens)
         bench_moe(report, dev, cuda, repeats, E=128, H=2048, I=768, k=8, tokens=[64, 4096])
         bench_paged(report, dev, cuda, repeats, B=64, ctx=4096, Hq=32, Hkv=4, D=128, block_size=16)
+        bench_paged_prefill(report, dev, cuda, repeats, chunks=8, cached=2048, new=512, Hq=32, Hkv=4, D=128,
+                            block_size=16)
         bench_kda_decode(report, dev, cuda, repeats, B=64, N=16, K=128)
         bench_dsa(report, dev, cuda, repeats, T=2048, Hq=32, Hkv=4, D=128, topk=1024, n_idx=16)
         bench_topk(report, dev, cuda, repeats, T=8192, k=2048)

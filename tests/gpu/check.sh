@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The prepared GPU check, for the lent machine (one H200, its own Python and torch, no Ray, DeepSpeed,
 # Hydra or network; at most 64 MiB of code and wheels per run). Two parts, each under 235 s:
-#   1. kernels: every Triton kernel against its torch reference at production shapes, MXFP4 quantize and
-#      the decode MoE matmul as shares of measured copy bandwidth (targets >= 70 % / >= 50 %)
-#      (tests/bench/bench_kernels.py), then `pytest -m gpu tests/gpu` where pytest is installed;
-#   2. engine: the own engine vs HF generate and one colocated step (tests/gpu/check_engine.py).
+#   1. kernels: every Triton kernel against its torch reference at production shapes (the engine's paged
+#      decode and prefill attention included), MXFP4 quantize and the decode MoE matmul as shares of
+#      measured copy bandwidth (targets >= 70 % / >= 50 %) (tests/bench/bench_kernels.py), then
+#      `pytest -m gpu tests/gpu` where pytest is installed (the compiled prefill kernel among them);
+#   2. engine: the own engine on the triton kernel backend vs HF generate and one colocated step
+#      (tests/gpu/check_engine.py).
 # Usage: tests/gpu/check.sh [--dry] [--wheels DIR]
 #   --dry         the same code on the host: Triton interpreted, tiny shapes (tests/gpu/test_check.py runs it)
 #   --wheels DIR  install DIR/*.whl (e.g. xxhash, transformers) offline into a temporary folder first

@@ -3,8 +3,11 @@ Hugging Face ``generate`` on the same device, then one colocated step, in one pr
 DeepSpeed or Hydra (the lent GPU machine has none of them).
 
 Model: random weights, Qwen3-30B-A3B's layer shapes (hidden 2048, 32 query / 4 KV heads of 128, 128
-experts of width 768, top-8, vocabulary 151936) and 4 layers, bfloat16. ``--dry``: the same code on
-the host at tiny shapes (a check that the script works, not a measurement).
+experts of width 768, top-8, vocabulary 151936) and 4 layers, bfloat16, on the ``triton`` kernel backend
+(``model.kernels``: the engine's decode and prefill attention through ``kernels/paged_attention``'s kernels;
+each section asserts its engine's op table is Triton's). ``--dry``: the same code on the host at tiny
+shapes, the kernels in Triton's interpreter (check.sh sets ``TRITON_INTERPRET=1``; a check that the script
+works, not a measurement).
 
 1. engine vs HF ``generate`` (greedy-free sampling, EOS ignored on both sides), generated tok/s and
    their ratio: *fixed* (one batch, equal prompts, exactly N new tokens), *GRPO* (groups of samples
@@ -48,7 +51,7 @@ SIZES = {"gpu": ((32, 256, 128), (8, 8, 256, 16, 256), (16, 4, 32, 64)),
 def config(dry: bool) -> Config:
     """The check's config, built in code (no Hydra on the GPU machine)."""
     shape = TINY if dry else QWEN3_30B_A3B
-    return Config(model=ModelConfig(name="check", dtype="bfloat16", num_hidden_layers=4, **shape),
+    return Config(model=ModelConfig(name="check", dtype="bfloat16", num_hidden_layers=4, kernels="triton", **shape),
                   envs=EnvsConfig(domains={"terminal": DomainConfig()}),
                   learner=LearnerConfig(lr=1e-5, grad_clip=1.0))
 
@@ -88,6 +91,7 @@ def engine_vs_hf(cfg: Config, device: torch.device, dry: bool) -> list[str]:
     engine = LLMEngine(model, build_tokenizer(cfg), EngineConfig(num_blocks=4096 if not dry else 64, block_size=16,
                                                                   max_num_seqs=256, max_num_batched_tokens=4096,
                                                                   ignore_eos=True), device=device)
+    assert engine.runner.kernels.backend == "triton", engine.runner.kernels.backend
     try:
         from transformers import AutoModelForCausalLM
 
@@ -134,12 +138,14 @@ def engine_vs_hf(cfg: Config, device: torch.device, dry: bool) -> list[str]:
                 h += [0] * gen + prompts(1, obs, 100 * t + i)[0]
 
     row(f"agentic {at} traj x {turns} turns, {gen}+{obs}", at * turns * gen, agentic_engine, agentic_hf)
-    return [f"{'engine vs HF generate':<34}{'tokens':>8}{'engine t/s':>12}{'HF t/s':>12}{'ratio':>8}", *rows]
+    return [f"engine kernels: {engine.runner.kernels.backend} (paged decode and prefill attention: Triton)",
+            f"{'engine vs HF generate':<34}{'tokens':>8}{'engine t/s':>12}{'HF t/s':>12}{'ratio':>8}", *rows]
 
 
 def colocated_step(cfg: Config, device: torch.device, dry: bool) -> list[str]:
     col = Colocated(cfg, EngineConfig(num_blocks=512 if not dry else 64, block_size=16, max_num_seqs=64),
                     device=device, offload_weights=True)
+    assert col.engine.runner.kernels.backend == "triton", col.engine.runner.kernels.backend
     batch_prompts = prompts(4, 16 if not dry else 6, 3)
     params = [SamplingParams(max_tokens=32 if not dry else 4, seed=i) for i in range(len(batch_prompts))]
     outs = col.rollout(batch_prompts, params)

@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 import torch
 
+from jointrl.kernels import paged_attention, paged_attention_cpu
 from jointrl.kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from jointrl.rl.build import build_model
 from jointrl.rl.config import Config, DomainConfig, EnvsConfig, ModelConfig
@@ -54,3 +55,31 @@ def test_local_learner_step_stays_on_the_gpu():
     assert all(p.device == device for p in setup.engine.module.parameters())
     assert all(v.device == device for st in setup.engine.optimizer.state.values() for v in st.values()
                if isinstance(v, torch.Tensor) and v.dim() > 0)
+
+
+@pytest.mark.parametrize(("dtype", "kv_dtype", "bound"), [(torch.bfloat16, torch.bfloat16, 1e-2),
+                                                          (torch.float32, torch.bfloat16, 1e-5)])
+def test_paged_prefill_kernel_on_the_gpu_equals_the_reference(dtype, kv_dtype, bound):
+    """The compiled prefill kernel (not the interpreter) at Qwen3-30B-A3B's attention shape: ragged chunks
+    over a pool of scattered blocks, against the float64 reference; rows outside the chunks untouched."""
+    device = rank_device()
+    g = torch.Generator(device=device).manual_seed(0)
+    Hq, Hkv, D, bs = 32, 4, 128, 16
+    chunks = [(0, 300), (517, 1), (1000, 64), (33, 129)]  # (cached, new)
+    P = 4096 * bs
+    kv = torch.randn(P, 2, Hkv, D, device=device, generator=g).to(kv_dtype)
+    slots = torch.full((len(chunks), max(c + n for c, n in chunks)), -1, dtype=torch.long, device=device)
+    for j, (c, n) in enumerate(chunks):
+        blocks = torch.randperm(P // bs, device=device, generator=g)[:-(-(c + n) // bs)]
+        t = torch.arange(c + n, device=device)
+        slots[j, :c + n] = blocks[t // bs] * bs + t % bs
+    count = torch.tensor([n for _, n in chunks], device=device)
+    row0 = torch.cumsum(count, 0) - count + 2  # rows 0, 1: decode rows
+    start = torch.tensor([c for c, _ in chunks], device=device)
+    q = torch.randn(2 + int(count.sum()), Hq, D, device=device, generator=g).to(dtype)
+    out = paged_attention.paged_prefill_triton(q, kv, slots, start, row0, count, D ** -0.5, torch.zeros_like(q))
+    want = paged_attention_cpu.paged_prefill_torch(q.double(), kv.double(), slots, start, row0, count, D ** -0.5,
+                                                   torch.zeros_like(q, dtype=torch.float64))
+    assert torch.equal(out[:2], torch.zeros_like(out[:2]))
+    err = ((out[2:].double() - want[2:]).norm() / want[2:].norm()).item()
+    assert err < bound, err

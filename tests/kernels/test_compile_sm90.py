@@ -74,6 +74,26 @@ def test_paged_decode_compiles(sm90, hq, hkv, d, dtype):
     assert _has_sass_or_ptx(c)
 
 
+@pytest.mark.parametrize(("hq", "hkv", "d", "dtype", "kv_dtype", "chunks"), [
+    (32, 4, 128, torch.bfloat16, torch.bfloat16, 8),  # Qwen3-30B-A3B's attention
+    (64, 4, 128, torch.bfloat16, torch.bfloat16, 100),
+    (16, 16, 64, torch.float32, torch.bfloat16, 1),  # a float32 model over a bfloat16 pool
+])
+def test_paged_prefill_compiles(sm90, hq, hkv, d, dtype, kv_dtype, chunks):
+    cfg = paged_attention.PREFILL_CONFIG
+    block_c, block_d = paged_attention.prefill_tiles(chunks, d)
+    c = sm90(paged_attention._paged_prefill_kernel,
+             {"q_ptr": dtype, "kv_ptr": kv_dtype, "slots_ptr": torch.int64, "start_ptr": torch.int64,
+              "row0_ptr": torch.int64, "count_ptr": torch.int64, "o_ptr": dtype, "qk_scale": "fp32",
+              "C": "i32", "G": "i32", "D": "i32",
+              **{name: "i32" for name in ("stride_qn", "stride_qh", "stride_kvp", "stride_kvc", "stride_kvh",
+                                          "stride_sc", "stride_on", "stride_oh")}},
+             {"BLOCK_C": block_c, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_D": block_d,
+              "DOT_FP32": dtype == torch.float32},
+             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    assert _has_sass_or_ptx(c)
+    assert c.metadata.shared <= 228 * 1024
+
 @pytest.mark.parametrize(("dtype", "has_state"), [(torch.bfloat16, True), (torch.float32, False)])
 def test_kda_recurrent_compiles(sm90, dtype, has_state):
     cfg = kda.RECURRENT_CONFIG

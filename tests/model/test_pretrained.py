@@ -48,10 +48,13 @@ def _copy(src, dst, drop=(), config=None):
     return dst
 
 
-def test_bad_model_paths_fail_fast_with_one_line(qwen3_dir, tmp_path):
+def test_bad_model_paths_fail_fast_with_one_line(qwen3_dir, tmp_path, kimi_files):
     with pytest.raises(ValueError, match="'model.path' is unset"):
         load_config(["model=hf"])
+    # Kimi's tokenizer files: their 256 reserved special ids reach past this model's vocabulary
+    kimi = kimi_files[0](_copy(qwen3_dir, tmp_path / "kimi", drop=("tokenizer.json",)))
     cases = {
+        kimi: r"kimi': token id \d+ is outside the model's vocabulary",
         tmp_path / "nope": "is not a directory",
         _copy(qwen3_dir, tmp_path / "notok", drop=("tokenizer.json",)): "has no tokenizer.json",
         _copy(qwen3_dir, tmp_path / "llama", config={"model_type": "llama"}): "unsupported model_type 'llama'",

@@ -15,6 +15,8 @@ from jointrl.envs.sandbox.disk import unmount
 from jointrl.envs.sandbox.uids import kill_uid
 from jointrl.envs.terminal import TerminalEnv, load_policy, load_tasks
 from jointrl.model.chat_template import ChatTemplate
+from jointrl.model.hf_chat_template import HFChatTemplate
+from jointrl.model.hf_tokenizer import HFTokenizer
 from jointrl.rl.agent_loop import AgentConfig, run_episode, run_episode_with_retries
 from jointrl.rl.rollout.scripted import ScriptedEngine
 from jointrl.rl.types import FinishReason, SamplingParams
@@ -177,3 +179,28 @@ def test_any_exception_from_env_code_is_retried_then_env_error(caplog):
     assert traj.finish_reason == FinishReason.ENV_ERROR and traj.env_retries == CFG.max_env_retries
     assert traj.reward_info["error"].startswith("ValueError(") and "needs a root folder" in traj.reward_info["error"]
     assert caplog.text.count("retried as an env error") == len(made)  # logged, with the traceback
+
+
+def test_kimi_format_episode_renders_back_to_its_tokens(tmp_path, kimi_files):
+    """An oracle episode in Kimi's format (its tokenizer files and template, tests/conftest.py): the calls
+    parse by id with Kimi's ids, each result carries its call's id, and rendering the episode's messages
+    gives back exactly the tokens the loop built from generated turns and continuations."""
+    tpl = HFChatTemplate(HFTokenizer(kimi_files[0](tmp_path)))
+    task = next(t for t in TASKS if t.id == "count-lines")
+    env = TerminalEnv(SandboxConfig(timeout_s=10))
+
+    async def go():
+        try:
+            return await run_episode(env, ScriptedEngine(load_policy(task, "oracle"), tpl), task, tpl, PARAMS, CFG, "g")
+        finally:
+            await env.close()
+
+    traj = asyncio.run(go())
+    assert traj.reward == 1.0 and traj.num_tool_errors == 0
+    calls = [c for m in traj.messages if m.role == "assistant" for c in m.tool_calls]
+    results = [m for m in traj.messages if m.role == "tool"]
+    assert calls and all(c.id == f"functions.{c.name}:0" for c in calls)
+    assert [m.tool_call_id for m in results] == [c.id for c in calls]
+    assert tpl.tok.special_ids["<|tool_call_argument_begin|>"] in traj.token_ids
+    last = max(i for i, m in enumerate(traj.messages) if m.role == "assistant")  # a result that ended it has no tokens
+    assert tpl.render(traj.messages[:last + 1], env.tools, add_generation_prompt=False) == traj.token_ids

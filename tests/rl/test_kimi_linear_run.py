@@ -1,7 +1,8 @@
 """A run started from a Kimi-Linear directory (model=hf model.path=DIR: a tiny random `KimiLinearForCausalLM`, 3 KDA
-+ 1 MLA layers, dense first MLP, shared expert, with the Qwen3-style BPE tokenizer of tests/conftest.py; Kimi's own
-tokenizer and chat template are not read yet): the learner and the rollout engine agree on log-probs in float64,
-and `jointrl train` runs two GRPO steps."""
++ 1 MLA layers, dense first MLP, shared expert, with Kimi's tokenizer files as tests/conftest.save_kimi_tokenizer
+writes them: tiktoken.model + tokenizer_config.json with Kimi's chat template, no tokenizer.json): the learner and
+the rollout engine agree on log-probs in float64 over a conversation with a tool call in Kimi's format, `jointrl
+train` runs two GRPO steps, and the oracles' calls, written in Kimi's format, parse by id and solve their tasks."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from jointrl.envs.base import Message
+from jointrl.envs.base import Message, ToolCall, ToolSpec
+from jointrl.model.hf_chat_template import HFChatTemplate
+from jointrl.model.hf_tokenizer import HFTokenizer
 from jointrl.rl.build import build_model, build_template, build_tokenizer
 from jointrl.rl.config import load_config
 from jointrl.rl.learner.worker import LearnerWorker
@@ -22,14 +25,17 @@ from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
 from jointrl.rl.types import SamplingParams
 
 
+TOOL = ToolSpec("run", "run a shell command", {"type": "object", "properties": {"command": {"type": "string"}}})
+
+
 @pytest.fixture(scope="module")
-def kimi_dir(tmp_path_factory, qwen3_files) -> Path:
+def kimi_dir(tmp_path_factory, kimi_files) -> Path:
     import torch
     from transformers import KimiLinearConfig, KimiLinearForCausalLM
 
-    save_tokenizer, _ = qwen3_files
+    save_tokenizer, _ = kimi_files
     d = save_tokenizer(tmp_path_factory.mktemp("kimi_linear"))
-    vocab = 1 + max(t["id"] for t in json.loads((d / "tokenizer.json").read_text())["added_tokens"])
+    vocab = HFTokenizer(d).vocab_size
     torch.manual_seed(11)
     config = KimiLinearConfig(
         vocab_size=(vocab + 63) // 64 * 64, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
@@ -51,11 +57,16 @@ def test_learner_logprobs_equal_engine_logprobs(kimi_dir):
     cfg = load_config(["model=hf", f"model.path={kimi_dir}", "model.dtype=float64", "rollout.quantize_experts=false"])
     assert cfg.model.layer_types == ["kda", "kda", "kda", "mla"] and cfg.model.kv_lora_rank == 24
     tok, template = build_tokenizer(cfg), build_template(cfg)
+    assert tok.kimi and isinstance(template, HFChatTemplate)
     lw = LearnerWorker(cfg, rank=0, world_size=1, master_addr="127.0.0.1", master_port=29741)
     engine = LLMEngine(build_model(cfg), tok, EngineConfig(num_blocks=64, block_size=4, max_num_seqs=4))
     engine.update_weights(1, lw.weight_bundle(1))
-    prompts = [template.render([Message(role="user", content="list the files")]),
+    call = ToolCall("run", {"command": "ls"}, id="functions.run:0")
+    prompts = [template.render([Message(role="user", content="list the files"),
+                                Message(role="assistant", content="On it.", tool_calls=[call]),
+                                Message(role="tool", content="a.txt", tool_call_id=call.id)], [TOOL]),
                template.render([Message(role="system", content="Be brief."), Message(role="user", content="hi")])]
+    assert tok.special_ids["<|tool_call_argument_begin|>"] in prompts[0]
     outs = asyncio.run(_generate(engine, prompts))
     learner_lp = lw.logprobs([p + o.token_ids for p, o in zip(prompts, outs)])
     checked = 0
@@ -84,4 +95,25 @@ def test_train_runs_two_grpo_steps_on_kimi_linear(kimi_dir, tmp_path):
     assert len(files) == 2
     trajs = [json.loads(line) for f in files for line in f.read_text().splitlines()]
     assert len(trajs) == 8 and all(t["finish_reason"] != "env_error" for t in trajs)
+    tok = HFTokenizer(kimi_dir)  # every prompt is Kimi's rendering, opening with the env's tools declared
+    declare = [tok.special_ids["<|im_system|>"], *tok.encode("tool_declare"), tok.special_ids["<|im_middle|>"]]
+    assert all(t["token_ids"][:len(declare)] == declare for t in trajs)
 
+
+
+@pytest.mark.slow
+def test_eval_oracle_solves_terminal_tasks_in_kimis_format(kimi_dir, tmp_path):
+    """`jointrl eval policy=oracle model=hf model.path=DIR`: the oracles' calls, written by Kimi's template in
+    the tiktoken tokenizer's ids (a tool-calls section per turn), parse by id and solve their tasks."""
+    from jointrl.rl.eval import main as eval_main
+
+    def run(policy: str) -> dict:
+        return eval_main(["envs=terminal", f"policy={policy}", "tier=low", "k=1", "limit=3", f"out={tmp_path / policy}",
+                          "logger.wandb_mode=disabled", "model=hf", f"model.path={kimi_dir}",
+                          "rollout.max_tokens_per_turn=65536", "rollout.max_context=262144"])
+
+    result = run("oracle")
+    (row,) = result["rows"]
+    assert row["tasks"] == 3 and row["env_error"] == 0
+    assert row["pass@1"] == 1.0, [e for e in result["episodes"] if not e["success"]]
+    assert run("noop")["rows"][0]["pass@1"] == 0.0  # the oracles' calls, not the tasks, solved them

