@@ -394,7 +394,8 @@ def sparse_attention_triton(q_BHcD: Tensor, k_BSKD: Tensor, v_BSKD: Tensor, idx_
     if q_BHcD.dtype == torch.float64:
         return sparse_attention_torch(q_BHcD, k_BSKD, v_BSKD, idx_Bck, valid_Bck, want_probs)
     ids_Bck = torch.where(valid_Bck, idx_Bck, -1)
-    o_BcHD = _SparseAttention.apply(q_BHcD.transpose(1, 2), k_BSKD, v_BSKD.to(q_BHcD.dtype), ids_Bck,
+    dt = q_BHcD.dtype  # the kernels read q, k and v in one dtype (a cache may hold keys in another)
+    o_BcHD = _SparseAttention.apply(q_BHcD.transpose(1, 2), k_BSKD.to(dt), v_BSKD.to(dt), ids_Bck,
                                     q_BHcD.shape[-1] ** -0.5)
     probs = None
     if want_probs:
