@@ -2,15 +2,21 @@
 selected keys, as Triton kernels beside their torch references.
 
 * ``indexer_scores(q_BTnD, w_BTn, k_BSD)``: ``I[b, t, s] = Σ_j w[b, t, j] · ReLU(q_j[b, t] · k[b, s]
-  / √Di)`` (``model.dsa.LightningIndexer.scores``), fp32. Visibility (causality, padding) is the
-  caller's mask on the result.
+  / √Di)``, fp32. Visibility (causality, padding) is the caller's mask on the result.
 * ``select_topk(scores_BTS, visible_BTS, k)`` (``kernels/topk.py``, re-exported here): the k
-  visible keys with the largest scores, ties to the most recent key (``model.dsa.topk_mask``'s
+  visible keys with the largest scores, ties to the most recent key (``topk.topk_mask``'s
   rule), as ids ``[B, T, k]`` in position order padded with -1.
 * ``sparse_attention(q_BTHD, k_BSHD, v_BSHD, ids_BTk)``: ``o[b, t, h] = softmax_i(q·k_{ids[i]} ·
   scale) v_{ids[i]}`` over the selected keys (-1 entries skipped; a query with none gets zeros),
   GQA (query head h reads kv head ``h // (Hq / Hkv)``), forward and backward
   (``torch.autograd.Function``). The selection is shared by all heads of a token, as in DSA.
+
+The op table (``kernels/ops``) gives the gated_dsa layer (``model/dsa.py``, per query chunk of c queries,
+keys [B, S, Hkv, D]) ``dsa_scores`` (``indexer_scores_torch``, the one reference of the indexer; Triton for
+inference: the kernel is forward only, so the indexer loss trains through the reference), ``dsa_select``
+(``topk.select_keys_torch`` / ``_triton``) and ``dsa_attend`` (``sparse_attention_torch``, the one reference
+of the sparse attention, which ``sparse_attention``'s own layout wraps; on Triton the forward and backward
+kernels, with the probabilities the indexer loss needs recomputed by the reference without gradient).
 
 Kernels: the indexer runs one ``[BLOCK_T, BLOCK_S]`` tile per program, one ``tl.dot`` per indexer
 head. Sparse attention runs one program per (token, kv head) with that group's query heads as
@@ -37,7 +43,9 @@ from torch import Tensor
 from jointrl.kernels.dispatch import interpreting, launcher, use_triton
 from jointrl.kernels.topk import select_topk
 
-__all__ = ["INDEXER_CONFIG", "SPARSE_CONFIG", "indexer_scores", "select_topk", "sparse_attention"]
+__all__ = ["INDEXER_CONFIG", "SPARSE_CONFIG", "indexer_scores", "indexer_scores_torch", "indexer_scores_triton",
+           "select_topk", "sparse_attention", "sparse_attention_torch", "sparse_attention_triton",
+           "sparse_probs_torch", "sparse_values_torch"]
 
 
 class IndexerConfig(NamedTuple):
@@ -64,28 +72,66 @@ def _tiles_gd(hq: int, hkv: int, d: int) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------
 
 
-def _indexer_scores_torch(q_BTnD: Tensor, w_BTn: Tensor, k_BSD: Tensor) -> Tensor:
-    work = torch.float64 if q_BTnD.dtype == torch.float64 else torch.float32
-    dots_BTnS = torch.einsum("btnd,bsd->btns", q_BTnD.to(work), k_BSD.to(work)) * q_BTnD.shape[-1] ** -0.5
-    return torch.einsum("btn,btns->bts", w_BTn.to(work), F.relu(dots_BTnS))
+def indexer_scores_torch(q_BcnD: Tensor, w_Bcn: Tensor, k_BSD: Tensor) -> Tensor:
+    """The reference (the gated_dsa layer's indexer): I [B, c, S] = Σ_j w[·, j] · ReLU(q_j · k / √Di), in
+    float64 if q or w is float64, else float32; differentiable."""
+    cdt = torch.float64 if torch.float64 in (q_BcnD.dtype, w_Bcn.dtype) else torch.float32
+    B, c, n, D = q_BcnD.shape
+    # Two plain batched matmuls; the 1/√Di goes after the head sum (ReLU(s·x) = s·ReLU(x), s > 0),
+    # on [B, c, S] instead of [B, c, n, S].
+    dots_BcnS = torch.matmul(q_BcnD.to(cdt).reshape(B, c * n, D), k_BSD.to(cdt).transpose(1, 2)).view(B, c, n, -1)
+    return torch.matmul(w_Bcn.to(cdt).unsqueeze(2), F.relu(dots_BcnS)).squeeze(2) * D ** -0.5
+
+
+def _gather_rows(x_BSKD: Tensor, idx_Bck: Tensor) -> Tensor:
+    """Each query's selected keys (or values) [B, Hkv, c, k, D] from x [B, S, Hkv, D] contiguous, read as
+    [B·S, Hkv·D] rows (an index_select of whole rows, several times faster than a gather over an
+    expanded index)."""
+    B, S, Hkv, D = x_BSKD.shape
+    c, k = idx_Bck.shape[1:]
+    rows = (idx_Bck + torch.arange(B, device=idx_Bck.device)[:, None, None] * S).reshape(-1)
+    return x_BSKD.reshape(B * S, Hkv * D).index_select(0, rows).view(B, c, k, Hkv, D).permute(0, 3, 1, 2, 4)
+
+
+def sparse_probs_torch(q_BHcD: Tensor, k_BSKD: Tensor, idx_Bck: Tensor, valid_Bck: Tensor, scale: float) -> Tensor:
+    """softmax over each query's selected keys of q·k·scale, [B, Hq, c, k] in float32 (float64 for float64 q;
+    GQA by grouping); all 0 where a query has no key (as a fully masked SDPA row gives 0), finite gradients."""
+    B, Hq, c, D = q_BHcD.shape
+    Hkv = k_BSKD.shape[2]
+    cdt = torch.float64 if q_BHcD.dtype == torch.float64 else torch.float32
+    q_BKGcD = (q_BHcD * scale).view(B, Hkv, Hq // Hkv, c, D)
+    logits = torch.einsum("bkgcd,bkcjd->bkgcj", q_BKGcD, _gather_rows(k_BSKD, idx_Bck)).reshape(B, Hq, c, -1)
+    logits = logits.to(cdt).masked_fill(~valid_Bck[:, None], torch.finfo(cdt).min)
+    return torch.softmax(logits, dim=-1) * valid_Bck[:, None]
+
+
+def sparse_values_torch(probs_BHck: Tensor, v_BSKD: Tensor, idx_Bck: Tensor) -> Tensor:
+    """Σ_j probs[·, j] · v_{idx[j]} → [B, Hq, c, D] in v's dtype (probs cast to it)."""
+    B, Hq, c, k = probs_BHck.shape
+    Hkv = v_BSKD.shape[2]
+    p_BKGck = probs_BHck.to(v_BSKD.dtype).view(B, Hkv, Hq // Hkv, c, k)
+    return torch.einsum("bkgcj,bkcjd->bkgcd", p_BKGck, _gather_rows(v_BSKD, idx_Bck)).reshape(B, Hq, c, -1)
+
+
+def sparse_attention_torch(q_BHcD: Tensor, k_BSKD: Tensor, v_BSKD: Tensor, idx_Bck: Tensor, valid_Bck: Tensor,
+                           want_probs: bool) -> tuple[Tensor, Tensor | None]:
+    """The op table's ``dsa_attend`` reference (the gated_dsa layer's sparse attention, scale 1/√D):
+    → (o [B, Hq, c, D] in v's dtype, probs [B, Hq, c, k] — the attention weights, returned for the
+    indexer loss — or None without ``want_probs``); differentiable in q, k, v."""
+    probs = sparse_probs_torch(q_BHcD, k_BSKD, idx_Bck, valid_Bck, q_BHcD.shape[-1] ** -0.5)
+    return sparse_values_torch(probs, v_BSKD, idx_Bck), probs if want_probs else None
 
 
 def _sparse_attention_torch(q_BTHD: Tensor, k_BSHD: Tensor, v_BSHD: Tensor, ids_BTk: Tensor, scale: float) -> Tensor:
-    """Gather the selected keys/values, softmax in fp32 (float64 for float64); differentiable."""
-    B, T, Hq, D = q_BTHD.shape
-    Hkv = k_BSHD.shape[2]
+    """``sparse_attention``'s layout of the reference (``sparse_probs_torch``, ``sparse_values_torch``), computed
+    in float32 (float64 for float64); differentiable."""
     work = torch.float64 if q_BTHD.dtype == torch.float64 else torch.float32
     valid_BTk = ids_BTk >= 0
-    flat = ids_BTk.clamp_min(0).long().reshape(B, -1)  # [B, T·k]
-    k_BTkHD = torch.gather(k_BSHD, 1, flat[..., None, None].expand(-1, -1, Hkv, D)).view(B, T, -1, Hkv, D)
-    v_BTkHD = torch.gather(v_BSHD, 1, flat[..., None, None].expand(-1, -1, Hkv, D)).view(B, T, -1, Hkv, D)
-    G = Hq // Hkv
-    q_BTKGD = q_BTHD.to(work).view(B, T, Hkv, G, D)
-    s = torch.einsum("btkgd,btikd->btkgi", q_BTKGD, k_BTkHD.to(work)) * scale
-    s = s.masked_fill(~valid_BTk[:, :, None, None, :], float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a query with no key: zeros
-    o = torch.einsum("btkgi,btikd->btkgd", p, v_BTkHD.to(work))
-    return o.reshape(B, T, Hq, D).to(q_BTHD.dtype)
+    idx_BTk = ids_BTk.clamp_min(0).long()
+    probs = sparse_probs_torch(q_BTHD.transpose(1, 2).to(work), k_BSHD.to(work).contiguous(), idx_BTk, valid_BTk,
+                               scale)
+    o_BHTD = sparse_values_torch(probs, v_BSHD.to(work).contiguous(), idx_BTk)
+    return o_BHTD.transpose(1, 2).to(q_BTHD.dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -312,7 +358,7 @@ def indexer_scores(q_BTnD: Tensor, w_BTn: Tensor, k_BSD: Tensor) -> Tensor:
                          f"{tuple(q_BTnD.shape)}, {tuple(w_BTn.shape)}, {tuple(k_BSD.shape)}")
     if q_BTnD.dtype != torch.float64 and use_triton(q_BTnD.device):
         return _indexer_scores_triton(q_BTnD, w_BTn, k_BSD)
-    return _indexer_scores_torch(q_BTnD, w_BTn, k_BSD)
+    return indexer_scores_torch(q_BTnD, w_BTn, k_BSD)
 
 
 def sparse_attention(q_BTHD: Tensor, k_BSHD: Tensor, v_BSHD: Tensor, ids_BTk: Tensor,
@@ -338,3 +384,30 @@ def sparse_attention(q_BTHD: Tensor, k_BSHD: Tensor, v_BSHD: Tensor, ids_BTk: Te
     if q_BTHD.dtype != torch.float64 and use_triton(q_BTHD.device):
         return _SparseAttention.apply(q_BTHD, k_BSHD, v_BSHD, ids_BTk, scale)
     return _sparse_attention_torch(q_BTHD, k_BSHD, v_BSHD, ids_BTk, scale)
+
+
+def sparse_attention_triton(q_BHcD: Tensor, k_BSKD: Tensor, v_BSKD: Tensor, idx_Bck: Tensor, valid_Bck: Tensor,
+                            want_probs: bool) -> tuple[Tensor, Tensor | None]:
+    """``sparse_attention_torch``'s contract on the sparse-attention kernels (forward and backward through
+    ``_SparseAttention``); ``want_probs``: the probabilities come from the reference without gradient (the
+    indexer loss uses them detached). Float64 takes the reference."""
+    if q_BHcD.dtype == torch.float64:
+        return sparse_attention_torch(q_BHcD, k_BSKD, v_BSKD, idx_Bck, valid_Bck, want_probs)
+    ids_Bck = torch.where(valid_Bck, idx_Bck, -1)
+    dt = q_BHcD.dtype  # the kernels read q, k and v in one dtype (a cache may hold keys in another)
+    o_BcHD = _SparseAttention.apply(q_BHcD.transpose(1, 2), k_BSKD.to(dt), v_BSKD.to(dt), ids_Bck,
+                                    q_BHcD.shape[-1] ** -0.5)
+    probs = None
+    if want_probs:
+        with torch.no_grad():
+            probs = sparse_probs_torch(q_BHcD, k_BSKD, idx_Bck, valid_Bck, q_BHcD.shape[-1] ** -0.5)
+    return o_BcHD.transpose(1, 2).to(v_BSKD.dtype), probs
+
+
+def indexer_scores_triton(q_BcnD: Tensor, w_Bcn: Tensor, k_BSD: Tensor) -> Tensor:
+    """``indexer_scores_torch``'s contract on the indexer kernel when no gradient is needed (the kernel is
+    forward only: the indexer trains through the reference) and nothing is float64."""
+    if torch.float64 in (q_BcnD.dtype, w_Bcn.dtype) or (
+            torch.is_grad_enabled() and any(t.requires_grad for t in (q_BcnD, w_Bcn, k_BSD))):
+        return indexer_scores_torch(q_BcnD, w_Bcn, k_BSD)
+    return _indexer_scores_triton(q_BcnD, w_Bcn, k_BSD)

@@ -1,4 +1,4 @@
-"""Grouped MoE matmuls with MXFP4 expert weights, dequantized inside the kernel.
+"""Grouped MoE matmuls over MXFP4 expert weights (dequantized inside the kernel) or dense ones.
 
 The routed experts of ``model/moe.py`` (``gate_up_proj [E, 2I, H]``, gate rows first, then up
 rows; ``down_proj [E, H, I]``) quantized along their last (input) dim by
@@ -11,7 +11,11 @@ rows; ``down_proj [E, H, I]``) quantized along their last (input) dim by
 * ``moe_down_mxfp4``: ``y_a = w_a · (h_a D_eᵀ)``, the routing weight applied in the epilogue.
 * ``moe_experts_mxfp4``: the whole routed-expert FFN of ``model.moe.Experts`` for ``[N, H]``
   tokens and their top-k ``(ids, weights)``: sort, both kernels, unsort and sum over k
-  (deterministic: no atomics).
+  (deterministic: no atomics). ``moe_experts_mxfp4_torch`` / ``_triton``: the same on one
+  implementation whatever the process-wide backend (the op table's ``moe_experts_mxfp4``).
+* ``moe_experts_dense_triton``: the same FFN over dense bf16 / fp16 / fp32 experts on the same two
+  kernels (``MXFP4=False``: the weight tile is loaded, not decoded): the ``triton`` op table's
+  ``moe_experts`` for inference (``kernels/moe_experts``).
 
 Numerics: products of the activations and the dequantized weights are exact in fp32 (an
 E2M1 value times a power of two has two significant bits), and both kernels accumulate in
@@ -43,7 +47,8 @@ from torch import Tensor
 from jointrl.kernels.dispatch import interpreting, launcher, use_triton
 from jointrl.kernels.mxfp4 import MXFP4_BLOCK, _e2m1_tile, dequantize_mxfp4
 
-__all__ = ["DECODE", "PREFILL", "TileConfig", "moe_down_mxfp4", "moe_experts_mxfp4", "moe_swiglu_mxfp4"]
+__all__ = ["DECODE", "PREFILL", "TileConfig", "moe_down_mxfp4", "moe_experts_dense_triton", "moe_experts_mxfp4",
+           "moe_experts_mxfp4_torch", "moe_experts_mxfp4_triton", "moe_swiglu_mxfp4"]
 
 
 class TileConfig(NamedTuple):
@@ -99,15 +104,35 @@ def _moe_down_torch(h_AI: Tensor, offsets_E1: Tensor, blocks: Tensor, scales: Te
 
 
 @triton.jit
+def _weight_tile(wb_ptr, ws_ptr, w_rows, n_ok, k0, K, MXFP4: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """Rows ``w_rows`` [BLOCK_N] (int64, masked by ``n_ok``), columns ``k0:k0 + BLOCK_K`` of a weight with
+    ``K`` input columns: MXFP4 (wb uint8 [rows, K/2], ws uint8 [rows, K/32]) decoded to fp32, or dense (wb
+    [rows, K] in its own dtype, ws unused); out-of-range entries 0."""
+    if MXFP4:
+        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        w_bytes = tl.load(wb_ptr + w_rows[:, None] * (K // 2) + kb[None, :],
+                          mask=n_ok[:, None] & (kb < K // 2)[None, :], other=0)
+        w_scale = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + ks[None, :],
+                          mask=n_ok[:, None] & (ks < K // 32)[None, :], other=127)
+        w = _e2m1_tile(w_bytes.to(tl.int32), w_scale.to(tl.int32), BLOCK_N, BLOCK_K)
+    else:
+        kk = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(wb_ptr + w_rows[:, None] * K + kk[None, :], mask=n_ok[:, None] & (kk < K)[None, :], other=0.0)
+    return w
+
+
+@triton.jit
 def _moe_swiglu_kernel(
     x_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr, wb_ptr, ws_ptr, h_ptr,
     H, I,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT_FP32: tl.constexpr, MXFP4: tl.constexpr,
 ):
-    """One (tile, column block): h[rows, n] = silu(x G_eᵀ) ⊙ (x U_eᵀ), weights decoded per K step.
+    """One (tile, column block): h[rows, n] = silu(x G_eᵀ) ⊙ (x U_eᵀ), weights read (MXFP4: decoded) per K step.
 
-    x [A, H]; wb uint8 [E, 2I, H/2]; ws uint8 [E, 2I, H/32]; h [A, I].
+    x [A, H]; MXFP4: wb uint8 [E, 2I, H/2], ws uint8 [E, 2I, H/32]; dense: wb [E, 2I, H] (ws unused); h [A, I].
     """
     e = tl.load(tile_expert_ptr + tl.program_id(0))
     if e < 0:
@@ -126,18 +151,12 @@ def _moe_swiglu_kernel(
         kk = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * H + kk[None, :],
                     mask=row_ok[:, None] & (kk < H)[None, :], other=0.0)
-        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        bmask = n_ok[:, None] & (kb < H // 2)[None, :]
-        smask = n_ok[:, None] & (ks < H // 32)[None, :]
-        g_bytes = tl.load(wb_ptr + gate_rows[:, None] * (H // 2) + kb[None, :], mask=bmask, other=0)
-        u_bytes = tl.load(wb_ptr + (gate_rows + I)[:, None] * (H // 2) + kb[None, :], mask=bmask, other=0)
-        g_scale = tl.load(ws_ptr + gate_rows[:, None] * (H // 32) + ks[None, :], mask=smask, other=127)
-        u_scale = tl.load(ws_ptr + (gate_rows + I)[:, None] * (H // 32) + ks[None, :], mask=smask, other=127)
-        w_g = _e2m1_tile(g_bytes.to(tl.int32), g_scale.to(tl.int32), BLOCK_N, BLOCK_K)
-        w_u = _e2m1_tile(u_bytes.to(tl.int32), u_scale.to(tl.int32), BLOCK_N, BLOCK_K)
+        w_g = _weight_tile(wb_ptr, ws_ptr, gate_rows, n_ok, k0, H, MXFP4, BLOCK_N, BLOCK_K)
+        w_u = _weight_tile(wb_ptr, ws_ptr, gate_rows + I, n_ok, k0, H, MXFP4, BLOCK_N, BLOCK_K)
         if DOT_FP32:
             xd = x.to(tl.float32)
+            w_g = w_g.to(tl.float32)
+            w_u = w_u.to(tl.float32)
         else:
             xd = x
             w_g = w_g.to(x.dtype)
@@ -154,11 +173,12 @@ def _moe_down_kernel(
     h_ptr, tile_expert_ptr, tile_row_ptr, offsets_ptr, wb_ptr, ws_ptr, w_ptr, y_ptr,
     H, I,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT_FP32: tl.constexpr, MXFP4: tl.constexpr,
 ):
     """One (tile, column block): y[rows, n] = w[rows] · (h D_eᵀ)[rows, n].
 
-    h [A, I]; wb uint8 [E, H, I/2]; ws uint8 [E, H, I/32]; w [A] routing weights; y [A, H].
+    h [A, I]; MXFP4: wb uint8 [E, H, I/2], ws uint8 [E, H, I/32]; dense: wb [E, H, I] (ws unused);
+    w [A] routing weights; y [A, H].
     """
     e = tl.load(tile_expert_ptr + tl.program_id(0))
     if e < 0:
@@ -175,15 +195,10 @@ def _moe_down_kernel(
         kk = k0 + tl.arange(0, BLOCK_K)
         h = tl.load(h_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
                     mask=row_ok[:, None] & (kk < I)[None, :], other=0.0)
-        kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        d_bytes = tl.load(wb_ptr + w_rows[:, None] * (I // 2) + kb[None, :],
-                          mask=n_ok[:, None] & (kb < I // 2)[None, :], other=0)
-        d_scale = tl.load(ws_ptr + w_rows[:, None] * (I // 32) + ks[None, :],
-                          mask=n_ok[:, None] & (ks < I // 32)[None, :], other=127)
-        w_d = _e2m1_tile(d_bytes.to(tl.int32), d_scale.to(tl.int32), BLOCK_N, BLOCK_K)
+        w_d = _weight_tile(wb_ptr, ws_ptr, w_rows, n_ok, k0, I, MXFP4, BLOCK_N, BLOCK_K)
         if DOT_FP32:
             hd = h.to(tl.float32)
+            w_d = w_d.to(tl.float32)
         else:
             hd = h
             w_d = w_d.to(h.dtype)
@@ -221,8 +236,9 @@ def _dot_fp32(kernel, x: Tensor) -> bool:
     return interpreting(kernel) or x.dtype == torch.float32
 
 
-def _moe_swiglu_triton(x_AH: Tensor, offsets_E1: Tensor, blocks: Tensor, scales: Tensor,
+def _moe_swiglu_triton(x_AH: Tensor, offsets_E1: Tensor, blocks: Tensor, scales: Tensor | None,
                        config: TileConfig | None = None) -> Tensor:
+    """MXFP4 gate_up (blocks, scales), or dense gate_up [E, 2I, H] as ``blocks`` with ``scales`` None."""
     A, H = x_AH.shape
     E, two_i, _ = blocks.shape
     inter = two_i // 2
@@ -235,15 +251,17 @@ def _moe_swiglu_triton(x_AH: Tensor, offsets_E1: Tensor, blocks: Tensor, scales:
     grid = (tile_e.numel(), triton.cdiv(inter, cfg.block_n))
     kernel[grid](
         x_AH.contiguous(), tile_e, tile_row, offsets_E1.to(torch.int32).contiguous(),
-        blocks.contiguous(), scales.contiguous(), h_AI, H, inter,
+        blocks.contiguous(), (blocks if scales is None else scales).contiguous(), h_AI, H, inter,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_FP32=_dot_fp32(kernel, x_AH),
+        MXFP4=scales is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return h_AI
 
 
-def _moe_down_triton(h_AI: Tensor, offsets_E1: Tensor, blocks: Tensor, scales: Tensor, weights_A: Tensor,
+def _moe_down_triton(h_AI: Tensor, offsets_E1: Tensor, blocks: Tensor, scales: Tensor | None, weights_A: Tensor,
                      config: TileConfig | None = None) -> Tensor:
+    """MXFP4 down (blocks, scales), or dense down [E, H, I] as ``blocks`` with ``scales`` None."""
     A, inter = h_AI.shape
     E, H, _ = blocks.shape
     cfg = config or pick_config(A, E)
@@ -255,8 +273,9 @@ def _moe_down_triton(h_AI: Tensor, offsets_E1: Tensor, blocks: Tensor, scales: T
     grid = (tile_e.numel(), triton.cdiv(H, cfg.block_n))
     kernel[grid](
         h_AI.contiguous(), tile_e, tile_row, offsets_E1.to(torch.int32).contiguous(),
-        blocks.contiguous(), scales.contiguous(), weights_A.contiguous(), y_AH, H, inter,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_FP32=_dot_fp32(kernel, h_AI),
+        blocks.contiguous(), (blocks if scales is None else scales).contiguous(), weights_A.contiguous(), y_AH, H,
+        inter, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_FP32=_dot_fp32(kernel, h_AI),
+        MXFP4=scales is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return y_AH
@@ -344,16 +363,64 @@ def moe_experts_mxfp4(x_NH: Tensor, ids_Nk: Tensor, weights_Nk: Tensor, gate_up_
         ``y [N, H]`` in ``x``'s dtype. The k contributions of a token are summed in fp32 in a
         fixed order (no atomics), so the result is deterministic.
     """
+    return _routed(x_NH, ids_Nk, weights_Nk, gate_up_blocks.shape[0],
+                   lambda x_AH, off: moe_swiglu_mxfp4(x_AH, off, gate_up_blocks, gate_up_scales),
+                   lambda h_AI, off, w_A: moe_down_mxfp4(h_AI, off, down_blocks, down_scales, w_A))
+
+
+def moe_experts_mxfp4_torch(x_NH: Tensor, ids_Nk: Tensor, weights_Nk: Tensor, gate_up_blocks: Tensor,
+                            gate_up_scales: Tensor, down_blocks: Tensor, down_scales: Tensor) -> Tensor:
+    """:func:`moe_experts_mxfp4` on the torch reference (dequantize, fp32 matmuls per expert), whatever the
+    process-wide backend: the ``torch`` / ``cpu`` kernel table's ``moe_experts_mxfp4``."""
+    return _routed(x_NH, ids_Nk, weights_Nk, gate_up_blocks.shape[0],
+                   lambda x_AH, off: _moe_swiglu_torch(x_AH, off, gate_up_blocks, gate_up_scales),
+                   lambda h_AI, off, w_A: _moe_down_torch(h_AI, off, down_blocks, down_scales, w_A))
+
+
+def moe_experts_mxfp4_triton(x_NH: Tensor, ids_Nk: Tensor, weights_Nk: Tensor, gate_up_blocks: Tensor,
+                             gate_up_scales: Tensor, down_blocks: Tensor, down_scales: Tensor) -> Tensor:
+    """:func:`moe_experts_mxfp4` on the Triton kernels, whatever the process-wide backend (the ``triton``
+    kernel table's ``moe_experts_mxfp4``). Forward only."""
+    _check_weights(gate_up_blocks, gate_up_scales, "gate_up")
+    _check_weights(down_blocks, down_scales, "down")
+    return _routed(x_NH, ids_Nk, weights_Nk, gate_up_blocks.shape[0],
+                   lambda x_AH, off: _moe_swiglu_triton(x_AH, off, gate_up_blocks, gate_up_scales),
+                   lambda h_AI, off, w_A: _moe_down_triton(h_AI, off, down_blocks, down_scales, w_A))
+
+
+def moe_experts_dense_triton(x_NH: Tensor, ids_Nk: Tensor, weights_Nk: Tensor, gate_up_EOH: Tensor,
+                             down_EHI: Tensor) -> Tensor:
+    """The routed-expert FFN over dense experts (``gate_up [E, 2I, H]``, ``down [E, H, I]``, bf16 / fp16 /
+    fp32) on the same grouped kernels: the ``triton`` kernel table's ``moe_experts`` when no gradient is
+    needed (``kernels/moe_experts.moe_experts_triton``). The tokens are cast to the weights' dtype, each
+    matmul accumulates in fp32, ``h`` and each assignment's ``y`` are rounded to the weights' dtype (as the
+    reference ``RoutedSwiGLU``), the k contributions summed in fp32 in slot order → ``y [N, H]`` in x's dtype."""
+    if gate_up_EOH.dim() != 3 or down_EHI.dim() != 3 or down_EHI.shape[0] != gate_up_EOH.shape[0] \
+            or gate_up_EOH.shape[1] != 2 * down_EHI.shape[2] or down_EHI.shape[1] != gate_up_EOH.shape[2]:
+        raise ValueError(f"gate_up {tuple(gate_up_EOH.shape)} and down {tuple(down_EHI.shape)} must be "
+                         "[E, 2I, H] and [E, H, I]")
+    if x_NH.dim() != 2 or x_NH.shape[1] != gate_up_EOH.shape[2]:
+        raise ValueError(f"x_NH must be [N, {gate_up_EOH.shape[2]}], got {tuple(x_NH.shape)}")
+    wdt = gate_up_EOH.dtype
+    down_EHI = down_EHI.to(wdt)
+    return _routed(x_NH.to(wdt), ids_Nk, weights_Nk.to(wdt), gate_up_EOH.shape[0],
+                   lambda x_AH, off: _moe_swiglu_triton(x_AH, off, gate_up_EOH, None),
+                   lambda h_AI, off, w_A: _moe_down_triton(h_AI, off, down_EHI, None, w_A)).to(x_NH.dtype)
+
+
+def _routed(x_NH: Tensor, ids_Nk: Tensor, weights_Nk: Tensor, num_experts: int, swiglu, down) -> Tensor:
+    """Sort the N·k assignments by expert, ``h = swiglu(x sorted, offsets)``, ``y = down(h, offsets, weights
+    sorted)``, unsort and sum over k in fp32 (fixed order) → [N, H] in x's dtype."""
     if ids_Nk.dim() != 2 or ids_Nk.shape[0] != x_NH.shape[0] or weights_Nk.shape != ids_Nk.shape:
         raise ValueError(f"ids_Nk {tuple(ids_Nk.shape)} and weights_Nk {tuple(weights_Nk.shape)} "
                          f"must both be [N, k] with N = {x_NH.shape[0]}")
     N, k = ids_Nk.shape
-    E = gate_up_blocks.shape[0]
+    E = num_experts
     ids_A = ids_Nk.reshape(-1)
     order_A = torch.argsort(ids_A, stable=True)
     offsets_E1 = torch.zeros(E + 1, dtype=torch.int32, device=x_NH.device)
     offsets_E1[1:] = torch.cumsum(torch.bincount(ids_A, minlength=E), 0)
-    h_AI = moe_swiglu_mxfp4(x_NH[order_A // k], offsets_E1, gate_up_blocks, gate_up_scales)
-    y_sorted_AH = moe_down_mxfp4(h_AI, offsets_E1, down_blocks, down_scales, weights_Nk.reshape(-1)[order_A])
+    h_AI = swiglu(x_NH[order_A // k], offsets_E1)
+    y_sorted_AH = down(h_AI, offsets_E1, weights_Nk.reshape(-1)[order_A])
     y_AH = torch.empty_like(y_sorted_AH).index_copy_(0, order_A, y_sorted_AH)
-    return y_AH.view(N, k, x_NH.shape[1]).float().sum(1).to(x_NH.dtype)
+    return y_AH.view(N, k, y_AH.shape[1]).float().sum(1).to(x_NH.dtype)

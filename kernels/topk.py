@@ -3,10 +3,13 @@ largest indexer scores, as a Triton kernel beside its torch reference.
 
 ``select_topk(scores_BTS, visible_BTS, k)`` → ids ``[B, T, k]`` (int32) in ascending position
 order, padded with -1 after the last selected key when fewer than k keys are visible. Ties go
-to the most recent key (the larger position), the rule of ``model.dsa.topk_mask``: ReLU makes
-exact ties (scores of 0) common, and a rule that depended on the query-chunk shape would let a
-prefill and the same tokens decoded one by one select different keys. ``-0.0`` ties with
-``+0.0``. Scores must be finite (the reference ranks a visible -inf key with the invisible ones).
+to the most recent key (the larger position), the rule of the reference ``topk_mask`` (the gated_dsa
+layer's): ReLU makes exact ties (scores of 0) common, and a rule that depended on the query-chunk
+shape would let a prefill and the same tokens decoded one by one select different keys. ``-0.0`` ties with
+``+0.0``. Scores must be finite.
+
+``select_keys_torch`` / ``select_keys_triton``: the op table's ``dsa_select`` (``kernels/ops``), the layer's
+(indices, valid) form of the same selection.
 
 The kernel, one program per query row, makes each (score, position) pair one distinct int64
 key — the score's fp32 bits mapped to an order-preserving int32 in the high half, the position
@@ -33,7 +36,7 @@ from torch import Tensor
 
 from jointrl.kernels.dispatch import launcher, use_triton
 
-__all__ = ["TOPK_CONFIG", "select_topk"]
+__all__ = ["TOPK_CONFIG", "select_keys_torch", "select_keys_triton", "select_topk", "selected_keys", "topk_mask"]
 
 
 class TopkConfig(NamedTuple):
@@ -55,15 +58,62 @@ def _block_s(S: int, config: TopkConfig = TOPK_CONFIG) -> int:
 # ---------------------------------------------------------------------------------------
 
 
+def topk_mask(scores_BcS: Tensor, visible_BcS: Tensor, k: int) -> Tensor:
+    """The reference (``model/dsa.py``'s gated_dsa layer selects with it): bool [B, c, S], the k visible keys
+    with the largest scores per query (all visible ones if fewer).
+
+    Ties go to the most recent key, deterministically: ReLU makes exact ties (scores of 0) common, and
+    `topk` breaks them differently for different query-chunk shapes, which would make a prefill and
+    the same tokens decoded one by one select different keys.
+    """
+    S = scores_BcS.shape[-1]
+    k = min(k, S)
+    masked = scores_BcS.masked_fill(~visible_BcS, float("-inf"))
+    # The k-th largest value (a value, so how `topk` orders ties does not matter); every key above
+    # it is in, and of the keys equal to it the most recent ones fill the rest. Equal to a stable
+    # descending sort of the reversed row cut at k, without sorting S keys per query.
+    kth_Bc1 = torch.topk(masked, k, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+    above = masked > kth_Bc1
+    tied = masked == kth_Bc1
+    need_Bc1 = k - above.sum(-1, keepdim=True)
+    small = torch.int16 if S < 2 ** 15 else torch.int32  # CPU cumsum is several times faster in int16
+    from_the_end = tied.flip(-1).cumsum(-1, dtype=small).flip(-1)  # tied keys at or after each position
+    return (above | (tied & (from_the_end <= need_Bc1))) & visible_BcS
+
+
+def selected_keys(allowed_BcS: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(indices [B, c, k'] of the allowed keys, valid [B, c, k']) with k' = min(k, S): a row of
+    ``topk_mask`` holds at most k allowed keys; where it holds fewer, the rest are padding (valid
+    False, index of some disallowed key). Unordered."""
+    S = allowed_BcS.shape[-1]
+    k = min(k, S)
+    rank = allowed_BcS * torch.arange(1, S + 1, dtype=torch.float32, device=allowed_BcS.device)
+    idx_Bck = torch.topk(rank, k, dim=-1, sorted=False).indices
+    return idx_Bck, allowed_BcS.gather(-1, idx_Bck)
+
+
+def select_keys_torch(scores_BcS: Tensor, visible_BcS: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The op table's ``dsa_select`` reference: ``selected_keys(topk_mask(...))`` → (idx, valid) [B, c, min(k, S)]."""
+    return selected_keys(topk_mask(scores_BcS, visible_BcS, k), k)
+
+
+def select_keys_triton(scores_BcS: Tensor, visible_BcS: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``select_keys_torch``'s contract on the radix-select kernel (ids in position order; the padding slots
+    index key 0 with valid False); float64 scores take the reference."""
+    if scores_BcS.dtype == torch.float64:
+        return select_keys_torch(scores_BcS, visible_BcS, k)
+    ids = _select_topk_triton(scores_BcS.float(), visible_BcS, min(k, scores_BcS.shape[-1]))
+    valid = ids >= 0
+    return ids.clamp_min(0).long(), valid
+
+
 def _select_topk_torch(scores_BTS: Tensor, visible_BTS: Tensor, k: int) -> Tensor:
-    """A stable descending sort of the row reversed (equal scores keep the later key first), the
-    first k kept where visible, then put in position order (-1, i.e. none, last)."""
+    """``select_topk``'s form of the reference ``topk_mask``: the selected positions in ascending order, -1
+    (none) after them, k slots."""
     S = scores_BTS.shape[-1]
-    masked = scores_BTS.masked_fill(~visible_BTS, float("-inf")).flip(-1)
-    order = torch.sort(masked, dim=-1, descending=True, stable=True).indices[..., :k]
-    ids = S - 1 - order
-    keep = torch.gather(visible_BTS, -1, ids)
-    ids = torch.where(keep, ids, S).sort(dim=-1).values  # S: a placeholder that sorts last
+    allowed = topk_mask(scores_BTS, visible_BTS, k) if S else visible_BTS
+    pos = torch.arange(S, device=scores_BTS.device).expand_as(allowed)
+    ids = torch.where(allowed, pos, S).sort(dim=-1).values[..., :k]  # S: a placeholder that sorts last
     ids = torch.where(ids < S, ids, -1).to(torch.int32)
     if ids.shape[-1] < k:
         ids = F.pad(ids, (0, k - ids.shape[-1]), value=-1)

@@ -12,6 +12,10 @@ visible ones; with `dsa_mode="dense"` it sees every visible key (the indexer's w
 Memory: queries are processed `dsa_query_chunk` at a time, so prefill holds O(chunk · S) scores,
 never an S×S matrix; keys and values stay [B, Hkv, S, D].
 
+Kernels: per chunk the scores, the top-k selection and the sparse attention are kernel ops called through
+the op table the model hands down (`self.kernels.dsa_scores / dsa_select / dsa_attend`, `kernels/ops`):
+one torch reference each (`kernels/dsa.py`, `kernels/topk.py`), the Triton kernels on the `triton` table.
+
 Indexer loss (for the learner; `indexer_loss()` below): the indexer's input is detached, so it learns
 only from
     L_I = Σ_t KL(p_t ‖ softmax(I[t, ·]))  over the attended set,
@@ -27,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from jointrl.kernels.ops import Kernels, kernels_for
+from jointrl.kernels.topk import topk_mask  # noqa: F401  (re-exported: the layer's selection rule)
 from jointrl.model.attention import Attention, AttentionBatch
 from jointrl.model.config import MoEConfig
 from jointrl.model.norm import compute_dtype
@@ -61,47 +67,6 @@ class LightningIndexer(nn.Module):
         w_BTn = self.weights_proj(x_BTH).to(compute_dtype(x_BTH.dtype)) * self.n_heads ** -0.5
         return q_BnTD.transpose(1, 2), w_BTn
 
-    def scores(self, q_BcnD: torch.Tensor, w_Bcn: torch.Tensor, k_BSD: torch.Tensor) -> torch.Tensor:
-        """I [B, c, S] = Σ_j w[·, j] · ReLU(q_j · k / √Di), in the compute dtype."""
-        cdt = w_Bcn.dtype
-        B, c, n, D = q_BcnD.shape
-        # Two plain batched matmuls; the 1/√Di goes after the head sum (ReLU(s·x) = s·ReLU(x), s > 0),
-        # on [B, c, S] instead of [B, c, n, S].
-        dots_BcnS = torch.matmul(q_BcnD.to(cdt).reshape(B, c * n, D), k_BSD.to(cdt).transpose(1, 2)).view(B, c, n, -1)
-        return torch.matmul(w_Bcn.unsqueeze(2), F.relu(dots_BcnS)).squeeze(2) * self.head_dim ** -0.5
-
-
-def topk_mask(scores_BcS: torch.Tensor, visible_BcS: torch.Tensor, k: int) -> torch.Tensor:
-    """Bool [B, c, S]: the k visible keys with the largest scores per query (all visible ones if fewer).
-
-    Ties go to the most recent key, deterministically: ReLU makes exact ties (scores of 0) common, and
-    `topk` breaks them differently for different query-chunk shapes, which would make a prefill and
-    the same tokens decoded one by one select different keys.
-    """
-    S = scores_BcS.shape[-1]
-    k = min(k, S)
-    masked = scores_BcS.masked_fill(~visible_BcS, float("-inf"))
-    # The k-th largest value (a value, so how `topk` orders ties does not matter); every key above
-    # it is in, and of the keys equal to it the most recent ones fill the rest. Equal to a stable
-    # descending sort of the reversed row cut at k, without sorting S keys per query.
-    kth_Bc1 = torch.topk(masked, k, dim=-1, sorted=False).values.amin(-1, keepdim=True)
-    above = masked > kth_Bc1
-    tied = masked == kth_Bc1
-    need_Bc1 = k - above.sum(-1, keepdim=True)
-    small = torch.int16 if S < 2 ** 15 else torch.int32  # CPU cumsum is several times faster in int16
-    from_the_end = tied.flip(-1).cumsum(-1, dtype=small).flip(-1)  # tied keys at or after each position
-    return (above | (tied & (from_the_end <= need_Bc1))) & visible_BcS
-
-
-def selected_keys(allowed_BcS: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(indices [B, c, k'] of the allowed keys, valid [B, c, k']) with k' = min(k, S): a row of
-    ``topk_mask`` holds at most k allowed keys; where it holds fewer, the rest are padding (valid
-    False, index of some disallowed key)."""
-    S = allowed_BcS.shape[-1]
-    k = min(k, S)
-    rank = allowed_BcS * torch.arange(1, S + 1, dtype=torch.float32, device=allowed_BcS.device)
-    idx_Bck = torch.topk(rank, k, dim=-1, sorted=False).indices
-    return idx_Bck, allowed_BcS.gather(-1, idx_Bck)
 
 
 class GatedDSAAttention(Attention):
@@ -114,6 +79,7 @@ class GatedDSAAttention(Attention):
         self.sparse = config.dsa_mode == "sparse"
         self.query_chunk = config.dsa_query_chunk
         self.state_spec = StateSpec(keys_values=True, index_dim=config.index_head_dim)
+        self.kernels: Kernels = kernels_for("torch")  # MoETransformer.set_kernels hands down the model's
 
     def forward(self, x_BTH: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         B, T, _ = x_BTH.shape
@@ -129,9 +95,8 @@ class GatedDSAAttention(Attention):
         # split, not x[..., a:b] per chunk: a slice's backward zero-fills the whole tensor's gradient
         chunks = zip(q_BHTD.split(self.query_chunk, dim=2), iq_BTnD.split(self.query_chunk, dim=1),
                      iw_BTn.split(self.query_chunk, dim=1), strict=True)
-        S = k_BHSD.shape[2]
-        if self.sparse:  # keys/values as [B·S, Hkv·D] rows once per forward, for every chunk's index_select
-            k_rows, v_rows = (x.transpose(1, 2).reshape(B * S, -1) for x in (k_BHSD, v_BHSD))
+        if self.sparse:  # keys/values as [B, S, Hkv, D] once per forward (every chunk gathers rows of them)
+            k_BSKD, v_BSKD = (x.transpose(1, 2).contiguous() for x in (k_BHSD, v_BHSD))
         for a, (q_c, iq_c, iw_c) in zip(range(0, T, self.query_chunk), chunks, strict=True):
             b = min(a + self.query_chunk, T)
             # keys after the chunk's last query are never visible: score and mask only the first Sc
@@ -139,12 +104,12 @@ class GatedDSAAttention(Attention):
             Sc = ik_BSD.shape[1] - T + b
             visible_BcS = batch.mask((a, b))[:, 0, :, :Sc].expand(B, b - a, -1)
             with torch.set_grad_enabled(want_loss and torch.is_grad_enabled()):
-                scores_BcS = self.indexer.scores(iq_c, iw_c, ik_BSD[:, :Sc])
+                scores_BcS = self.kernels.dsa_scores(iq_c, iw_c, ik_BSD[:, :Sc])
             real_Bc = None if weight_BT is None else weight_BT[:, a:b]
             if self.sparse:  # attend over the k gathered keys, not over a mask of all S
-                idx_Bck, valid_Bck = selected_keys(topk_mask(scores_BcS.detach(), visible_BcS, self.topk), self.topk)
-                probs_BHck = self._sparse_probs(q_c, self._gather(k_rows, idx_Bck, S), valid_Bck)
-                outs.append(self._sparse_values(probs_BHck.to(v_BHSD.dtype), self._gather(v_rows, idx_Bck, S)))
+                idx_Bck, valid_Bck = self.kernels.dsa_select(scores_BcS.detach(), visible_BcS, self.topk)
+                o_BHcD, probs_BHck = self.kernels.dsa_attend(q_c, k_BSKD, v_BSKD, idx_Bck, valid_Bck, want_loss)
+                outs.append(o_BHcD)
                 if want_loss:
                     kl_sum = kl_sum + indexer_kl(probs_BHck.detach().mean(1), scores_BcS.gather(-1, idx_Bck),
                                                  valid_Bck, real_Bc)
@@ -161,30 +126,6 @@ class GatedDSAAttention(Attention):
             n_real = torch.tensor(float(B * T), device=x_BTH.device) if weight_BT is None else weight_BT.sum()
             batch.indexer_losses.append((kl_sum, n_real.to(kl_sum.dtype)))
         return self.output(x_BTH, torch.cat(outs, dim=2))
-
-    def _gather(self, rows_NF: torch.Tensor, idx_Bck: torch.Tensor, S: int) -> torch.Tensor:
-        """Each query's selected keys (or values) from their [B·S, Hkv·D] rows: [B, Hkv, c, k, D]
-        (an index_select of whole rows, several times faster than a gather over an expanded index)."""
-        B, c, k = idx_Bck.shape
-        rows = (idx_Bck + torch.arange(B, device=idx_Bck.device)[:, None, None] * S).reshape(-1)
-        return rows_NF.index_select(0, rows).view(B, c, k, self.num_kv_heads, -1).permute(0, 3, 1, 2, 4)
-
-    def _sparse_probs(self, q_BHcD: torch.Tensor, k_BKckD: torch.Tensor, valid_Bck: torch.Tensor) -> torch.Tensor:
-        """softmax over each query's selected keys, [B, Hq, c, k] in the compute dtype; all 0 where a
-        query has no key (as a fully masked SDPA row gives 0), with finite gradients."""
-        B, Hq, c, D = q_BHcD.shape
-        G = Hq // self.num_kv_heads
-        q_BKGcD = (q_BHcD * D ** -0.5).view(B, self.num_kv_heads, G, c, D)
-        logits = torch.einsum("bkgcd,bkcjd->bkgcj", q_BKGcD, k_BKckD).reshape(B, Hq, c, -1)
-        logits = logits.to(compute_dtype(q_BHcD.dtype))
-        logits = logits.masked_fill(~valid_Bck[:, None], torch.finfo(logits.dtype).min)
-        return torch.softmax(logits, dim=-1) * valid_Bck[:, None]
-
-    def _sparse_values(self, probs_BHck: torch.Tensor, v_BKckD: torch.Tensor) -> torch.Tensor:
-        B, Hq, c, k = probs_BHck.shape
-        G = Hq // self.num_kv_heads
-        p_BKGck = probs_BHck.view(B, self.num_kv_heads, G, c, k)
-        return torch.einsum("bkgcj,bkcjd->bkgcd", p_BKGck, v_BKckD).reshape(B, Hq, c, -1)
 
     def _probs(self, q_BHcD: torch.Tensor, k_BHSD: torch.Tensor, allowed_BcS: torch.Tensor) -> torch.Tensor:
         """softmax over allowed keys of q·k/√D, [B, Hq, c, S] in the compute dtype (GQA by grouping)."""

@@ -35,7 +35,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from jointrl.kernels import dispatch, dsa, kda, moe_matmul, mxfp4, paged_attention, paged_attention_cpu, topk
+from jointrl.kernels import (dispatch, dsa, kda, moe_experts, moe_matmul, mxfp4, paged_attention, paged_attention_cpu,
+                             topk)
 
 
 def _median_ms(fn: Callable[[], object], repeats: int, cuda: bool) -> float:
@@ -126,6 +127,7 @@ def bench_moe(report: Report, dev: torch.device, cuda: bool, repeats: int, E: in
     gub, gus = mxfp4.quantize_mxfp4(torch.randn(E, 2 * I, H, device=dev, generator=g) * H**-0.5)
     db, ds = mxfp4.quantize_mxfp4(torch.randn(E, H, I, device=dev, generator=g) * I**-0.5)
     per_expert_bytes = (2 * I * H + H * I) * (0.5 + 1 / 32)
+    gu_d, dn_d = mxfp4.dequantize_mxfp4(gub, gus, torch.bfloat16), mxfp4.dequantize_mxfp4(db, ds, torch.bfloat16)
     for n in tokens:
         x = torch.randn(n, H, device=dev, dtype=torch.bfloat16, generator=g)
         ids = torch.rand(n, E, device=dev, generator=g).argsort(-1)[:, :k]
@@ -145,6 +147,18 @@ def bench_moe(report: Report, dev: torch.device, cuda: bool, repeats: int, E: in
             target = ">=50% copy (weights)" if n * k <= 16 * E else ""
             report.row(label, _check(report, err < 1e-2, f"rel {err:.1e}"), ms, nbytes, flops, target)
         report.row(f"  torch ref: N={n} (dequantize + matmul)", "-", ms_ref, nbytes, flops)
+        # the same experts dense in bf16 (the triton table's moe_experts): grouped kernels vs RoutedSwiGLU
+        nbytes_d = touched * 3 * I * H * 2 + 2 * n * H * 2
+        want_d = moe_experts.moe_experts_torch(x, ids, w, gu_d, dn_d)
+        ms_ref_d = _median_ms(lambda: moe_experts.moe_experts_torch(x, ids, w, gu_d, dn_d), repeats, cuda)
+        if cuda:
+            got_d = moe_matmul.moe_experts_dense_triton(x, ids, w, gu_d, dn_d)
+            ms_d = _median_ms(lambda: moe_matmul.moe_experts_dense_triton(x, ids, w, gu_d, dn_d), repeats, cuda)
+            err = _rel(got_d, want_d)
+            target = ">=50% copy (weights)" if n * k <= 16 * E else ""
+            report.row(f"moe bf16 E{E} H{H} I{I} k{k} N={n}", _check(report, err < 2e-2, f"rel {err:.1e}"), ms_d,
+                       nbytes_d, flops, target)
+        report.row(f"  torch ref: N={n} (bf16 RoutedSwiGLU)", "-", ms_ref_d, nbytes_d, flops)
 
 
 def bench_paged(report: Report, dev: torch.device, cuda: bool, repeats: int, B: int, ctx: int, Hq: int, Hkv: int,
@@ -305,7 +319,7 @@ def bench_topk(report: Report, dev: torch.device, cuda: bool, repeats: int, T: i
         got = topk._select_topk_triton(scores, visible, k)
         ms = _median_ms(lambda: topk._select_topk_triton(scores, visible, k), repeats, cuda)
         report.row(label, _check(report, torch.equal(got, want), "ids equal"), ms, nbytes)
-    report.row(f"  torch ref: sort-based top-k T={T}", "-", ms_ref, nbytes)
+    report.row(f"  torch ref: topk_mask top-k T={T}", "-", ms_ref, nbytes)
 
 
 def bench_dsa(report: Report, dev: torch.device, cuda: bool, repeats: int, T: int, Hq: int, Hkv: int, D: int,

@@ -39,16 +39,18 @@ def test_dequantize_mxfp4_compiles(sm90, dtype):
 @pytest.mark.parametrize(("config", "dtype"), [(moe_matmul.DECODE, torch.bfloat16), (moe_matmul.PREFILL, torch.bfloat16),
                                                (moe_matmul.DECODE, torch.float32)], ids=["decode", "prefill", "fp32"])
 @pytest.mark.parametrize("which", ["swiglu", "down"])
-def test_moe_matmul_compiles(sm90, config, dtype, which):
+@pytest.mark.parametrize("mxfp4", [True, False], ids=["mxfp4", "dense"])
+def test_moe_matmul_compiles(sm90, config, dtype, which, mxfp4):
+    w = torch.uint8 if mxfp4 else dtype  # dense experts: the weights in the activations' dtype
     common = {"tile_expert_ptr": torch.int32, "tile_row_ptr": torch.int32, "offsets_ptr": torch.int32,
-              "wb_ptr": torch.uint8, "ws_ptr": torch.uint8, "H": "i32", "I": "i32"}
+              "wb_ptr": w, "ws_ptr": w, "H": "i32", "I": "i32"}
     if which == "swiglu":
         kernel, args = moe_matmul._moe_swiglu_kernel, {"x_ptr": dtype, "h_ptr": dtype, **common}
     else:
         kernel, args = moe_matmul._moe_down_kernel, {"h_ptr": dtype, "w_ptr": dtype, "y_ptr": dtype, **common}
     c = sm90(kernel, args,
              {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k,
-              "DOT_FP32": dtype == torch.float32},
+              "DOT_FP32": dtype == torch.float32, "MXFP4": mxfp4},
              num_warps=config.num_warps, num_stages=config.num_stages)
     assert _has_sass_or_ptx(c)
     assert c.metadata.shared <= 228 * 1024  # fits an H100/H200 SM's shared memory

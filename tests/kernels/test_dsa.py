@@ -33,14 +33,15 @@ def test_sparse_reference_equals_masked_dense_attention():
     torch.testing.assert_close(o, want, rtol=1e-12, atol=1e-12)
 
 
-def test_indexer_and_topk_equal_the_model_layers():
-    model_dsa = pytest.importorskip("jointrl.model.dsa")
+def test_indexer_and_topk_equal_their_definitions():
+    """The indexer reference (matmuls, the 1/√Di after the head sum) equals its formula written out; the
+    kernel form of the selection (``select_topk``) picks the keys of the layer's rule (``topk.topk_mask``)."""
+    from jointrl.kernels.topk import topk_mask
+
     g = torch.Generator().manual_seed(1)
     B, T, S, n, Di = 2, 7, 11, 3, 16
     q, w, k = torch.randn(B, T, n, Di, generator=g), torch.randn(B, T, n, generator=g), torch.randn(B, S, Di, generator=g)
-    indexer = model_dsa.LightningIndexer.__new__(model_dsa.LightningIndexer)
-    indexer.head_dim = Di
-    want = indexer.scores(q, w, k)
+    want = torch.einsum("btn,btns->bts", w, F.relu(torch.einsum("btnd,bsd->btns", q, k) * Di**-0.5))
     with dispatch.backend("torch"):
         scores = dsa.indexer_scores(q, w, k)
     torch.testing.assert_close(scores, want, rtol=1e-6, atol=1e-6)
@@ -49,7 +50,7 @@ def test_indexer_and_topk_equal_the_model_layers():
     for topk in (3, 20):
         ids = dsa.select_topk(scores, visible, topk)
         chosen = torch.zeros(B, T, S + 1, dtype=torch.bool).scatter_(-1, ids.long() % (S + 1), True)[..., :S]
-        assert torch.equal(chosen, model_dsa.topk_mask(scores, visible, topk))
+        assert torch.equal(chosen, topk_mask(scores, visible, topk))
         assert ids.shape == (B, T, topk)
 
 

@@ -10,6 +10,7 @@ from transformers.models.deepseek_v32.modeling_deepseek_v32 import DeepseekV32In
 
 from jointrl.model import MoEConfig
 from jointrl.model.attention import Attention, AttentionBatch
+from jointrl.kernels.dsa import indexer_scores_torch
 from jointrl.model.dsa import GatedDSAAttention, LightningIndexer, indexer_kl, topk_mask
 from jointrl.model.rope import RotaryEmbedding
 
@@ -48,7 +49,7 @@ def test_indexer_selects_the_same_keys_as_deepseek_v32():
     with torch.no_grad():
         ref_ids = hf(x, q_resid=x, position_embeddings=(cos, sin), attention_mask=causal_BTS, position_ids=None)
         q, w = ours.queries(x, (cos, sin))
-        scores = ours.scores(q, w, ours.keys(x, (cos, sin)))
+        scores = indexer_scores_torch(q, w, ours.keys(x, (cos, sin)))  # the layer's indexer reference
     ref_sel = torch.zeros(B, T, T, dtype=torch.bool).scatter_(-1, ref_ids.long(), True) & causal_BTS
     ours_sel = topk_mask(scores, causal_BTS, CFG.index_topk)
     assert (ours_sel.sum(-1) == torch.arange(1, T + 1).clamp_max(CFG.index_topk)).all()
@@ -207,7 +208,7 @@ def test_sparse_gather_equals_masked_dense_attention_fp64():
         for a in range(0, T, cfg.dsa_query_chunk):
             b = min(a + cfg.dsa_query_chunk, T)
             visible = batch.mask((a, b))[:, 0].expand(B, b - a, -1)
-            scores = layer.indexer.scores(iq[:, a:b], iw[:, a:b], ik)
+            scores = layer.kernels.dsa_scores(iq[:, a:b], iw[:, a:b], ik)
             allowed = topk_mask(scores.detach(), visible, cfg.index_topk)
             probs = layer._probs(q[:, :, a:b], k, allowed)
             outs.append(layer._weighted_values(probs, v))

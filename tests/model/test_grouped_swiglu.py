@@ -1,11 +1,11 @@
-"""``RoutedSwiGLU`` (model/moe.py): values and gradients equal plain autograd over per-expert
-slices (gather, experts, routing weights, scatter back), in float64, with experts that get no
-rows, one row, or every row."""
+"""``RoutedSwiGLU`` (kernels/moe_experts.py, the reference ``model.moe.Experts`` calls through its kernel
+table): values and gradients equal plain autograd over per-expert slices (gather, experts, routing
+weights, scatter back), in float64, with experts that get no rows, one row, or every row."""
 
 import pytest
 import torch
 
-from jointrl.model.moe import RoutedSwiGLU
+from jointrl.kernels.moe_experts import RoutedSwiGLU
 from jointrl.rl.learner.expert_parallel import _run_experts
 
 
@@ -78,7 +78,7 @@ def test_under_autocast_the_matmuls_run_in_bfloat16_and_gradients_keep_float32()
 def test_padded_rows_bounds_the_sizes_and_the_extra_rows():
     """Expert row counts rounded for oneDNN's per-shape kernel cache: never fewer rows, at most 7 more up to 64
     and 1/8 more past it, and few sizes (56 for every count up to 4096)."""
-    from jointrl.model.moe import padded_rows
+    from jointrl.kernels.moe_experts import padded_rows
 
     assert padded_rows(0) == 0
     for c in range(1, 4097):
@@ -93,7 +93,7 @@ def test_padded_experts_give_the_unpadded_values_and_gradients(dtype, monkeypatc
     """In bfloat16 / float16 each expert's rows are padded with zero tokens of routing weight 0 (padded_layout);
     values and every gradient equal the unpadded computation (bit for bit here; asserted to 1e-3 of each
     tensor's largest entry, far below what a misplaced row would change)."""
-    from jointrl.model import moe
+    from jointrl.kernels import moe_experts as moe
 
     E, H, I, N, k = 8, 64, 32, 300, 2
     g = torch.Generator().manual_seed(0)

@@ -108,3 +108,36 @@ def test_shared_expert_gate_scales_the_shared_output():
 def test_config_validation_names_the_field_and_allowed_values(overrides, message):
     with pytest.raises(ValueError, match=message):
         MoEConfig.preset("tiny_moe", **overrides)
+
+
+def test_mxfp4_resident_experts_follow_the_module_and_stay_out_of_the_state_dict():
+    """``Experts.load_mxfp4`` on the torch table: the layer's output equals the same layer holding the
+    dequantized experts densely; the blocks move with ``.to`` (uint8, never cast), are absent from
+    ``state_dict``, and ``drop_mxfp4`` returns to the dense parameters."""
+    from jointrl.kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+    from jointrl.model.moe import Experts
+
+    cfg = MoEConfig.preset("tiny_moe")
+    g = torch.Generator().manual_seed(0)
+    ex, dense = Experts(cfg), Experts(cfg)
+    with torch.no_grad():
+        ex.gate_up_proj.normal_(0, 0.2, generator=g)
+        ex.down_proj.normal_(0, 0.2, generator=g)
+    gu, dn = quantize_mxfp4(ex.gate_up_proj.detach()), quantize_mxfp4(ex.down_proj.detach())
+    with torch.no_grad():
+        dense.gate_up_proj.copy_(dequantize_mxfp4(*gu, dtype=torch.float32))
+        dense.down_proj.copy_(dequantize_mxfp4(*dn, dtype=torch.float32))
+    x = torch.randn(9, cfg.hidden_size, generator=g)
+    ids = torch.stack([torch.randperm(cfg.num_experts, generator=g)[:2] for _ in range(9)])
+    w = torch.rand(9, 2, generator=g)
+    keys = set(ex.state_dict())
+    ex.load_mxfp4(*gu, *dn)
+    assert set(ex.state_dict()) == keys
+    with torch.no_grad():
+        torch.testing.assert_close(ex(x, ids, w), dense(x, ids, w), rtol=1e-5, atol=1e-6)
+        ex.double()
+        assert ex.mxfp4_down_scales.dtype == torch.uint8 and torch.equal(ex.mxfp4_down_blocks, dn[0])
+        ex.float()
+        ex.drop_mxfp4()
+        assert ex.mxfp4_gate_up_blocks is None
+        assert (ex(x, ids, w) - dense(x, ids, w)).abs().max() > 1e-4  # the unquantized experts again

@@ -97,3 +97,40 @@ def test_nan_scale_poisons_only_its_expert():
     lo, hi = offsets[3].item(), offsets[4].item()
     assert hi > lo and h[lo:hi, 5].isnan().all()
     assert not h[:lo].isnan().any() and not h[hi:].isnan().any() and not h[lo:hi, :5].isnan().any()
+
+
+def _dense_problem(n_tokens, k, E, H, I, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    gate_up = (torch.randn(E, 2 * I, H, generator=g) * H**-0.5).to(dtype)
+    down = (torch.randn(E, H, I, generator=g) * I**-0.5).to(dtype)
+    x = torch.randn(n_tokens, H, generator=g)
+    ids = torch.stack([torch.randperm(E - 1, generator=g)[:k] for _ in range(n_tokens)])
+    ids = ids + (ids >= 1).long()  # expert 1 gets no token
+    return x, ids, torch.softmax(torch.randn(n_tokens, k, generator=g), -1), gate_up, down
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_experts_match_the_table_reference(dtype, rel):
+    """The ``triton`` table's ``moe_experts`` (grouped kernels, ``MXFP4=False``) against the reference
+    ``moe_experts_torch``; bf16 experts with fp32 tokens, compared in fp32 against the reference over the same
+    (exactly widened) bf16 values, so both sides compute in fp32."""
+    from jointrl.kernels import moe_experts as me
+
+    E, H, I = 5, 96, 80  # neither a multiple of the blocks
+    x, ids, weights, gate_up, down = _dense_problem(37, 2, E, H, I, seed=5, dtype=dtype)
+    y = me.moe_experts_triton(x, ids, weights, gate_up.float(), down.float()) if dtype == torch.float32 else \
+        mm.moe_experts_dense_triton(x, ids, weights, gate_up.float(), down.float())
+    y_ref = me.moe_experts_torch(x, ids, weights, gate_up.float(), down.float())
+    assert y.dtype == torch.float32 and rel(y, y_ref) < 1e-5
+    # bf16 experts in their own dtype: h and y rounded to bf16 on both sides (truncation here, see TOL)
+    yb = me.moe_experts_triton(x, ids, weights, gate_up, down)
+    assert yb.dtype == torch.float32 and rel(yb, me.moe_experts_torch(x, ids, weights, gate_up, down)) < TOL[dtype]
+
+
+def test_dense_experts_with_gradients_take_the_reference():
+    from jointrl.kernels import moe_experts as me
+
+    x, ids, weights, gate_up, down = _dense_problem(9, 2, 4, 64, 32, seed=6, dtype=torch.float32)
+    gate_up.requires_grad_(True)
+    y = me.moe_experts_triton(x, ids, weights, gate_up, down)
+    assert y.grad_fn is not None and "RoutedSwiGLU" in type(y.grad_fn).__name__
