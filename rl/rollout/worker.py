@@ -108,8 +108,8 @@ class RolloutWorker:
             held = self.engine.kv_cache_bytes
             what = (f"KV pool of {self.engine.sleep_state.pool_bytes} bytes freed, {held} still held; weights on "
                     f"{next(self.engine.model.parameters()).device}")
-        else:
-            self.engine.sleep()
+        else:  # off the event loop: requests arriving meanwhile reach the engine process, which holds them
+            await asyncio.to_thread(self.engine.sleep)
             held, what = -1, (f"sleep level {self.engine.config.sleep_level}, frees GPU memory: "
                               f"{self.engine.sleep_frees_memory}")
         if not self._slept:  # once: what the sleep does on this build
@@ -119,10 +119,12 @@ class RolloutWorker:
         return held
 
     async def wake_up(self) -> None:
+        """The engine awake again (a no-op for an own engine that is: one Ray restarted during the step)."""
         if isinstance(self.engine, LLMEngine):
-            await self.engine.wake_up_and_serve()
+            if self.engine.asleep:
+                await self.engine.wake_up_and_serve()
         else:
-            self.engine.wake_up()
+            await asyncio.to_thread(self.engine.wake_up)
 
     def kv_cache_bytes(self) -> int:
         """The own engine's KV / index / latent pool bytes (asleep: those still held)."""
