@@ -663,8 +663,8 @@ class Config:
             raise ValueError("config key 'rollout.backend' = 'vllm' needs model.dtype float32 or bfloat16 "
                              "(vLLM has no float64)")
         if self.cluster.colocate and self.rollout.mode is RolloutMode("async"):
-            raise ValueError("config key 'rollout.mode' = 'async' cannot run with cluster.colocate=true: the engine sleeps "
-                             "through every learner step, so no rollout can overlap it (use rollout.mode=sync)")
+            raise ValueError("config key 'rollout.mode' = 'async' cannot run with cluster.colocate=true: the engine "
+                             "sleeps through every learner step, so no rollout can overlap it (use rollout.mode=sync)")
         if self.learner.autocast is not None and self.model.dtype is not ModelDtype.float32:
             raise ValueError(f"config key 'learner.autocast' = {self.learner.autocast!r} needs model.dtype float32 "
                              f"(the weights autocast casts from), got model.dtype = {self.model.dtype!r}")
