@@ -37,7 +37,7 @@ from jointrl.rl.device import HOST
 class SleepState:
     device: torch.device  # where the weights go back to
     offloaded: bool       # the weights were moved to the host
-    pool_bytes: int       # the KV / index / latent pools' bytes when the engine went to sleep
+    pool_bytes: int       # the runner's tensors' bytes (its KV / index / latent pools) at the sleep
     pools: tuple          # (weakref to a pool tensor, its bytes), one per pool
 
 
@@ -64,11 +64,13 @@ def sleep(engine, offload_weights: bool = False) -> None:
                                f"{len(engine.scheduler.waiting) + len(engine.scheduler.running)} scheduled)")
         device = next(engine.model.parameters()).device
         runner = engine.runner
+        # every tensor the runner holds: its KV / index / latent pools (named by none of their fields, so a
+        # pool added to the runner is counted too)
         pools = tuple((weakref.ref(t), t.numel() * t.element_size())
-                      for t in (runner.kv_LPCHD, runner.index_LPD, runner.latent_LPD))
+                      for t in vars(runner).values() if isinstance(t, torch.Tensor))
         engine.runner = engine.block_manager = engine.scheduler = runner = None
         state = SleepState(device, offload_weights, sum(n for _, n in pools), pools)
-        if pool_bytes_held(state):  # only a reference cycle still holds them: collect it
+        if pool_bytes_held(state):  # a reference cycle may still hold them: collect it
             gc.collect()
         if offload_weights:
             engine.model.to(HOST)
