@@ -318,6 +318,9 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     quantize_experts: bool = True  # push routed experts as MXFP4 (the rollout runs the quantized weights)
+    # cluster.colocate=true, rollout.backend=engine: the engine's weights also go to host memory while it
+    # sleeps through the learner step (its KV pool is always freed; rl/rollout/sleep.py)
+    colocate_offload_weights: bool = False
     weight_transport: WeightTransport = WeightTransport.ray
     weight_dist_backend: DistBackend = DistBackend.gloo  # the dist transport's
     weight_bucket_mb: float = 32.0  # payload bound of one bucket of the push
@@ -659,6 +662,9 @@ class Config:
         if self.rollout.backend is RolloutBackend.vllm and self.model.dtype is ModelDtype.float64:
             raise ValueError("config key 'rollout.backend' = 'vllm' needs model.dtype float32 or bfloat16 "
                              "(vLLM has no float64)")
+        if self.cluster.colocate and self.rollout.mode is RolloutMode("async"):
+            raise ValueError("config key 'rollout.mode' = 'async' cannot run with cluster.colocate=true: the engine "
+                             "sleeps through every learner step, so no rollout can overlap it (use rollout.mode=sync)")
         if self.learner.autocast is not None and self.model.dtype is not ModelDtype.float32:
             raise ValueError(f"config key 'learner.autocast' = {self.learner.autocast!r} needs model.dtype float32 "
                              f"(the weights autocast casts from), got model.dtype = {self.model.dtype!r}")

@@ -71,8 +71,9 @@ def train(cfg: Config) -> dict[str, float]:
     start = _resume(cfg, learner, ckpt_dir)
     push = WeightPush(cfg.rollout.weight_transport, learner.senders, rollout, cfg.rollout.weight_dist_backend)
     push(start)
-    # colocated vLLM sleeps through each learner step and push: its GPU memory is the learner's meanwhile
-    sleeps = cfg.cluster.colocate and cfg.rollout.backend is RolloutBackend.vllm
+    # colocated, the rollout engine (own or vLLM) sleeps through each learner step and push: its device memory
+    # is the learner's meanwhile (the simple sampler holds no KV pool: it stays as it is)
+    sleeps = cfg.cluster.colocate and cfg.rollout.backend is not RolloutBackend.simple
     tracker, preempt = RunTracker(cfg, out_dir), PreemptionFlag().install()
     metrics: dict[str, float] = {}
     for step in range(start + 1, cfg.algo.total_steps + 1):

@@ -41,7 +41,7 @@ from jointrl.rl.rollout.model_runner import ModelRunner
 from jointrl.rl.rollout.sampling import sample_rows
 from jointrl.rl.rollout.scheduler import Scheduler
 from jointrl.rl.rollout.sequence import Sequence
-from jointrl.rl.rollout.sleep import SleepState, check_awake, sleep, wake_up
+from jointrl.rl.rollout.sleep import SleepState, check_awake, pool_bytes_held, sleep, wake_up
 from jointrl.rl.types import ROUTE_DTYPE, GenerationOutput, SamplingParams
 from jointrl.rl.weight_sync import apply_bundle
 
@@ -105,6 +105,7 @@ class LLMEngine:
         self._lock = threading.Lock()           # one step or one weight update at a time
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
+        self._serving: asyncio.Event | None = None  # cleared from sleep_when_idle to wake_up_and_serve
 
     def _build_caches(self) -> None:
         """The block manager, the runner with its KV pool on the model's device, and the scheduler:
@@ -126,9 +127,30 @@ class LLMEngine:
     def wake_up(self) -> None:
         wake_up(self)
 
+    async def sleep_when_idle(self, offload_weights: bool = False) -> None:
+        """``sleep`` for an engine serving ``generate`` (the Ray rollout worker's, colocated): requests
+        arriving from now on are held until ``wake_up_and_serve``, the ones in flight finish first."""
+        check_awake(self)
+        self._start_serving()
+        self._serving.clear()
+        while self._inbox or self.scheduler.has_work():  # the serve loop finishes them (ms per step)
+            await asyncio.sleep(0.005)
+        self.sleep(offload_weights)
+
+    async def wake_up_and_serve(self) -> None:
+        """``wake_up``, then the requests held while asleep are admitted (at the pushed version)."""
+        self.wake_up()
+        self._start_serving()
+        self._serving.set()
+
     @property
     def asleep(self) -> bool:
         return self._sleep is not None
+
+    @property
+    def sleep_state(self) -> SleepState | None:
+        """What ``sleep`` released (None: awake)."""
+        return self._sleep
 
     @property
     def version(self) -> int:
@@ -136,7 +158,8 @@ class LLMEngine:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return self.runner.cache_bytes
+        """The KV / index / latent pools' bytes; asleep, those of the released pools still alive (0)."""
+        return self.runner.cache_bytes if self._sleep is None else pool_bytes_held(self._sleep)
 
     # -- requests ---------------------------------------------------------------------------
     def make_sequence(self, prompt_ids: list[int], params: SamplingParams, waiter=None,
@@ -252,19 +275,25 @@ class LLMEngine:
     # -- async front (the RolloutEngine protocol) ------------------------------------------
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        image_patches: torch.Tensor | None = None) -> GenerationOutput:
-        loop = asyncio.get_running_loop()
-        if self._loop_task is None:
-            self._wake = asyncio.Event()
-            self._loop_task = loop.create_task(self._serve())
-        fut = loop.create_future()
+        self._start_serving()
+        while not self._serving.is_set():  # colocated: held while the engine sleeps (sleep_when_idle)
+            await self._serving.wait()
+        fut = asyncio.get_running_loop().create_future()
         self.add_request(prompt_ids, params, fut, image_patches)
         self._wake.set()
         return await fut
 
+    def _start_serving(self) -> None:
+        """The serve loop and its events, on the running event loop (once)."""
+        if self._loop_task is None:
+            self._wake, self._serving = asyncio.Event(), asyncio.Event()
+            self._serving.set()
+            self._loop_task = asyncio.get_running_loop().create_task(self._serve())
+
     async def _serve(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            if not (self._inbox or self.scheduler.has_work()):
+            if self._sleep is not None or not (self._inbox or self.scheduler.has_work()):
                 self._wake.clear()
                 await self._wake.wait()
             try:

@@ -42,7 +42,9 @@ class RolloutWorker:
 
     def __init__(self, cfg: Config, index: int = 0) -> None:
         self._resources = claim("rollout", index)  # torch threads = the bundle's CPUs, before the engine starts
-        self._slept = False  # colocated vLLM: the first sleep prints what it does on this build
+        self._slept = False  # colocated: the first sleep prints what it does on this build
+        self.offload_weights = cfg.rollout.colocate_offload_weights  # the own engine's, while asleep
+        self.cfg_backend = "vLLM" if cfg.rollout.backend == "vllm" else "engine"
         torch.manual_seed(cfg.seed)
         r = cfg.rollout
         if r.backend in ("engine", "simple"):  # on the GPU where the kernel backend runs there (engine_device)
@@ -95,16 +97,38 @@ class RolloutWorker:
         self.engine.update_weights(version, bundle)
         return {**times, "apply": time.perf_counter() - t0}
 
-    # colocated mode with rollout.backend=vllm (the driver, rl/train.py): the GPU to the learner and back
-    def sleep(self) -> None:
-        self.engine.sleep()
+    # colocated mode (cluster.colocate=true, the driver rl/train.py): the device to the learner and back
+    async def sleep(self) -> int:
+        """The engine asleep through the learner step and push: the own engine waits for its requests in
+        flight, holds new ones, frees its KV pool (and with ``rollout.colocate_offload_weights`` moves its
+        weights to the host: rl/rollout/sleep.py); vLLM sleeps at ``rollout.vllm.sleep_level``.
+        → the bytes of the KV pool still held (the own engine; 0: freed) or -1 (vLLM: not measured)."""
+        if isinstance(self.engine, LLMEngine):
+            await self.engine.sleep_when_idle(self.offload_weights)
+            held = self.engine.kv_cache_bytes
+            what = (f"KV pool of {self.engine.sleep_state.pool_bytes} bytes freed, {held} still held; weights on "
+                    f"{next(self.engine.model.parameters()).device}")
+        else:  # off the event loop: requests arriving meanwhile reach the engine process, which holds them
+            await asyncio.to_thread(self.engine.sleep)
+            held, what = -1, (f"sleep level {self.engine.config.sleep_level}, frees GPU memory: "
+                              f"{self.engine.sleep_frees_memory}")
         if not self._slept:  # once: what the sleep does on this build
             self._slept = True
-            print(f"rollout worker {self._resources.index}: vLLM asleep during the learner step (sleep level "
-                  f"{self.engine.config.sleep_level}, frees GPU memory: {self.engine.sleep_frees_memory})", flush=True)
+            print(f"rollout worker {self._resources.index}: {self.cfg_backend} asleep during the learner step "
+                  f"({what})", flush=True)
+        return held
 
-    def wake_up(self) -> None:
-        self.engine.wake_up()
+    async def wake_up(self) -> None:
+        """The engine awake again (a no-op for an own engine that is: one Ray restarted during the step)."""
+        if isinstance(self.engine, LLMEngine):
+            if self.engine.asleep:
+                await self.engine.wake_up_and_serve()
+        else:
+            await asyncio.to_thread(self.engine.wake_up)
+
+    def kv_cache_bytes(self) -> int:
+        """The own engine's KV / index / latent pool bytes (asleep: those still held)."""
+        return self.engine.kv_cache_bytes
 
     async def close(self) -> None:
         await self.engine.close()

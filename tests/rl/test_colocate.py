@@ -1,6 +1,8 @@
 """Colocated mode in one process (rl/colocate.py, rl/rollout/sleep.py): engine → learner → MXFP4 push →
 engine, on the host through the code that targets a GPU."""
 
+import asyncio
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from jointrl.rl.build import DTYPES, build_model, build_tokenizer, model_config
 from jointrl.rl.colocate import Colocated, train_batch
 from jointrl.rl.config import load_config
 from jointrl.rl.device import HOST, materialise
+from jointrl.rl.learner.push import WeightPusher
 from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
 from jointrl.rl.types import GenerationOutput, SamplingParams
 from jointrl.rl.weight_sync import apply_bundle, is_routed_expert
@@ -68,6 +71,7 @@ def test_sleep_releases_the_pool_and_refuses_work_until_wake_up():
     want = engine.generate_batch(PROMPTS, _params())
     engine.sleep(offload_weights=True)
     assert engine.asleep and engine.runner is None and engine.scheduler is None
+    assert engine.sleep_state.pool_bytes > 0 and engine.kv_cache_bytes == 0  # no pool tensor left alive
     with pytest.raises(RuntimeError, match="asleep"):
         engine.step()
     with pytest.raises(RuntimeError, match="asleep"):
@@ -92,3 +96,38 @@ def test_train_batch_masks_the_prompt_and_checks_lengths():
     assert batch.old_logprobs == [[0.0, 0.0, 0.0, -0.5, -1.0]] and batch.advantages == [2.0]
     with pytest.raises(ValueError, match="2 prompts"):
         train_batch([[1], [2]], [out], [1.0])
+
+
+def test_behind_the_async_front_requests_in_flight_finish_and_new_ones_wait_for_the_wake():
+    """``sleep_when_idle`` (the Ray worker's sleep): the request in flight completes on the old weights,
+    the pool is released (no tensor of it left alive), a request sent while asleep waits, a push lands
+    in the sleeping weights, and after ``wake_up_and_serve`` the held request runs on the pushed version."""
+    cfg = load_config(["seed=2"])
+    engine = LLMEngine(build_model(cfg, HOST), build_tokenizer(cfg), ENGINE, device=HOST)
+    params = _params()
+    before = [engine.generate_batch([p], [sp])[0] for p, sp in zip(PROMPTS, params)]
+    bundle = WeightPusher(cfg, build_model(load_config(["seed=4"]), HOST), rank=0).bundle(1)
+
+    async def colocated_step():
+        in_flight = asyncio.ensure_future(engine.generate(PROMPTS[2], params[2]))
+        await asyncio.sleep(0)  # queued in the engine
+        assert engine._inbox or engine.scheduler.has_work()
+        await engine.sleep_when_idle()
+        assert engine.asleep and engine.kv_cache_bytes == 0
+        finished = await asyncio.wait_for(in_flight, 5.0)  # served before the sleep: nothing serves now
+        held = asyncio.ensure_future(engine.generate(PROMPTS[0], params[0]))
+        await asyncio.sleep(0.05)
+        assert not held.done()
+        engine.update_weights(1, bundle)
+        await engine.wake_up_and_serve()
+        out = await held
+        await engine.close()
+        return finished, out
+
+    finished, held = asyncio.run(colocated_step())
+    assert (finished.token_ids, finished.logprobs, finished.policy_version) == (
+        before[2].token_ids, before[2].logprobs, 0)
+    again = engine.generate_batch([PROMPTS[0]], [params[0]])[0]  # awake, on the push
+    assert held.policy_version == 1 and (held.token_ids, held.logprobs) == (again.token_ids, again.logprobs)
+    assert held.logprobs != before[0].logprobs
+    assert engine.kv_cache_bytes == engine.runner.cache_bytes > 0

@@ -105,3 +105,12 @@ def test_envs_sandbox_holds_the_limits_and_the_old_key_is_an_alias():
         load_config(["envs.sandbox.max_disk_mb=0"])
     with pytest.raises(Exception, match="backend"):
         load_config(["envs.sandbox.backend=podman"])
+
+
+def test_colocated_training_refuses_async_rollouts_in_one_line():
+    """cluster.colocate=true: the engine sleeps through every learner step, so rollouts launched ahead
+    (rollout.mode=async) could not overlap it; the config says so before anything starts."""
+    with pytest.raises(ValueError, match=r"^config key 'rollout.mode' = 'async' cannot run with cluster.colocate=true"):
+        load_config(["cluster.colocate=true", "rollout.mode=async"])
+    assert load_config(["cluster.colocate=true", "rollout.colocate_offload_weights=true"]).rollout.colocate_offload_weights
+    assert load_config(["rollout.mode=async"]).cluster.colocate is False

@@ -77,3 +77,36 @@ def test_run_killed_after_checkpoint_resumes_at_next_step(tmp_path):
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_3"
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs and all(list(r.glob("*.wandb")) for r in runs)
+
+
+@pytest.mark.slow
+def test_colocated_own_engine_sleeps_through_each_step_and_samples_as_if_it_never_slept(tmp_path):
+    """cluster.colocate=true with the own engine: after each step's rollouts the driver puts it to sleep
+    (its KV pool freed: the worker measures 0 bytes of it still alive; weights to the host), the learner
+    steps, the push lands in the sleeping weights, and the engine wakes with a fresh pool. Decoding is
+    batch invariant, so the colocated run's trajectories -- step 2's sampled on step 1's push after a
+    sleep and a wake -- equal, token and log-prob bits, those of the same run whose engine never slept
+    (rl/rollout/test_worker.py checks a woken worker against a fresh engine given only the push)."""
+    common = ("algo.total_steps=2", "algo.group_size=4", "algo.max_refill_attempts=2", "checkpoint_every=0",
+              "rollout.batch_invariant=true", "logger.wandb_mode=disabled")
+    logs = {}
+    for colocate in (True, False):
+        proc = _train(tmp_path / str(colocate), *common, f"cluster.colocate={str(colocate).lower()}",
+                      *(["rollout.colocate_offload_weights=true"] if colocate else []))
+        out, _ = proc.communicate(timeout=1500)
+        assert proc.returncode == 0, out[-5000:]
+        logs[colocate] = out
+    asleep = re.findall(r"rollout worker 0: engine asleep during the learner step \(KV pool of (\d+) bytes freed, "
+                        r"(\d+) still held; weights on cpu\)", logs[True])
+    assert len(asleep) == 1 and int(asleep[0][0]) > 0 and asleep[0][1] == "0", logs[True][-3000:]
+    assert "asleep" not in logs[False]
+    assert re.search(r"step 1: mismatch KL", logs[True]), "no learner step at step 1: the push changed nothing"
+
+    def batch(out: Path, step: int):
+        rows = [json.loads(x) for x in (out / "trajectories" / f"step_{step:06d}.jsonl").read_text().splitlines()]
+        return sorted((r["group_id"], r["token_ids"], r["logprobs"], r["policy_version"]) for r in rows)
+
+    for step in (1, 2):
+        colocated = batch(tmp_path / "True", step)
+        assert {v for r in colocated for v in r[3]} == {-1, step - 1}  # -1: tokens the policy did not sample
+        assert colocated == batch(tmp_path / "False", step)
