@@ -58,6 +58,7 @@ __all__ = [
     "build_bundle",
     "is_routed_expert",
     "iter_buckets",
+    "hold_mxfp4_experts",
     "merge_bundles",
 ]
 
@@ -289,6 +290,66 @@ def apply_bundle(
     _check_bundle(bundle)
     targets = _targets(model_or_state)
     _write([p for bucket in bundle.buckets for p in _plan(bucket, targets)], dtype)
+
+
+@torch.no_grad()
+def hold_mxfp4_experts(model: nn.Module, bundle: WeightBundle) -> int:
+    """After ``apply_bundle(model, bundle)``: keep the routed experts the bundle carries as MXFP4 resident
+    in that form (``model/moe.Experts.load_mxfp4``), so a backend with an MXFP4 MoE kernel (``triton``)
+    reads the pushed blocks and scales instead of the dequantized copy. Per experts module (one that has
+    ``load_mxfp4``), from what this bundle names of its ``gate_up_proj`` / ``down_proj``:
+
+    * both whole, as MXFP4 -> held (replacing an older pair);
+    * row slices (an expert-parallel rank's experts), as MXFP4, into a module already holding a pair ->
+      written into those rows of the held blocks and scales;
+    * any of them dense, or slices into a module holding nothing -> the module drops / keeps no MXFP4
+      pair and reads its dense parameters (which ``apply_bundle`` just wrote): never a stale pair.
+
+    Run only on a bundle ``apply_bundle`` accepted (its checks are not repeated). → modules holding MXFP4."""
+    by_module: dict[str, dict[str, list[WeightEntry]]] = {}
+    for bucket in bundle.buckets:
+        for entry in bucket.entries:
+            path, _, leaf = entry.name.rpartition(".")
+            if leaf in ("gate_up_proj", "down_proj"):
+                by_module.setdefault(path, {}).setdefault(leaf, []).append(entry)
+    held = 0
+    for path, parts in by_module.items():
+        experts = model.get_submodule(path)
+        if not hasattr(experts, "load_mxfp4"):
+            continue
+        entries = [e for es in parts.values() for e in es]
+        holding = getattr(experts, "mxfp4_gate_up_blocks", None) is not None
+        if any(e.kind != EntryKind.MXFP4 for e in entries):
+            experts.drop_mxfp4()
+        elif len(parts) == 2 and all(_whole(es, getattr(experts, leaf).shape[0]) for leaf, es in parts.items()):
+            (gu_b, gu_s), (dn_b, dn_s) = (_stacked(parts[leaf]) for leaf in ("gate_up_proj", "down_proj"))
+            experts.load_mxfp4(gu_b, gu_s, dn_b, dn_s)
+        elif holding:
+            for leaf, es in parts.items():
+                prefix = leaf.removesuffix("_proj")  # mxfp4_{gate_up,down}_{blocks,scales}
+                blocks, scales = getattr(experts, f"mxfp4_{prefix}_blocks"), getattr(experts, f"mxfp4_{prefix}_scales")
+                for e in es:
+                    lo = e.row_offset or 0
+                    blocks[lo : lo + e.data.shape[0]].copy_(e.data)
+                    scales[lo : lo + e.scales.shape[0]].copy_(e.scales)
+        else:
+            experts.drop_mxfp4()
+        held += getattr(experts, "mxfp4_gate_up_blocks", None) is not None
+    return held
+
+
+def _whole(entries: list[WeightEntry], rows: int) -> bool:
+    """The entries (one tensor, or row slices of it) cover its ``rows`` rows exactly once."""
+    spans = sorted((e.row_offset or 0, (e.row_offset or 0) + e.shape[0]) for e in entries)
+    return spans[0][0] == 0 and spans[-1][1] == rows and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def _stacked(entries: list[WeightEntry]) -> tuple[Tensor, Tensor]:
+    """MXFP4 blocks and scales of the whole tensor from entries ``_whole`` accepted."""
+    entries = sorted(entries, key=lambda e: e.row_offset or 0)
+    if len(entries) == 1:
+        return entries[0].data, entries[0].scales
+    return torch.cat([e.data for e in entries]), torch.cat([e.scales for e in entries])
 
 
 def merge_bundles(bundles: Iterable[WeightBundle]) -> WeightBundle:

@@ -43,7 +43,7 @@ from jointrl.rl.rollout.scheduler import Scheduler
 from jointrl.rl.rollout.sequence import Sequence
 from jointrl.rl.rollout.sleep import SleepState, check_awake, pool_bytes_held, sleep, wake_up
 from jointrl.rl.types import ROUTE_DTYPE, GenerationOutput, SamplingParams
-from jointrl.rl.weight_sync import apply_bundle
+from jointrl.rl.weight_sync import apply_bundle, hold_mxfp4_experts
 
 LIVE_SESSION_POLICIES = ("keep", "reprefill")
 KV_DTYPES = {"auto": None, "bfloat16": torch.bfloat16}  # rollout.kv_dtype -> the cache dtype (None: the model's)
@@ -324,8 +324,13 @@ class LLMEngine:
 
     # -- weights ----------------------------------------------------------------------------
     def update_weights(self, version: int, bundle) -> None:
+        """Apply a whole push (``weight_sync.apply_bundle``: checked, then written in place) between two
+        engine steps and serve ``version`` from the next one; on the ``triton`` table the routed experts
+        also stay MXFP4-resident as pushed (``weight_sync.hold_mxfp4_experts``), for its MXFP4 MoE kernel."""
         with self._lock:  # between steps
             apply_bundle(self.model, bundle, expected_version=version)
+            if self.model.kernels.backend == "triton":  # its MoE kernel reads the pushed MXFP4 experts as they came
+                hold_mxfp4_experts(self.model, bundle)
             self._version = version
             if self.scheduler is None:  # asleep: wake_up builds the scheduler at this version, with no caches
                 return

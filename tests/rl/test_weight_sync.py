@@ -242,3 +242,72 @@ def test_sender_errors():
     with pytest.raises(ValueError, match="bucket_bytes"):
         build_bundle({}, 0, bucket_bytes=0)
     assert build_bundle({}, 0) == WeightBundle(0, (), 0)
+
+
+# -- MXFP4-resident experts (hold_mxfp4_experts: what an engine on the triton table keeps) ----------------------
+
+def _moe_pair(seed: int = 3):
+    """A tiny MoETransformer (the receiver) and a perturbed copy's state (the learner's)."""
+    from jointrl.model import MoEConfig, MoETransformer  # the real model class: Experts.load_mxfp4's shapes
+
+    config = MoEConfig(initializer_range=0.1)
+    model = MoETransformer.from_config(config, dtype=torch.float32, seed=seed, kernels="torch")
+    g = torch.Generator().manual_seed(seed + 1)
+    state = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
+    return model, state
+
+
+def _experts(model):
+    return [layer.mlp.experts for layer in model.model.layers]
+
+
+def test_whole_mxfp4_experts_are_held_as_pushed_and_forward_as_their_dequantized_weights():
+    from jointrl.rl.weight_sync import hold_mxfp4_experts
+
+    model, state = _moe_pair()
+    bundle = build_bundle(state, version=1)
+    apply_bundle(model, bundle)
+    ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        dense = model(ids).logits
+    assert hold_mxfp4_experts(model, bundle) == len(_experts(model))
+    entries = {e.name: e for b in bundle.buckets for e in b.entries}
+    for i, ex in enumerate(_experts(model)):
+        gu = entries[f"model.layers.{i}.mlp.experts.gate_up_proj"]
+        assert torch.equal(ex.mxfp4_gate_up_blocks, gu.data) and torch.equal(ex.mxfp4_gate_up_scales, gu.scales)
+    with torch.no_grad():
+        held = model(ids).logits
+    torch.testing.assert_close(held, dense, rtol=1e-5, atol=1e-5)  # the held pair decodes to the written weights
+
+
+def test_expert_parallel_slices_assemble_then_update_rows_and_a_dense_push_drops_the_pair():
+    from jointrl.rl.weight_sync import hold_mxfp4_experts, merge_bundles
+
+    model, state = _moe_pair()
+    E = _experts(model)[0].gate_up_proj.shape[0]
+    shared = {k: v for k, v in state.items() if not is_routed_expert(k)}
+    halves = [{k: v[lo : lo + E // 2] for k, v in state.items() if is_routed_expert(k)} for lo in (0, E // 2)]
+    offsets = [dict.fromkeys(h, lo) for h, lo in zip(halves, (0, E // 2))]
+    bundles = [build_bundle({**shared, **halves[0]}, 1, row_offsets=offsets[0]),
+               build_bundle(halves[1], 1, row_offsets=offsets[1])]
+    merged = merge_bundles(bundles)
+    apply_bundle(model, merged)
+    assert hold_mxfp4_experts(model, merged) == 2  # slices covering every expert assemble into one pair
+    whole = {e.name: e for b in build_bundle(state, 1).buckets for e in b.entries}
+    for i, ex in enumerate(_experts(model)):
+        assert torch.equal(ex.mxfp4_down_blocks, whole[f"model.layers.{i}.mlp.experts.down_proj"].data)
+    # a later push of the second rank's experts only: those rows of the held pair change, the others stay
+    second = {k: -v for k, v in halves[1].items()}
+    partial = build_bundle(second, 2, row_offsets=offsets[1])
+    before = _experts(model)[0].mxfp4_gate_up_blocks.clone()
+    apply_bundle(model, partial)
+    assert hold_mxfp4_experts(model, partial) == 2
+    now = _experts(model)[0].mxfp4_gate_up_blocks
+    want = {e.name: e for b in partial.buckets for e in b.entries}["model.layers.0.mlp.experts.gate_up_proj"]
+    assert torch.equal(now[: E // 2], before[: E // 2]) and torch.equal(now[E // 2 :], want.data)
+    assert not torch.equal(now, before)
+    # experts pushed dense: no stale MXFP4 pair survives
+    dense = build_bundle(state, 3, is_quantized=lambda name, t: False)
+    apply_bundle(model, dense)
+    assert hold_mxfp4_experts(model, dense) == 0
+    assert all(ex.mxfp4_gate_up_blocks is None for ex in _experts(model))
