@@ -77,7 +77,10 @@ class DecoderLayer(nn.Module):
     def forward(self, x_BTH: torch.Tensor, batch: AttentionBatch, replay_ids_Nk: torch.Tensor | None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
         """→ (x_BTH, (router logits_NE, probs_NE, ids_Nk) or None for a dense layer)."""
-        x_BTH = x_BTH + self.self_attn(self.input_layernorm(x_BTH), batch)
+        a_BTH = self.self_attn(self.input_layernorm(x_BTH), batch)
+        if batch.layout is not None:  # a flat stream: its layout may keep fewer rows after the attention
+            x_BTH = batch.layout.rows(self.self_attn.layer_idx, x_BTH)
+        x_BTH = x_BTH + a_BTH
         h_BTH = self.post_attention_layernorm(x_BTH)
         if not self.is_moe:
             return x_BTH + self.mlp(h_BTH), None
@@ -173,8 +176,12 @@ class MoETransformer(nn.Module):
     def run_layers(self, x_BTH: torch.Tensor, batch: AttentionBatch, routed_experts: torch.Tensor | None = None,
                    grad_checkpoint: bool = False) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
         """Every decoder layer over ``x_BTH`` [B, T, H] → (x_BTH, per MoE layer (router logits_NE, probs_NE,
-        ids_Nk)): the layer loop of ``forward``, which the learner's forwards share. ``routed_experts``
-        [B, T, L_moe, k]: routing replay; ``grad_checkpoint``: recompute each layer in backward."""
+        ids_Nk)): the layer loop of ``forward``, which the learner's forwards share (its shared prompts too: a
+        flat stream x [N, H] under ``batch.layout``, full-attention layers only, where the layout may keep fewer
+        rows after a layer's attention, ``model.attention.FlatLayout``). ``routed_experts`` [B, T, L_moe, k]:
+        routing replay; ``grad_checkpoint``: recompute each layer in backward."""
+        if batch.layout is not None and (routed_experts is not None or grad_checkpoint):
+            raise ValueError("a flat stream (AttentionBatch.layout) runs without routing replay and checkpointing")
         B, T = x_BTH.shape[:2]
         routing = []
         for layer in self.model.layers:

@@ -56,7 +56,7 @@ def test_shared_forward_equals_unshared(model, fused, monkeypatch):
     select among prompt keys and the KDA state is handed over mid-chunk); with the C++ norm / q/k-norm
     + RoPE kernel and with the modules' own (``fused=False``: no compiler)."""
     if not fused:
-        monkeypatch.setattr("jointrl.rl.learner.forward.norm_rope_cpu.usable", lambda x: False)
+        monkeypatch.setattr("jointrl.kernels.norm_rope_cpu.usable", lambda x: False)
     torch.manual_seed(0)
     model = build_model(load_config(["model.dtype=float64", *model]))
     for p in model.parameters():
