@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jointrl.kernels import norm_rope_cpu
+from jointrl.model import paged
 from jointrl.model.config import MoEConfig
 from jointrl.model.norm import RMSNorm, qk_norm
 from jointrl.model.rope import apply_rope
@@ -114,7 +115,8 @@ class Attention(nn.Module):
         self.k_norm = qk_norm(config.qk_norm, self.num_kv_heads, D, config.rms_norm_eps)
         gated = config.attn_output_gate if output_gate is None else output_gate
         self.gate_proj = nn.Linear(H, self.num_heads * D, bias=False) if gated else None
-        self.state_spec = StateSpec(keys_values=True)  # what a cache keeps for this layer (model/state.py)
+        # what a cache keeps for this layer (model/state.py); it runs on the engine's ragged batch (``paged``)
+        self.state_spec = StateSpec(keys_values=True, ragged=True)
 
     def qkv(self, x_BTH: torch.Tensor, batch: AttentionBatch
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -153,6 +155,10 @@ class Attention(nn.Module):
                                                kn.weight, kn.eps, cos_ND, sin_ND)
             return q_NhD, k_NhD, self.v_proj(x_NH).to(x_NH.dtype).view(N, self.num_kv_heads, D)
         return tuple(t[0].transpose(0, 1) for t in self.qkv(x_NH[None], batch))
+
+    def paged(self, h_NH: torch.Tensor, step: paged.PagedStep) -> torch.Tensor:
+        """``forward`` over the engine's flat, ragged batch [N, H], keys/values in its pools (``model/paged.py``)."""
+        return paged.attention_forward(self, h_NH, step)
 
     def forward(self, x_BTH: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         if batch.layout is not None:  # a flat stream x [N, H]: q, k, v in one pass, the layout's attention

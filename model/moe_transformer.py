@@ -24,6 +24,7 @@ from jointrl.model.config import MoEConfig
 from jointrl.model.dsa import GatedDSAAttention, indexer_loss
 from jointrl.model.gpt_oss import ClampedSwiGLUExperts, SinkAttention
 from jointrl.model.image import ImageProjector
+from jointrl.model import paged
 from jointrl.model.kda import KimiDeltaAttention
 from jointrl.model.mla import MultiHeadLatentAttention
 from jointrl.model.state import AttentionState
@@ -73,6 +74,11 @@ class DecoderLayer(nn.Module):
             self.mlp.experts = ClampedSwiGLUExperts(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def paged(self, x_NH: torch.Tensor, step: paged.PagedStep) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward`` over the engine's flat, ragged batch [N, H] (its token mixer's ``paged``: a kind with
+        ``StateSpec.ragged``) → (x_NH, expert ids_Nk or None for a dense layer); ``model/paged.py``."""
+        return paged.layer_forward(self, x_NH, step)
 
     def forward(self, x_BTH: torch.Tensor, batch: AttentionBatch, replay_ids_Nk: torch.Tensor | None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
