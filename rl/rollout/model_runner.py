@@ -133,6 +133,9 @@ class ModelRunner:
         # the dense projections of a few rows (q|k|v, o, router, head) against weights packed once
         # (kernels/linear_cpu: ~2x MKL's sgemm at 16 rows on weights streamed from memory each step)
         self.packed_linear = self.fast and linear_cpu.load_kernel() is not None
+        # decode_step's routed experts gathered per token (model.paged.experts_gathered: no host sync) where the
+        # C++ path does not run: on CUDA, for graph capture; a test turns it on on the host
+        self.static_experts = self.device.type == "cuda"
         self._plan: tuple[tuple, DecodePlan] | None = None  # (weights key, the plan): _decode_plan
         self._plan_refs: list[tuple[dict, str]] | None = None  # _plan_params' lookups ([]: no plan for this model)
 
@@ -336,6 +339,40 @@ class ModelRunner:
             routed_NLk = torch.stack(routed, dim=1)[rows]
         return logits_RV, ends, routed_NLk
 
+    @torch.no_grad()
+    def decode_step(self, ids_B: torch.Tensor, pos_B: torch.Tensor, slot_B: torch.Tensor, table_BM: torch.Tensor,
+                    ctx_B: torch.Tensor) -> torch.Tensor:
+        """One pure decode step from tensors only → logits [B, V]; the new keys/values written to the cache.
+
+        ids_B, pos_B [B] int64: each sequence's next token and its position; slot_B [B]: the cache slot it is
+        written to; table_BM [B, M] int64: block tables, zero-padded to M blocks (M·block_size ≥ every
+        context); ctx_B [B] = pos_B + 1. All on the runner's device. No host sync and no shape that depends on
+        the values (the sequences' keys read through ``slots_BS`` [B, M·block_size], entries past ctx unread;
+        the MoE's experts gathered per token where a grouped form would count them on the host,
+        ``static_experts``), so a CUDA graph can capture it for fixed B and M (``cuda_graphs.DecodeGraphs``).
+        The RoPE table must cover M·block_size positions before a capture (a first eager call builds it).
+        Full-attention (ragged) models only; the same rows as ``run``'s decode, up to the experts' and the
+        attention's float summation order where the static forms differ (bit for bit on the ``cpu`` backend's
+        planned path)."""
+        if self.hybrid:
+            raise ValueError("decode_step needs a model whose layers all run on a ragged batch (StateSpec.ragged)")
+        B, M = table_BM.shape
+        S = M * self.bs
+        slots_BS = (table_BM[:, :, None] * self.bs + torch.arange(self.bs, device=table_BM.device)).view(B, S)
+        x_NH = self.model.model.embed_tokens(ids_B)
+        cos_ND, sin_ND = self._rope(pos_B, S, x_NH.dtype)
+        plan = self._decode_plan() if self.packed_linear and self.image is None else None
+        if plan is not None:
+            paged.decode_layers(plan, x_NH, cos_ND, sin_ND, slot_B, slots_BS, ctx_B, self.D ** -0.5, self.Hq,
+                                self.Hkv, False)
+            return paged.decode_head(plan, x_NH)
+        step = _Step(self, cos_ND, sin_ND, slot_B,
+                     functools.partial(_paged_decode, self.kernels.paged_decode, slots_BS, ctx_B, self.D ** -0.5),
+                     static=self.static_experts)
+        for layer in self.model.model.layers:
+            x_NH, _ = layer.paged(x_NH, step)
+        return paged.head(self.model, x_NH, step)
+
     def _decode_plan(self) -> DecodePlan | None:
         """What a pure decode step calls per layer, the weights packed and fused (``model.paged.decode_plan``: a
         ``LayerPlan`` per layer, the final norm and head); None unless every layer has the plain shape the C++
@@ -453,11 +490,13 @@ class _Step:
     step's RoPE rows and slots, and how its rows attend (``attend``: bound once per step, no branch per layer).
     Without the step's rows (``_decode_plan``) only the packer and pools are read."""
 
-    __slots__ = ("fast", "packed_linear", "kv_dtype", "cos_ND", "sin_ND", "slot_N", "attend", "rows", "tiles",
+    __slots__ = ("fast", "static", "packed_linear", "kv_dtype", "cos_ND", "sin_ND", "slot_N", "attend", "rows", "tiles",
                  "linear", "packed_weight", "packed_experts", "derived", "_pools", "_index")
 
-    def __init__(self, runner: ModelRunner, cos_ND=None, sin_ND=None, slot_N=None, attend=None) -> None:
+    def __init__(self, runner: ModelRunner, cos_ND=None, sin_ND=None, slot_N=None, attend=None,
+                 static: bool = False) -> None:
         self.fast, self.packed_linear, self.kv_dtype = runner.fast, runner.packed_linear, runner.kv_dtype
+        self.static = static
         self.cos_ND, self.sin_ND, self.slot_N, self.attend = cos_ND, sin_ND, slot_N, attend
         self.rows, self.tiles, self.linear = runner._rows, runner._tiles, runner._packed
         self.packed_weight, self.packed_experts, self.derived = runner._packed_weight, runner._packed_experts, runner.derived
