@@ -9,6 +9,8 @@ is plain (``StateSpec.ragged``: ``Attention``) runs all N rows in one call per o
 the ``cpu`` backend, the per-row C++ ops (``kernels/decode_cpu``: norms, q/k-norm + RoPE + KV write in one
 call, the softmax router) and the dense projections against packed weights (``kernels/linear_cpu``; the
 runner owns the packed copies and their cache: ``PagedStep.linear`` / ``packed_weight`` / ``packed_experts``).
+A token mixer of any other kind runs its own ``forward`` per sequence group (``PagedStep.per_sequence``: the
+model's ``AttentionState`` hook over the same pools) while its layer's norms and FFN run over all N rows.
 
 A pure decode step of a plain Qwen3-MoE-shaped model runs each layer as one C++ call (``decode_cpu``'s
 ``decode_layer``) from a ``LayerPlan``: ``layer_plan`` says which weights it takes (prepared by the runner's
@@ -103,6 +105,10 @@ class PagedStep(Protocol):
     def derived(self, ws: tuple[torch.Tensor, ...], fn: Callable[..., torch.Tensor]) -> torch.Tensor:
         """``fn(*ws)``, cached until any of ``ws`` changes (in place or replaced)."""
 
+    def per_sequence(self, mixer, h_NH: torch.Tensor) -> torch.Tensor:
+        """A token mixer without a ragged form (``StateSpec.ragged`` false) over the step's rows through its own
+        ``forward``, per sequence group over the engine's ``AttentionState`` (rl/rollout/paged_state.py) → [N, H]."""
+
 
 def norm(step: PagedStep, module, x_NH: torch.Tensor) -> torch.Tensor:
     """``module(x_NH)`` (the model's kernel table); on the fast path one ``decode_cpu`` call."""
@@ -113,7 +119,8 @@ def norm(step: PagedStep, module, x_NH: torch.Tensor) -> torch.Tensor:
 
 def layer_forward(layer, x_NH: torch.Tensor, step: PagedStep) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``DecoderLayer.forward`` over the step's rows → (x_NH, expert ids_Nk, None for a dense layer)."""
-    x_NH = x_NH + layer.self_attn.paged(norm(step, layer.input_layernorm, x_NH), step)
+    mixer, h_NH = layer.self_attn, norm(step, layer.input_layernorm, x_NH)
+    x_NH = x_NH + (mixer.paged(h_NH, step) if mixer.state_spec.ragged else step.per_sequence(mixer, h_NH))
     h_NH = norm(step, layer.post_attention_layernorm, x_NH)
     if not getattr(layer, "is_moe", True):  # a dense first layer
         return x_NH + step.rows(layer.mlp, h_NH), None

@@ -4,13 +4,15 @@ Kernels: the model's kernel table (``model.kernels``, ``kernels/ops.Kernels``), 
 built; the C++ paths below run on the ``cpu`` backend only (``Kernels.cpp``), the torch references or the
 Triton kernels otherwise. Measurements behind the choices below: tests/bench/results.md, "ModelRunner".
 
-Models whose layers are all of a kind with a ragged form (``StateSpec.ragged``: plain full attention) run one
-loop over the layers, each layer's ``paged`` (``DecoderLayer.paged``, ``model/paged.py``: the layer kind's own
-modules, weights and kernel choices over the runner's pools; the runner hands it a ``_Step``: the step's rows,
-how they attend, the packer), so the runner holds no layer's internals. Every other model runs through the
-model's own forward over ``PagedState`` (each layer kind brings its state, declared by its ``StateSpec``:
-``_run_per_sequence``). On the ragged path all new tokens of a step -- one per decoding sequence, a chunk per
-prefilling one -- are flattened to N rows: every projection and the MoE (tokens grouped by expert, one matmul per active
+Every model runs one loop over its layers, each layer's ``paged`` (``DecoderLayer.paged``, ``model/paged.py``:
+the layer kind's own modules, weights and kernel choices; the runner hands it a ``_Step``: the step's rows, how
+they attend, its pools and packer), so the runner holds no layer's internals and does not branch on kinds. All
+new tokens of a step -- one per decoding sequence, a chunk per prefilling one -- are flattened to N rows; the
+norms, FFN / MoE and head run once over all N. A token mixer with a ragged form (``StateSpec.ragged``: plain
+full attention) runs over all N too; any other kind (KDA, gated DSA, MLA, sinks, a new one) runs its own
+``forward`` per sequence group over the model's ``AttentionState`` hook (``_groups``: every decoding sequence
+in one ``DecodeBatchState``, each other chunk with its ``PagedState``; each kind brings its state, declared by
+its ``StateSpec``). On the ragged rows every projection and the MoE (tokens grouped by expert, one matmul per active
 expert) run once over all N; at any row count the dense projections -- q|k|v, o, router, head -- through
 ``kernels/linear_cpu`` against weights packed once per weights version (faster than MKL's sgemm here at
 every row count measured, a decode step's 16 to a prefill chunk's 2048), and the routed experts through
@@ -71,6 +73,7 @@ import torch.nn.functional as F
 from jointrl.kernels import decode_cpu, linear_cpu, moe_cpu, paged_attention_cpu
 from jointrl.kernels.cpu_extension import zeros_huge_pages
 from jointrl.model import MoETransformer, paged
+from jointrl.model.attention import AttentionBatch
 from jointrl.model.paged import DecodePlan
 from jointrl.rl.image_inputs import slot_patches
 from jointrl.rl.rollout.paged_state import DecodeBatchState, PagedState
@@ -249,8 +252,6 @@ class ModelRunner:
         → (logits_RV for the R sequences whose new tokens reach their end, in batch order;
         their batch indices; routed expert ids [N, L, k] when ``want_routed``).
         """
-        if self.hybrid:
-            return self._run_per_sequence(batch, want_routed)
         bs = self.bs
         order = [i for i, (_, n) in enumerate(batch) if n == 1] + [i for i, (_, n) in enumerate(batch) if n > 1]
         n_dec = sum(1 for _, n in batch if n == 1)
@@ -324,6 +325,8 @@ class ModelRunner:
         else:
             attend = functools.partial(self._attention, n_dec=n_dec, dec_slots_BS=dec_slots_BS, ctx_B=ctx_B, chunks=chunks)
         step = _Step(self, cos_ND, sin_ND, slot_N, attend)
+        if self.hybrid:  # kinds without a ragged form run per sequence group, over the model's AttentionState hook
+            step.per_sequence = functools.partial(_per_sequence, self._groups(batch, order, n_dec, first_row, x_NH.dtype))
         routed = []
         for layer in m.model.layers:  # each layer kind's ``paged`` (model/paged.py), over all the step's rows
             x_NH, ids_Nk = layer.paged(x_NH, step)
@@ -433,35 +436,28 @@ class ModelRunner:
             return [x_NH]
         return list(F.pad(x_NH, (0, 0, 0, -x_NH.shape[0] % ROW_TILE)).split(ROW_TILE))
 
-    def _run_per_sequence(self, batch: list[tuple[Sequence, int]], want_routed: bool
-                          ) -> tuple[torch.Tensor, list[int], torch.Tensor | None]:
-        """Hybrid models, through the model's own forward: every decoding sequence in one batched
-        forward (``DecodeBatchState``), each prefill chunk in its own (``PagedState``)."""
-        decoding = [i for i, (seq, n) in enumerate(batch) if n == 1 and seq.num_computed > 0]
-        rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # batch index -> (logits [n, V], routed [n, L, k])
+    def _groups(self, batch, order, n_dec, first_row, dtype) -> list[tuple[torch.Tensor, int, AttentionBatch]]:
+        """The step's rows as the forwards of the model's layers without a ragged form take them, each with its
+        ``AttentionBatch`` over the paged pools: every decoding sequence (one new token, past its first) in one
+        batch (``DecodeBatchState``: keys gathered left-padded and masked, fixed-size states stacked), every
+        other sequence's chunk alone (``PagedState``) → [(rows [B·T] in the step's row order, T, batch)]."""
+        m, dev, groups = self.model, self.device, []
+        decoding = [i for i in order[:n_dec] if batch[i][0].num_computed > 0]
         if len(decoding) > 1:
             state = DecodeBatchState(self, [batch[i][0] for i in decoding])
-            ids_B1 = torch.tensor([[batch[i][0].token_ids[batch[i][0].num_computed]] for i in decoding], device=self.device)
-            out = self.model(ids_B1, position_ids=state.position_ids_B1, attention_mask=state.attention_mask_BS,
-                             cache=state, image_patches=self._patches([batch[i] for i in decoding]))
-            rows = {i: (out.logits[b], out.topk_ids[b]) for b, i in enumerate(decoding)}
-        logits, ends, routed = [], [], []
-        for i, (seq, n) in enumerate(batch):
+            key_mask_BS = state.attention_mask_BS
+            groups.append((torch.tensor([first_row[i] for i in decoding], device=dev), 1, m.attention_batch(
+                state.position_ids_B1, dtype, mask_B1TS=None, token_mask_BT=key_mask_BS[:, state.length:], cache=state,
+                past=state.length, key_mask_BS=key_mask_BS)))
+        for i in order:
+            if len(decoding) > 1 and i in decoding:
+                continue
+            seq, n = batch[i]
             c = seq.num_computed
-            if i not in rows:
-                out = self.model(torch.tensor([seq.token_ids[c:c + n]], device=self.device),
-                                 position_ids=torch.arange(c, c + n, device=self.device)[None],
-                                 cache=PagedState(self, seq, n), image_patches=self._patches([(seq, n)]))
-                rows[i] = (out.logits[0], out.topk_ids[0])
-            if c + n == len(seq):
-                ends.append(i)
-                logits.append(rows[i][0][-1])
-            if want_routed:
-                routed.append(rows[i][1])
-        logits_RV = torch.stack(logits) if logits else torch.empty(0, self.model.config.vocab_size, dtype=self.dtype,
-                                                                     device=self.device)
-        return logits_RV, ends, torch.cat(routed) if want_routed else None
-
+            groups.append((torch.arange(first_row[i], first_row[i] + n, device=dev), n, m.attention_batch(
+                torch.arange(c, c + n, device=dev)[None], dtype, mask_B1TS=None, token_mask_BT=None,
+                cache=PagedState(self, seq, n), past=c)))
+        return groups
 
 def _layout(ws) -> tuple:
     return tuple((tuple(w.shape), w.dtype) for w in ws)
@@ -491,7 +487,7 @@ class _Step:
     Without the step's rows (``_decode_plan``) only the packer and pools are read."""
 
     __slots__ = ("fast", "static", "packed_linear", "kv_dtype", "cos_ND", "sin_ND", "slot_N", "attend", "rows", "tiles",
-                 "linear", "packed_weight", "packed_experts", "derived", "_pools", "_index")
+                 "linear", "packed_weight", "packed_experts", "derived", "per_sequence", "_pools", "_index")
 
     def __init__(self, runner: ModelRunner, cos_ND=None, sin_ND=None, slot_N=None, attend=None,
                  static: bool = False) -> None:
@@ -501,9 +497,18 @@ class _Step:
         self.rows, self.tiles, self.linear = runner._rows, runner._tiles, runner._packed
         self.packed_weight, self.packed_experts, self.derived = runner._packed_weight, runner._packed_experts, runner.derived
         self._pools, self._index = runner.kv_LPCHD, runner.pool_index
+        self.per_sequence = None  # run: set where a layer kind has no ragged form
 
     def kv(self, layer: int) -> torch.Tensor:
         return self._pools[self._index[layer]]
+
+
+def _per_sequence(groups, mixer, h_NH: torch.Tensor) -> torch.Tensor:
+    """``mixer``'s own forward (a layer kind without a ragged form) over each of ``ModelRunner._groups`` → y_NH."""
+    y_NH = torch.empty_like(h_NH)
+    for rows, T, attention_batch in groups:
+        y_NH.index_copy_(0, rows, mixer(h_NH.index_select(0, rows).view(-1, T, h_NH.shape[1]), attention_batch).flatten(0, 1))
+    return y_NH
 
 
 def _paged_decode(op, slots_NS, ctx_N, scale, q_NHD, kv_PCHD) -> torch.Tensor:
