@@ -156,6 +156,16 @@ class Attention(nn.Module):
             return q_NhD, k_NhD, self.v_proj(x_NH).to(x_NH.dtype).view(N, self.num_kv_heads, D)
         return tuple(t[0].transpose(0, 1) for t in self.qkv(x_NH[None], batch))
 
+    def fused_decode(self) -> bool:
+        """Whether the engine's one-call decode layer (``kernels/decode_cpu``'s ``decode_layer`` from a
+        ``model.paged.LayerPlan``) covers this layer's attention: plain ``Attention`` (no subclass), per-head
+        ``RMSNorm`` q/k-norms of one eps or none, no output gate, bias-free projections."""
+        qn, kn = self.q_norm, self.k_norm
+        qk_ok = ((type(qn) is RMSNorm and type(kn) is RMSNorm and qn.eps == kn.eps and qn.weight.dim() == 1)
+                 or paged.no_qk_norm(self))
+        return (type(self) is Attention and qk_ok and self.gate_proj is None
+                and all(p.bias is None for p in (self.q_proj, self.k_proj, self.v_proj, self.o_proj)))
+
     def paged(self, h_NH: torch.Tensor, step: paged.PagedStep) -> torch.Tensor:
         """``forward`` over the engine's flat, ragged batch [N, H], keys/values in its pools (``model/paged.py``)."""
         return paged.attention_forward(self, h_NH, step)

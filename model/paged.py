@@ -243,20 +243,17 @@ def head(model, x_RH: torch.Tensor, step: PagedStep) -> torch.Tensor:
 
 
 def plain_decode_shape(model) -> bool:
-    """Whether every layer is what a ``DecodePlan`` covers: full attention with RMSNorm q/k-norm or none, no
-    output gate, bias-free projections, a softmax-routed MoE without shared experts, RMSNorm norms."""
+    """Whether every layer is what a ``DecodePlan`` covers: a token mixer the op covers (its ``fused_decode``:
+    plain full attention with RMSNorm q/k-norm or none, no output gate, bias-free projections), a softmax-routed
+    MoE without shared experts, RMSNorm norms."""
     m = model.model
     if type(m.norm) is not RMSNorm or model.lm_head.bias is not None:
         return False
     for layer in m.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if not attn.state_spec.ragged:
-            return False
-        qk_ok = (type(attn.q_norm) is RMSNorm and type(attn.k_norm) is RMSNorm and attn.q_norm.eps == attn.k_norm.eps
-                 and attn.q_norm.weight.dim() == 1) or no_qk_norm(attn)
-        if not (getattr(layer, "is_moe", True) and qk_ok and getattr(attn, "gate_proj", None) is None
+        fused = getattr(attn, "fused_decode", None)  # the mixer says whether the op covers it (Attention.fused_decode)
+        if not (fused is not None and fused() and getattr(layer, "is_moe", True)
                 and type(layer.input_layernorm) is RMSNorm and type(layer.post_attention_layernorm) is RMSNorm
-                and all(p.bias is None for p in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
                 and mlp.shared_experts is None and not mlp.gate.sigmoid and hasattr(mlp, "experts")):
             return False
     return True
