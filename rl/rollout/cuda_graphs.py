@@ -1,11 +1,11 @@
-"""``DecodeGraphs``: pure decode steps in CUDA graphs, one per bucket batch size, padded to the bucket.
+"""``DecodeGraphs``: pure decode steps in CUDA graphs, one per bucket (batch size, table width), padded to it.
 
 A decode step launches a few kernels per layer for a few rows each, so on a GPU the launches, not the
 arithmetic, bound it; a CUDA graph replays a captured step's launches in one call. A graph fixes its
 tensors' shapes and addresses, so each bucket (``BUCKETS``: 1, 2, 4, 8, then multiples of 8) owns static
-input buffers -- next token, position, cache slot, block table [bucket, M], context length -- and the
-logits its capture produced; a step of B sequences copies its rows into the smallest bucket ≥ B and
-replays. ``ModelRunner.decode_step`` is the captured function (tensors only: no host sync, no
+input buffers -- next token, position, cache slot, block table [bucket, width], context length -- and the
+logits its capture produced; a step of B sequences whose block tables are M wide copies its rows into the
+smallest bucket ≥ B of the smallest power-of-two width ≥ M (at most ``max_blocks``) and replays. ``ModelRunner.decode_step`` is the captured function (tensors only: no host sync, no
 value-dependent shape).
 
 Padding rows repeat row 0 (its token, position, slot, block table and context): they compute row 0's key and
@@ -15,9 +15,8 @@ to itself (the ``cpu`` backend's packed projections, experts and paged attention
 steps agree bit for bit there (tested), and within float summation order elsewhere.
 
 On the host (no CUDA) the same padded static-buffer path runs eagerly -- what the CPU test checks --
-and nothing is captured. M, the block-table width, is fixed per instance (``max_blocks``: a sequence's
-longest context in blocks); a step over more blocks or more rows than the largest bucket runs
-``decode_step`` unpadded. On CUDA each bucket's graph is captured at its first use, after one eager warm-up
+and nothing is captured. A step over more than ``max_blocks`` blocks or more rows than the largest bucket
+runs ``decode_step`` unpadded. On CUDA each bucket's graph is captured at its first use, after one eager warm-up
 call on a side stream (which also builds the RoPE table the capture reads); the captures share one memory pool.
 """
 
@@ -63,7 +62,7 @@ class DecodeGraphs:
             raise ValueError(f"max_blocks must be >= 1 and buckets increasing positive sizes, got {max_blocks}, {buckets}")
         self.runner, self.max_blocks, self.buckets = runner, max_blocks, tuple(buckets)
         self.capture = runner.device.type == "cuda"
-        self._buckets: dict[int, _Bucket] = {}
+        self._buckets: dict[tuple[int, int], _Bucket] = {}  # (rows, table width) -> its buffers (and graph)
         self._pool = None  # the graphs' shared memory pool (CUDA)
 
     def bucket_size(self, B: int) -> int | None:
@@ -78,9 +77,10 @@ class DecodeGraphs:
         size = self.bucket_size(B)
         if size is None or M > self.max_blocks:
             return self.runner.decode_step(ids_B, pos_B, slot_B, table_BM, ctx_B)
-        bucket = self._buckets.get(size)
+        width = min(1 << (M - 1).bit_length(), self.max_blocks)
+        bucket = self._buckets.get((size, width))
         if bucket is None:
-            bucket = self._buckets[size] = _Bucket(size, self.max_blocks, self.runner.device)
+            bucket = self._buckets[size, width] = _Bucket(size, width, self.runner.device)
         bucket.fill(ids_B, pos_B, slot_B, table_BM, ctx_B)
         if not self.capture:
             return self.runner.decode_step(*bucket.inputs())[:B]

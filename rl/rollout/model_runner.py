@@ -75,6 +75,7 @@ from jointrl.kernels.cpu_extension import zeros_huge_pages
 from jointrl.model import MoETransformer, paged
 from jointrl.model.attention import AttentionBatch
 from jointrl.model.paged import DecodePlan
+from jointrl.rl.rollout.cuda_graphs import DecodeGraphs
 from jointrl.rl.image_inputs import slot_patches
 from jointrl.rl.rollout.paged_state import DecodeBatchState, PagedState
 from jointrl.rl.rollout.sequence import Sequence
@@ -85,7 +86,9 @@ SHORT_PREFILL = 16  # prefill chunks of at most this many tokens attend as decod
 
 class ModelRunner:
     def __init__(self, model: MoETransformer, num_blocks: int, block_size: int, batch_invariant: bool = False,
-                 kv_dtype: torch.dtype | None = None) -> None:
+                 kv_dtype: torch.dtype | None = None, decode_graphs: bool = False) -> None:
+        """``decode_graphs``: pure decode steps through ``cuda_graphs.DecodeGraphs`` (CUDA graphs on a GPU, the
+        same padded static buffers eagerly on the host); full-attention (ragged) models, no routed experts."""
         cfg = model.config
         mixers = [layer.self_attn for layer in model.model.layers]
         specs = [mixer.state_spec for mixer in mixers]  # what each layer keeps per sequence (model.state.StateSpec)
@@ -141,6 +144,9 @@ class ModelRunner:
         self.static_experts = self.device.type == "cuda"
         self._plan: tuple[tuple, DecodePlan] | None = None  # (weights key, the plan): _decode_plan
         self._plan_refs: list[tuple[dict, str]] | None = None  # _plan_params' lookups ([]: no plan for this model)
+        if decode_graphs and (self.hybrid or self.invariant):
+            raise ValueError("decode graphs need a model whose layers all run on a ragged batch, without batch_invariant")
+        self.graphs = DecodeGraphs(self, max_blocks=num_blocks) if decode_graphs else None
 
     def derived(self, ws: tuple[torch.Tensor, ...], fn) -> torch.Tensor:
         """``fn(*ws)`` (e.g. q, k, v as one [(Hq + 2·Hkv)·D, H] weight: one matmul instead of three), rebuilt when
@@ -311,6 +317,10 @@ class ModelRunner:
                 slots_CS[j, :c + n] = key_slots_S
             chunks = (slots_CS, *torch.tensor([(c, r0, n) for r0, n, c, _ in prefill], dtype=torch.long, device=dev).T)
 
+        if self.graphs is not None and not prefill and self.image is None and not want_routed:  # a pure decode step
+            logits_NV = self.graphs(ids_N, pos_N, slot_N, table_BM, ctx_B)  # rows in batch order (every n is 1)
+            ends = [i for i, (seq, n) in enumerate(batch) if seq.num_computed + n == len(seq)]
+            return (logits_NV[ends] if len(ends) < len(batch) else logits_NV), ends, None
         m = self.model
         x_NH = m.model.embed_tokens(ids_N)
         if self.image is not None and bool((ids_N == self.image[0]).any()):

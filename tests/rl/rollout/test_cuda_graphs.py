@@ -1,7 +1,8 @@
 """``ModelRunner.decode_step`` (a pure-tensor decode step) and ``cuda_graphs.DecodeGraphs`` on the host: rows
 padded to a bucket, the block table padded to a fixed width, give the unpadded step's logits (bit for bit on
 the ``cpu`` backend, within float64 summation order on ``torch``), the same tokens, the same cache bytes, and
-the full recompute's log-probs (float64). The CUDA capture itself needs a GPU (not on this machine)."""
+the full recompute's log-probs (float64); the engine with ``decode_graphs`` gives the engine's tokens without.
+The CUDA capture itself needs a GPU (not on this machine)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import torch
 
 from jointrl.model import MoEConfig, MoETransformer
 from jointrl.rl.rollout.cuda_graphs import DecodeGraphs
+from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
 from jointrl.rl.rollout.model_runner import ModelRunner
+from jointrl.rl.types import SamplingParams
 
 BS, M = 4, 6  # block size, blocks per sequence (the graphs' table width)
 PROMPTS = ([5, 17, 33, 2, 250], [9, 8, 7, 6, 5, 4, 3, 2, 1], [100, 101])
@@ -88,3 +91,28 @@ def test_steps_past_the_largest_bucket_or_table_run_unpadded():
     assert out.shape == (3, model.config.vocab_size) and not graphs._buckets
     with pytest.raises(ValueError, match="buckets"):
         DecodeGraphs(runner, max_blocks=2, buckets=(2, 1))
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "torch"])
+def test_engine_with_decode_graphs_equals_without(kernels):
+    """``EngineConfig.decode_graphs``: the engine's pure decode steps through ``DecodeGraphs`` (eager on the host)
+    give the same sampled tokens and log-probs as without (bit for bit on the ``cpu`` backend), over sequences of
+    different lengths decoding together with chunked prefill in between."""
+    model = _model(kernels)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (3, 9, 20, 6, 1)]
+    params = [SamplingParams(max_tokens=10, temperature=1.0, seed=i) for i in range(len(prompts))]
+    outs = {}
+    for graphs in (False, True):
+        eng = LLMEngine(model, config=EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=16,
+                                                   decode_graphs=graphs))
+        assert (eng.runner.graphs is not None) == graphs
+        outs[graphs] = eng.generate_batch(prompts, params)
+        if graphs:
+            assert eng.runner.graphs._buckets  # the pure decode steps went through its buckets
+    for a, b in zip(outs[False], outs[True], strict=True):
+        assert a.token_ids == b.token_ids
+        if kernels == "cpu":
+            assert a.logprobs == b.logprobs
+        else:
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-10)
