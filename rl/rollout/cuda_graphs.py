@@ -22,6 +22,8 @@ call on a side stream (which also builds the RoPE table the capture reads); the 
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 128)
@@ -60,7 +62,9 @@ class DecodeGraphs:
     def __init__(self, runner, max_blocks: int, buckets: tuple[int, ...] = BUCKETS) -> None:
         if max_blocks < 1 or not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
             raise ValueError(f"max_blocks must be >= 1 and buckets increasing positive sizes, got {max_blocks}, {buckets}")
-        self.runner, self.max_blocks, self.buckets = runner, max_blocks, tuple(buckets)
+        # held weakly: the runner holds this (ModelRunner.graphs), and a cycle would keep its pools alive until
+        # the cycle collector runs
+        self.runner, self.max_blocks, self.buckets = weakref.proxy(runner), max_blocks, tuple(buckets)
         self.capture = runner.device.type == "cuda"
         self._buckets: dict[tuple[int, int], _Bucket] = {}  # (rows, table width) -> its buffers (and graph)
         self._pool = None  # the graphs' shared memory pool (CUDA)
