@@ -2,9 +2,9 @@
 ``rl/rollout/model_runner.ModelRunner`` so the runner's loop over layers does not reach into the modules.
 
 A step of the engine flattens every sequence's new tokens -- one per decoding sequence, a chunk per
-prefilling one -- into N rows. A layer kind whose state is per-token keys and values and whose attention
-is plain (``StateSpec.ragged``: ``Attention``) runs all N rows in one call per op: ``layer_forward`` is
-``DecoderLayer.forward`` on those rows, with the keys/values written to and read from the runner's pools
+prefilling one -- into N rows, and ``layer_forward`` is ``DecoderLayer.forward`` on those rows. A token mixer
+with a ragged form (``StateSpec.ragged`` and a ``paged(h_NH, step)`` method; ``Attention``) runs all N rows
+in one call per op, with the keys/values written to and read from the runner's pools
 (``PagedStep.kv`` / ``PagedStep.attend``: paged decode / prefill through the model's kernel table) and, on
 the ``cpu`` backend, the per-row C++ ops (``kernels/decode_cpu``: norms, q/k-norm + RoPE + KV write in one
 call, the softmax router) and the dense projections against packed weights (``kernels/linear_cpu``; the
@@ -15,7 +15,9 @@ model's ``AttentionState`` hook over the same pools) while its layer's norms and
 A pure decode step of a plain Qwen3-MoE-shaped model runs each layer as one C++ call (``decode_cpu``'s
 ``decode_layer``) from a ``LayerPlan``: ``layer_plan`` says which weights it takes (prepared by the runner's
 packer), ``plan_refs`` which parameters it reads (to see them change), ``plain_decode_shape`` when it applies;
-``decode_layers`` runs the plan's layers. Bit for bit ``layer_forward``'s results (tests/rl/rollout).
+``decode_layers`` runs the plan's layers. Bit for bit ``layer_forward``'s results (tests/rl/rollout). A static
+step (``PagedStep.static``: ``ModelRunner.decode_step`` for CUDA graphs) runs the MoE without a host sync
+(``moe_static``).
 
 Shapes: N new tokens, H hidden, Hq/Hkv heads, D head_dim, E experts, k experts per token, P cache slots.
 """
