@@ -19,12 +19,12 @@ from torch.utils.checkpoint import checkpoint
 
 from jointrl.kernels.dispatch import default_backend
 from jointrl.kernels.ops import Kernels, kernels_for
+from jointrl.model import paged
 from jointrl.model.attention import Attention, AttentionBatch
 from jointrl.model.config import MoEConfig
 from jointrl.model.dsa import GatedDSAAttention, indexer_loss
 from jointrl.model.gpt_oss import ClampedSwiGLUExperts, SinkAttention
 from jointrl.model.image import ImageProjector
-from jointrl.model import paged
 from jointrl.model.kda import KimiDeltaAttention
 from jointrl.model.mla import MultiHeadLatentAttention
 from jointrl.model.state import AttentionState
