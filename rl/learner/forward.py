@@ -103,7 +103,7 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     outputs). Like the prompts' repeats, those tokens (the last layer's for its router) are not in the balance
     loss or the expert load. Every layer must be plain full attention (``Attention``)."""
     cfg, backbone = model.config, model.model
-    if not _flat_shareable(model):
+    if not flat_shareable(model):
         raise ValueError(f"shared prefixes need full-attention layers only, the model has {sorted(set(cfg.kinds))}")
     B, T = ids_BT.shape
     G, P = prefix.ids.shape
@@ -141,7 +141,7 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     return LearnerForward(logits_BTV, F.pad(hidden_BSH, (0, 0, 0, 1)), topk_BTLk, aux, load_LE)
 
 
-def _flat_shareable(model: torch.nn.Module) -> bool:
+def flat_shareable(model: torch.nn.Module) -> bool:
     """Whether every layer's token mixer is plain full attention, which attends through ``_SharedLayout``
     (other kinds, sinks and windows included, share prompts through ``prefix_cache``)."""
     return all(type(layer.self_attn) is Attention for layer in model.model.layers)
@@ -188,7 +188,7 @@ def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     if prefix is not None:
         if replay_BTLk is not None or grad_checkpoint or image_patches is not None:
             raise ValueError("shared prefixes work without routing replay, gradient checkpointing and images only")
-        if not _flat_shareable(model):  # a KDA state does not concatenate: the prompts' cache instead
+        if not flat_shareable(model):  # a KDA state does not concatenate: the prompts' cache instead
             return forward_with_prefix_cache(model, ids_BT, pos_BT, seg_BT, prefix, indexer_loss)
         return _forward_shared(model, ids_BT, pos_BT, seg_BT, prefix)
     B, T = ids_BT.shape
