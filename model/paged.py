@@ -112,6 +112,20 @@ class PagedStep(Protocol):
         ``forward``, per sequence group over the engine's ``AttentionState`` (rl/rollout/paged_state.py) → [N, H]."""
 
 
+def embed(model, ids_N: torch.Tensor, patches: torch.Tensor | None = None) -> torch.Tensor:
+    """The step's rows' embeddings [N, H], ``patches`` (one row per ``<image>`` id, in row order) merged in."""
+    x_NH = model.model.embed_tokens(ids_N)
+    if patches is not None:
+        x_NH = model.model.image_projector.merge(x_NH[None], ids_N[None], patches)[0]
+    return x_NH
+
+
+def rope_table(model, size: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos_PD, sin_PD) of the model's RoPE at positions 0..size-1 (the runner indexes it by position)."""
+    cos_1PD, sin_1PD = model.model.rotary_emb(torch.arange(size, device=device)[None], dtype)
+    return cos_1PD[0], sin_1PD[0]
+
+
 def norm(step: PagedStep, module, x_NH: torch.Tensor) -> torch.Tensor:
     """``module(x_NH)`` (the model's kernel table); on the fast path one ``decode_cpu`` call."""
     if step.fast and x_NH.dim() == 2:

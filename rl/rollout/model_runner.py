@@ -227,8 +227,7 @@ class ModelRunner:
         table = self._rope_table
         if table is None or table[0].shape[0] < need or table[0].dtype != dtype:
             size = max(1024, 1 << (need - 1).bit_length())
-            cos_1PD, sin_1PD = self.model.model.rotary_emb(torch.arange(size, device=self.device)[None], dtype)
-            table = self._rope_table = (cos_1PD[0], sin_1PD[0])
+            table = self._rope_table = paged.rope_table(self.model, size, dtype, self.device)
         return table[0][pos_N], table[1][pos_N]
 
     @property
@@ -322,9 +321,8 @@ class ModelRunner:
             ends = [i for i, (seq, n) in enumerate(batch) if seq.num_computed + n == len(seq)]
             return (logits_NV[ends] if len(ends) < len(batch) else logits_NV), ends, None
         m = self.model
-        x_NH = m.model.embed_tokens(ids_N)
-        if self.image is not None and bool((ids_N == self.image[0]).any()):
-            x_NH = m.model.image_projector.merge(x_NH[None], ids_N[None], self._patches([batch[i] for i in order]))[0]
+        images = self.image is not None and bool((ids_N == self.image[0]).any())
+        x_NH = paged.embed(m, ids_N, self._patches([batch[i] for i in order]) if images else None)
         cos_ND, sin_ND = self._rope(pos_N, n_pos, x_NH.dtype)
         if self.packed_linear and not prefill and self.image is None:
             plan = self._decode_plan()
@@ -372,7 +370,7 @@ class ModelRunner:
         B, M = table_BM.shape
         S = M * self.bs
         slots_BS = (table_BM[:, :, None] * self.bs + torch.arange(self.bs, device=table_BM.device)).view(B, S)
-        x_NH = self.model.model.embed_tokens(ids_B)
+        x_NH = paged.embed(self.model, ids_B)
         cos_ND, sin_ND = self._rope(pos_B, S, x_NH.dtype)
         plan = self._decode_plan() if self.packed_linear and self.image is None else None
         if plan is not None:
