@@ -8,13 +8,16 @@ Hq/Hkv query/key-value heads, D head_dim.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from jointrl.kernels import norm_rope_cpu
+from jointrl.model import paged
 from jointrl.model.config import MoEConfig
-from jointrl.model.norm import qk_norm
+from jointrl.model.norm import RMSNorm, qk_norm
 from jointrl.model.rope import apply_rope
 from jointrl.model.state import AttentionState, StateSpec
 
@@ -39,6 +42,9 @@ class AttentionBatch:
     # gated_dsa's indexer loss: each new query's weight [B, T] (None: token_mask_BT). A prompt forwarded
     # once for several rows (learner/prefix_cache.py) weights its queries by the rows that continue it.
     query_weight_BT: torch.Tensor | None = None
+    # new tokens of several parts in one flat stream x [N, H] whose attention is not one masked SDPA (the
+    # learner's shared prompts, rl/learner/forward.py); full-attention layers only. None: x is [B, T, H].
+    layout: FlatLayout | None = None
 
     def mask(self, rows: tuple[int, int] | None = None) -> torch.Tensor:
         """The mask of all new tokens, or of new tokens a..b-1 only ([B|1, 1, b-a, S])."""
@@ -49,6 +55,19 @@ class AttentionBatch:
             return build_attention_mask(self.past, T, self.key_mask_BS, device, rows)
         self.mask_B1TS = build_attention_mask(self.past, T, self.key_mask_BS, device)
         return self.mask_B1TS
+
+
+class FlatLayout(Protocol):
+    """How a flat stream's parts attend (``AttentionBatch.layout``): a full-attention layer computes q, k, v of
+    every token in one pass (the per-token projections, q/k-norm and RoPE), hands them here, and goes on
+    with the rows ``rows`` keeps (a layout may drop rows no later layer reads)."""
+
+    def attend(self, layer: int, q_NhD: torch.Tensor, k_NhD: torch.Tensor, v_NhD: torch.Tensor, scale: float,
+               enable_gqa: bool) -> torch.Tensor:
+        """q [N, Hq, D], k, v [N, Hkv, D] → the kept rows' attention outputs [M, Hq·D], in ``rows``' order."""
+
+    def rows(self, layer: int, x_NF: torch.Tensor) -> torch.Tensor:
+        """The rows of ``x_NF`` [N, ·] that go on after layer ``layer``'s attention ([M, ·]; x itself: all)."""
 
 
 def build_attention_mask(past: int, T: int, key_mask_BS: torch.Tensor | None,
@@ -96,7 +115,8 @@ class Attention(nn.Module):
         self.k_norm = qk_norm(config.qk_norm, self.num_kv_heads, D, config.rms_norm_eps)
         gated = config.attn_output_gate if output_gate is None else output_gate
         self.gate_proj = nn.Linear(H, self.num_heads * D, bias=False) if gated else None
-        self.state_spec = StateSpec(keys_values=True)  # what a cache keeps for this layer (model/state.py)
+        # what a cache keeps for this layer (model/state.py); it runs on the engine's ragged batch (``paged``)
+        self.state_spec = StateSpec(keys_values=True, ragged=True)
 
     def qkv(self, x_BTH: torch.Tensor, batch: AttentionBatch
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -119,7 +139,45 @@ class Attention(nn.Module):
             out_BTF = out_BTF * torch.sigmoid(self.gate_proj(x_BTH))
         return self.o_proj(out_BTF)
 
+    def qkv_flat(self, x_NH: torch.Tensor, batch: AttentionBatch
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``qkv`` of one flat stream (no cache) → q [N, Hq, D], k, v [N, Hkv, D]. On the ``cpu`` kernel
+        backend with per-head ``RMSNorm`` q/k-norms, each of q's and k's norm + RoPE is one C++ pass, forward
+        and backward (``kernels/norm_rope_cpu``; contiguous results). Under autocast the projections run in
+        its dtype and come back widened to x's, so the norms, RoPE and attention stay in x's precision."""
+        qn, kn = self.q_norm, self.k_norm
+        if type(qn) is RMSNorm and type(kn) is RMSNorm and qn.kernels.cpp and norm_rope_cpu.usable(x_NH):
+            N, D = x_NH.shape[0], self.head_dim
+            cos_ND, sin_ND = batch.rope[0][0], batch.rope[1][0]
+            q_NhD = norm_rope_cpu.qk_norm_rope(self.q_proj(x_NH).to(x_NH.dtype).view(N, self.num_heads, D),
+                                               qn.weight, qn.eps, cos_ND, sin_ND)
+            k_NhD = norm_rope_cpu.qk_norm_rope(self.k_proj(x_NH).to(x_NH.dtype).view(N, self.num_kv_heads, D),
+                                               kn.weight, kn.eps, cos_ND, sin_ND)
+            return q_NhD, k_NhD, self.v_proj(x_NH).to(x_NH.dtype).view(N, self.num_kv_heads, D)
+        return tuple(t[0].transpose(0, 1) for t in self.qkv(x_NH[None], batch))
+
+    def fused_decode(self) -> bool:
+        """Whether the engine's one-call decode layer (``kernels/decode_cpu``'s ``decode_layer`` from a
+        ``model.paged.LayerPlan``) covers this layer's attention: plain ``Attention`` (no subclass), per-head
+        ``RMSNorm`` q/k-norms of one eps or none, no output gate, bias-free projections."""
+        qn, kn = self.q_norm, self.k_norm
+        qk_ok = ((type(qn) is RMSNorm and type(kn) is RMSNorm and qn.eps == kn.eps and qn.weight.dim() == 1)
+                 or paged.no_qk_norm(self))
+        return (type(self) is Attention and qk_ok and self.gate_proj is None
+                and all(p.bias is None for p in (self.q_proj, self.k_proj, self.v_proj, self.o_proj)))
+
+    def paged(self, h_NH: torch.Tensor, step: paged.PagedStep) -> torch.Tensor:
+        """``forward`` over the engine's flat, ragged batch [N, H], keys/values in its pools (``model/paged.py``)."""
+        return paged.attention_forward(self, h_NH, step)
+
     def forward(self, x_BTH: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+        if batch.layout is not None:  # a flat stream x [N, H]: q, k, v in one pass, the layout's attention
+            layout = batch.layout
+            out_MF = layout.attend(self.layer_idx, *self.qkv_flat(x_BTH, batch), scale=self.head_dim ** -0.5,
+                                   enable_gqa=self.num_heads != self.num_kv_heads)
+            if self.gate_proj is not None:
+                out_MF = out_MF * torch.sigmoid(self.gate_proj(layout.rows(self.layer_idx, x_BTH)))
+            return self.o_proj(out_MF)
         q_BHTD, k_BHSD, v_BHSD = self.qkv(x_BTH, batch)
         out_BHTD = F.scaled_dot_product_attention(
             q_BHTD, k_BHSD, v_BHSD, attn_mask=batch.mask(), scale=self.head_dim ** -0.5,

@@ -37,6 +37,7 @@ from torch import nn
 from jointrl.model.attention import Attention, AttentionBatch
 from jointrl.model.config import MoEConfig
 from jointrl.model.norm import compute_dtype
+from jointrl.model.state import StateSpec
 
 
 def window_mask(past: int, T: int, S: int, window: int, device: torch.device) -> torch.Tensor:
@@ -76,6 +77,7 @@ class SinkAttention(Attention):
         self.o_proj = nn.Linear(self.num_heads * D, H, bias=bias)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if config.attention_sinks else None
         self.window = config.attention_window if config.kinds[layer_idx] == "sliding" else None
+        self.state_spec = StateSpec(keys_values=True)  # sinks and windows: per sequence in the engine (no ``paged``)
 
     def forward(self, x_BTH: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         q_BHTD, k_BHSD, v_BHSD = self.qkv(x_BTH, batch)

@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from jointrl.kernels.dispatch import default_backend
 from jointrl.kernels.ops import Kernels, kernels_for
+from jointrl.model import paged
 from jointrl.model.attention import Attention, AttentionBatch
 from jointrl.model.config import MoEConfig
 from jointrl.model.dsa import GatedDSAAttention, indexer_loss
@@ -74,10 +75,18 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def paged(self, x_NH: torch.Tensor, step: paged.PagedStep) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward`` over the engine's flat, ragged batch [N, H] (its token mixer's ``paged``: a kind with
+        ``StateSpec.ragged``) → (x_NH, expert ids_Nk or None for a dense layer); ``model/paged.py``."""
+        return paged.layer_forward(self, x_NH, step)
+
     def forward(self, x_BTH: torch.Tensor, batch: AttentionBatch, replay_ids_Nk: torch.Tensor | None
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
         """→ (x_BTH, (router logits_NE, probs_NE, ids_Nk) or None for a dense layer)."""
-        x_BTH = x_BTH + self.self_attn(self.input_layernorm(x_BTH), batch)
+        a_BTH = self.self_attn(self.input_layernorm(x_BTH), batch)
+        if batch.layout is not None:  # a flat stream: its layout may keep fewer rows after the attention
+            x_BTH = batch.layout.rows(self.self_attn.layer_idx, x_BTH)
+        x_BTH = x_BTH + a_BTH
         h_BTH = self.post_attention_layernorm(x_BTH)
         if not self.is_moe:
             return x_BTH + self.mlp(h_BTH), None
@@ -173,8 +182,12 @@ class MoETransformer(nn.Module):
     def run_layers(self, x_BTH: torch.Tensor, batch: AttentionBatch, routed_experts: torch.Tensor | None = None,
                    grad_checkpoint: bool = False) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
         """Every decoder layer over ``x_BTH`` [B, T, H] → (x_BTH, per MoE layer (router logits_NE, probs_NE,
-        ids_Nk)): the layer loop of ``forward``, which the learner's forwards share. ``routed_experts``
-        [B, T, L_moe, k]: routing replay; ``grad_checkpoint``: recompute each layer in backward."""
+        ids_Nk)): the layer loop of ``forward``, which the learner's forwards share (its shared prompts too: a
+        flat stream x [N, H] under ``batch.layout``, full-attention layers only, where the layout may keep fewer
+        rows after a layer's attention, ``model.attention.FlatLayout``). ``routed_experts`` [B, T, L_moe, k]:
+        routing replay; ``grad_checkpoint``: recompute each layer in backward."""
+        if batch.layout is not None and (routed_experts is not None or grad_checkpoint):
+            raise ValueError("a flat stream (AttentionBatch.layout) runs without routing replay and checkpointing")
         B, T = x_BTH.shape[:2]
         routing = []
         for layer in self.model.layers:

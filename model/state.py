@@ -47,6 +47,10 @@ class StateSpec:
     index_dim: int = 0         # per-token indexer keys of this width: ``update_index``
     latent_dim: int = 0        # per-token latent of this width (MLA): ``update_latent``
     fixed: bool = False        # a fixed-size state (tensors of any shapes, batch first): ``recurrent`` / ``set_recurrent``
+    # the kind runs on the engine's flat, ragged batch (every sequence's new tokens in one call, its
+    # ``paged(h_NH, step)`` method, model/paged.py) over the engine's pools; else the engine runs it per
+    # sequence through its ``forward`` over a ``PagedState``
+    ragged: bool = False
 
 
 class AttentionState(Protocol):

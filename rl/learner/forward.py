@@ -10,8 +10,9 @@ logits equal ``MoETransformer.forward``'s (tested).
 
 Shared prefixes (``batch.SharedPrefix``, full attention only): a GRPO group's completions
 continue one prompt, so the prompt is forwarded once and every layer's keys/values of it are
-reused by the completions' rows (their gradients flow back summed); outside the attention the
-prompts' and the rows' tokens run as one flat stream (one call per projection, norm and FFN). The attention, and so the
+reused by the completions' rows (their gradients flow back summed); the prompts' and the rows' tokens run as
+one flat stream through the same layer loop (one call per projection, norm and FFN), whose attention the
+model's ``Attention`` hands to the stream's layout (``_SharedLayout``, ``AttentionBatch.layout``). The attention, and so the
 log-probs and the update, equal the unshared forward's up to float summation order; only the
 balance loss and the expert-load metrics count the prompt's tokens once instead of per row (and
 leave out what is not computed because no log-prob reads it: the rows' last token, and the
@@ -26,9 +27,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from jointrl.kernels import norm_rope_cpu
+from jointrl.model.attention import Attention
 from jointrl.model.dsa import indexer_loss as dsa_indexer_loss
-from jointrl.model.norm import RMSNorm, compute_dtype, outside_autocast
+from jointrl.model.norm import compute_dtype, outside_autocast
 from jointrl.model.routing import expert_load, load_balancing_loss
 from jointrl.rl.learner.batch import SharedPrefix
 from jointrl.rl.learner.layers import LearnerForward
@@ -52,21 +53,57 @@ def check_packable(config) -> None:
         raise ValueError(f"learner.pack_sequences needs full-attention layers only, the model has {sorted(set(config.kinds))}")
 
 
+class _SharedLayout:
+    """``model.attention.FlatLayout`` of ``_forward_shared``'s stream: the prompts' G·P tokens, then the rows'
+    B·S. The prompts attend over their own keys, the rows over their prompt's keys/values and their own; in
+    the last layer only each prompt's last query is computed and only its row and the rows' go on (no later
+    layer reads the others')."""
+
+    def __init__(self, prefix: SharedPrefix, seg_BS: torch.Tensor, last_layer: int) -> None:
+        G, P = prefix.ids.shape
+        B, S = seg_BS.shape
+        self.prefix, self.G, self.P, self.B, self.S, self.last = prefix, G, P, B, S, last_layer
+        device = seg_BS.device
+        self.mask_p = segment_mask(torch.where(prefix.real, 0, -1))
+        self.mask_s = torch.cat((prefix.real[prefix.row_group][:, None, None, :].expand(B, 1, S, P),
+                                 segment_mask(seg_BS)), dim=-1)
+        self.at_G = torch.arange(G, device=device) * P + prefix.real.sum(1) - 1  # each prompt's last token
+        self.keep_N = torch.cat((self.at_G, torch.arange(G * P, G * P + B * S, device=device)))
+
+    def attend(self, layer: int, q_NhD: torch.Tensor, k_NhD: torch.Tensor, v_NhD: torch.Tensor, scale: float,
+               enable_gqa: bool) -> torch.Tensor:
+        G, P, B, S, prefix = self.G, self.P, self.B, self.S, self.prefix
+        (q_p, q_s), (k_p, k_s), (v_p, v_s) = (_split_parts(t, G, P, B, S) for t in (q_NhD, k_NhD, v_NhD))
+        sdpa = dict(scale=scale, enable_gqa=enable_gqa)
+        if layer == self.last:  # the prompts' last queries only, over their prompt's keys
+            out_PF = _sdpa(q_NhD.index_select(0, self.at_G)[:, :, None], k_p, v_p,
+                           attn_mask=prefix.real[:, None, None, :], **sdpa).reshape(G, -1)
+        else:
+            out_PF = _sdpa(q_p, k_p, v_p, attn_mask=self.mask_p, **sdpa).transpose(1, 2).reshape(G * P, -1)
+        # index_select: its backward is index_add_, not indexing's sorting index_put_(accumulate=True)
+        out_BHSD = _sdpa(q_s, torch.cat((k_p.index_select(0, prefix.row_group), k_s), dim=2),
+                         torch.cat((v_p.index_select(0, prefix.row_group), v_s), dim=2), attn_mask=self.mask_s, **sdpa)
+        return torch.cat((out_PF, out_BHSD.transpose(1, 2).reshape(B * S, out_PF.shape[1])))  # S = 0: one-token completions
+
+    def rows(self, layer: int, x_NF: torch.Tensor) -> torch.Tensor:
+        return x_NF.index_select(0, self.keep_N) if layer == self.last else x_NF
+
+
 def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.Tensor, seg_BT: torch.Tensor,
                     prefix: SharedPrefix) -> LearnerForward:
-    """``learner_forward`` of rows that continue shared prompts. The prompts' tokens and the rows'
-    tokens 1.. are one flat stream of N = G·P + B·S tokens through every per-token step of a layer
-    (norms, q/k/v, q/k-norm + RoPE, o_proj, FFN / MoE: ``DecoderLayer.forward``'s steps, so each
-    expert runs once per layer); only the attention itself runs per part: the prompts over their own
-    keys, then the rows over their prompt's keys/values and their own. Column 0's outputs are its
-    prompt's last token's. Nothing whose output no log-prob reads is computed: the rows' last column
-    (no query reads its keys and values, no log-prob its logits: column t predicts token t + 1; its
-    logits and hidden state come back 0, its experts -1) and, in the last layer, the prompts' tokens
-    but their last after the keys and values (no later layer reads their outputs). Like the prompts'
-    repeats, those tokens (the last layer's for its router) are not in the balance loss or the
-    expert load."""
+    """``learner_forward`` of rows that continue shared prompts, through the model's own layer loop
+    (``MoETransformer.run_layers``) over one flat stream of N = G·P + B·S tokens, the prompts' tokens and the
+    rows' tokens 1..: every per-token step of a layer (norms, q/k/v, q/k-norm + RoPE, o_proj, FFN / MoE:
+    ``DecoderLayer.forward``'s, so each expert runs once per layer) runs once over the stream; only the
+    attention runs per part (``_SharedLayout``): the prompts over their own keys, then the rows over their
+    prompt's keys/values and their own. Column 0's outputs are its prompt's last token's. Nothing whose output
+    no log-prob reads is computed: the rows' last column (no query reads its keys and values, no log-prob its
+    logits: column t predicts token t + 1; its logits and hidden state come back 0, its experts -1) and, in the
+    last layer, the prompts' tokens but their last after the keys and values (no later layer reads their
+    outputs). Like the prompts' repeats, those tokens (the last layer's for its router) are not in the balance
+    loss or the expert load. Every layer must be plain full attention (``Attention``)."""
     cfg, backbone = model.config, model.model
-    if set(cfg.kinds) != {"full"}:
+    if not flat_shareable(model):
         raise ValueError(f"shared prefixes need full-attention layers only, the model has {sorted(set(cfg.kinds))}")
     B, T = ids_BT.shape
     G, P = prefix.ids.shape
@@ -79,51 +116,17 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     # the [N, heads, D] views' backward a reshape copy each
     x_NH = backbone.embed_tokens(torch.cat((prefix.ids.reshape(-1), ids_BT[:, 1:-1].reshape(-1))))
     pos_1N = torch.cat((torch.arange(P, device=ids_BT.device).repeat(G), pos_BT[:, 1:-1].reshape(-1)))[None]
-    batch_n = model.attention_batch(pos_1N, x_NH.dtype, mask_B1TS=None, token_mask_BT=None, cache=None)
-    mask_p = segment_mask(torch.where(prefix.real, 0, -1))
-    mask_s = torch.cat((prefix.real[prefix.row_group][:, None, None, :].expand(B, 1, S, P), segment_mask(seg_BS)), dim=-1)
-    # q/k-norm + RoPE as one C++ pass, forward and backward, on the cpu kernel backend (the norms are the
-    # model's, through its kernel table)
-    fused = model.kernels.cpp and norm_rope_cpu.usable(x_NH)
-    last_G = prefix.real.sum(1) - 1
-    at_G = torch.arange(G, device=ids_BT.device) * P + last_G  # each prompt's last token in the stream
+    last = cfg.num_hidden_layers - 1
+    layout = _SharedLayout(prefix, seg_BS, last)
+    batch_n = model.attention_batch(pos_1N, x_NH.dtype, mask_B1TS=None, token_mask_BT=None, cache=None, layout=layout)
+    x_NH, routing = model.run_layers(x_NH, batch_n)
+    probs, ids = [r[1] for r in routing], [r[2] for r in routing]
     real_N = torch.cat((prefix.real.reshape(-1), (seg_BS >= 0).reshape(-1)))
-    # per MoE layer: its router's tokens' mask and where column 0's token is among them
-    probs, ids, masks, col0 = [], [], [], []
-    for layer in backbone.layers:
-        attn = layer.self_attn
-        trim = layer is backbone.layers[-1]  # from here on: each prompt's last token and the rows
-        h_NH = layer.input_layernorm(x_NH)
-        if fused and type(attn.q_norm) is RMSNorm and type(attn.k_norm) is RMSNorm:  # per-head q/k-norm (Qwen3)
-            q_NhD, k_NhD, v_NhD = _qkv_fused(attn, h_NH, batch_n.rope)
-        else:
-            q_NhD, k_NhD, v_NhD = (t[0].transpose(0, 1) for t in attn.qkv(h_NH[None], batch_n))
-        (q_p, q_s), (k_p, k_s), (v_p, v_s) = (_split_parts(t, G, P, B, S) for t in (q_NhD, k_NhD, v_NhD))
-        sdpa = dict(scale=attn.head_dim ** -0.5, enable_gqa=attn.num_heads != attn.num_kv_heads)
-        if trim:  # the prompts' last queries only, over their prompt's keys
-            out_PF = _sdpa(q_NhD.index_select(0, at_G)[:, :, None], k_p, v_p,
-                           attn_mask=prefix.real[:, None, None, :], **sdpa).reshape(G, -1)
-            keep_N = torch.cat((at_G, torch.arange(GP, GP + B * S, device=ids_BT.device)))
-            x_NH, h_NH = x_NH.index_select(0, keep_N), h_NH.index_select(0, keep_N)
-        else:
-            out_PF = _sdpa(q_p, k_p, v_p, attn_mask=mask_p, **sdpa).transpose(1, 2).reshape(GP, -1)
-        # index_select: its backward is index_add_, not indexing's sorting index_put_(accumulate=True)
-        out_BHSD = _sdpa(q_s, torch.cat((k_p.index_select(0, prefix.row_group), k_s), dim=2),
-                         torch.cat((v_p.index_select(0, prefix.row_group), v_s), dim=2), attn_mask=mask_s, **sdpa)
-        out_NF = torch.cat((out_PF, out_BHSD.transpose(1, 2).reshape(B * S, out_PF.shape[1])))  # S = 0: one-token completions
-        if attn.gate_proj is not None:  # Attention.output's gate
-            out_NF = out_NF * torch.sigmoid(attn.gate_proj(h_NH))
-        x_NH = x_NH + attn.o_proj(out_NF)
-        h_NH = layer.post_attention_layernorm(x_NH)
-        if layer.is_moe:
-            y_NH, _, probs_NE, ids_Nk = layer.mlp(h_NH)
-            probs.append(probs_NE)
-            ids.append(ids_Nk)
-            masks.append(torch.cat((torch.ones(G, dtype=torch.bool, device=ids_BT.device), real_N[GP:])) if trim else real_N)
-            col0.append((torch.arange(G, device=ids_BT.device) if trim else at_G, G if trim else GP))
-        else:
-            y_NH = layer.mlp(h_NH)
-        x_NH = x_NH + y_NH
+    trimmed = torch.cat((torch.ones(G, dtype=torch.bool, device=ids_BT.device), real_N[GP:]))
+    # per MoE layer: its router's tokens' mask and where column 0's token is among them (the last layer: trimmed)
+    moe_last = [i == last for i, layer in enumerate(backbone.layers) if layer.is_moe]
+    masks = [trimmed if t else real_N for t in moe_last]
+    col0 = [(torch.arange(G, device=ids_BT.device), G) if t else (layout.at_G, GP) for t in moe_last]
     x_GH, x_BSH = x_NH.split((G, B * S))
     hidden_BSH = backbone.norm(torch.cat((x_GH.index_select(0, prefix.row_group)[:, None], x_BSH.view(B, S, H)), dim=1))
     # the last column back as zeros (a pad: its gradient is a slice of the logits' gradient)
@@ -138,18 +141,10 @@ def _forward_shared(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     return LearnerForward(logits_BTV, F.pad(hidden_BSH, (0, 0, 0, 1)), topk_BTLk, aux, load_LE)
 
 
-def _qkv_fused(attn, h_NH: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``Attention.qkv`` of one flat stream (no cache) with its q/k-norm + RoPE as one C++ pass each
-    → q [N, Hq, D], k, v [N, Hkv, D] (contiguous). Under autocast the projections run in its dtype and
-    come back widened to h's, so the norms, RoPE and attention stay in h's precision."""
-    N, D = h_NH.shape[0], attn.head_dim
-    cos_ND, sin_ND = rope[0][0], rope[1][0]
-    q_NhD = norm_rope_cpu.qk_norm_rope(attn.q_proj(h_NH).to(h_NH.dtype).view(N, attn.num_heads, D), attn.q_norm.weight,
-                                       attn.q_norm.eps, cos_ND, sin_ND)
-    k_NhD = norm_rope_cpu.qk_norm_rope(attn.k_proj(h_NH).to(h_NH.dtype).view(N, attn.num_kv_heads, D),
-                                       attn.k_norm.weight, attn.k_norm.eps, cos_ND, sin_ND)
-    return q_NhD, k_NhD, attn.v_proj(h_NH).to(h_NH.dtype).view(N, attn.num_kv_heads, D)
+def flat_shareable(model: torch.nn.Module) -> bool:
+    """Whether every layer's token mixer is plain full attention, which attends through ``_SharedLayout``
+    (other kinds, sinks and windows included, share prompts through ``prefix_cache``)."""
+    return all(type(layer.self_attn) is Attention for layer in model.model.layers)
 
 
 def _head(model: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -193,7 +188,7 @@ def learner_forward(model: torch.nn.Module, ids_BT: torch.Tensor, pos_BT: torch.
     if prefix is not None:
         if replay_BTLk is not None or grad_checkpoint or image_patches is not None:
             raise ValueError("shared prefixes work without routing replay, gradient checkpointing and images only")
-        if set(model.config.kinds) != {"full"}:  # a KDA state does not concatenate: the prompts' cache instead
+        if not flat_shareable(model):  # a KDA state does not concatenate: the prompts' cache instead
             return forward_with_prefix_cache(model, ids_BT, pos_BT, seg_BT, prefix, indexer_loss)
         return _forward_shared(model, ids_BT, pos_BT, seg_BT, prefix)
     B, T = ids_BT.shape

@@ -27,7 +27,7 @@ from jointrl.rl.checkpoint_format import read_policy
 from jointrl.rl.config import Config, ModelDtype
 from jointrl.rl.device import as_device, choose_accelerator, dist_backend, rank_device
 from jointrl.rl.learner.expert_parallel import shard_experts
-from jointrl.rl.learner.forward import check_packable
+from jointrl.rl.learner.forward import check_packable, flat_shareable
 from jointrl.rl.learner.objective import Objective
 from jointrl.rl.learner.value_head import attach_value_head
 
@@ -224,10 +224,10 @@ def _rank_setup(cfg: Config, engine, model: nn.Module, ref_model: nn.Module | No
     # A shared prompt (a GRPO group's; an SFT micro-batch's common system prompt) forwarded once for
     # all rows that continue it: the same update up to float summation order, where the rows are
     # neither packed nor recomputed (checkpointing), nor expert-parallel, and no critic values
-    # prompt tokens. Full attention (forward._forward_shared) counts a prompt's tokens once, so
-    # not with the balance loss or the router-bias update; hybrid models (prefix_cache) weight
-    # them by their rows. Tested against the unshared step.
-    counts_once = set(mc.kinds) == {"full"}
+    # prompt tokens. Plain full attention (forward._forward_shared) counts a prompt's tokens once, so
+    # not with the balance loss or the router-bias update; other models (prefix_cache: hybrids, sinks)
+    # weight them by their rows. Tested against the unshared step.
+    counts_once = flat_shareable(model)
     share_prefix = (image is None and not objective.estimator.needs_critic and not lc.pack_sequences
                     and not lc.gradient_checkpointing and lc.ep_size == 1
                     and not (counts_once and (lc.aux_loss_coef or (has_router_bias and lc.router_bias_rate > 0))))

@@ -62,6 +62,7 @@ class EngineConfig:
     ignore_eos: bool = False               # benchmarks: <|im_end|> does not end a turn
     kv_dtype: str = "auto"                 # KV cache: auto (the model's dtype) | bfloat16 (float32 models, opt-in)
     batch_invariant: bool = False          # a request's tokens independent of what shares its steps (ModelRunner)
+    decode_graphs: bool = False            # pure decode steps in CUDA graphs per bucket (rl/rollout/cuda_graphs.py)
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -113,7 +114,7 @@ class LLMEngine:
         cfg = self.config
         self.block_manager = BlockManager(cfg.num_blocks, cfg.block_size)
         self.runner = ModelRunner(self.model, cfg.num_blocks, cfg.block_size, cfg.batch_invariant,
-                                  kv_dtype=KV_DTYPES[cfg.kv_dtype])
+                                  kv_dtype=KV_DTYPES[cfg.kv_dtype], decode_graphs=cfg.decode_graphs)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    cfg.session_ttl_s, prefix_cache=self.runner.prefix_cacheable)
         self.scheduler.version = self._version

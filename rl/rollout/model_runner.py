@@ -4,12 +4,15 @@ Kernels: the model's kernel table (``model.kernels``, ``kernels/ops.Kernels``), 
 built; the C++ paths below run on the ``cpu`` backend only (``Kernels.cpp``), the torch references or the
 Triton kernels otherwise. Measurements behind the choices below: tests/bench/results.md, "ModelRunner".
 
-Models whose layers are all plain full attention take the flat path: it reuses the model's own modules
-and weights (projections, q/k-norm, RoPE, the MoE block, norms, head); only attention's cache handling
-differs from ``MoETransformer.forward``. Every other model runs through the model's own forward over
-``PagedState`` (each layer kind brings its state, declared by its ``StateSpec``: ``_run_per_sequence``).
-On the flat path all new tokens of a step -- one per decoding sequence, a chunk per prefilling one --
-are flattened to N rows: every projection and the MoE (tokens grouped by expert, one matmul per active
+Every model runs one loop over its layers, each layer's ``paged`` (``DecoderLayer.paged``, ``model/paged.py``:
+the layer kind's own modules, weights and kernel choices; the runner hands it a ``_Step``: the step's rows, how
+they attend, its pools and packer), so the runner holds no layer's internals and does not branch on kinds. All
+new tokens of a step -- one per decoding sequence, a chunk per prefilling one -- are flattened to N rows; the
+norms, FFN / MoE and head run once over all N. A token mixer with a ragged form (``StateSpec.ragged``: plain
+full attention) runs over all N too; any other kind (KDA, gated DSA, MLA, sinks, a new one) runs its own
+``forward`` per sequence group over the model's ``AttentionState`` hook (``_groups``: every decoding sequence
+in one ``DecodeBatchState``, each other chunk with its ``PagedState``; each kind brings its state, declared by
+its ``StateSpec``). On the ragged rows every projection and the MoE (tokens grouped by expert, one matmul per active
 expert) run once over all N; at any row count the dense projections -- q|k|v, o, router, head -- through
 ``kernels/linear_cpu`` against weights packed once per weights version (faster than MKL's sgemm here at
 every row count measured, a decode step's 16 to a prefill chunk's 2048), and the routed experts through
@@ -21,8 +24,8 @@ the shared prompt's full blocks) runs every row's attention as a decode query th
 kernel, as batch-invariant mode does (faster than the key gather, mask and SDPA call per chunk it
 replaced; the same as ``paged_prefill``'s rows-in-lanes kernel within the noise). A pure decode step of
 a plain Qwen3-MoE-shaped model runs its layers from a per-layer plan of those C++ calls and their
-prepared weights (``_decode_plan``, a ``LayerPlan`` per layer: no module lookups, cache checks or
-wrappers per layer, one ``decode_layer`` C++ call each; bit for bit the general path). Attention then reads each sequence's keys/values
+prepared weights (``_decode_plan``, a ``model.paged.LayerPlan`` per layer, built by ``model.paged``: no module
+lookups, cache checks or wrappers per layer, one ``decode_layer`` C++ call each; bit for bit the general path). Attention then reads each sequence's keys/values
 through its block table, in place: the decoding rows in one paged-decode call, all the step's prefill
 chunks in one paged-prefill call.
 
@@ -61,19 +64,18 @@ V vocab, L layers, k experts per token.
 
 from __future__ import annotations
 
+import functools
 import weakref
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from jointrl.kernels import decode_cpu, linear_cpu, moe_cpu, paged_attention_cpu
 from jointrl.kernels.cpu_extension import zeros_huge_pages
-from jointrl.kernels.norm_rope_cpu import rms_norm_torch
-from jointrl.model import MoETransformer
-from jointrl.model.attention import Attention
-from jointrl.model.norm import RMSNorm
-from jointrl.model.rope import rotate_half
+from jointrl.model import MoETransformer, paged
+from jointrl.model.attention import AttentionBatch
+from jointrl.model.paged import DecodePlan
+from jointrl.rl.rollout.cuda_graphs import DecodeGraphs
 from jointrl.rl.image_inputs import slot_patches
 from jointrl.rl.rollout.paged_state import DecodeBatchState, PagedState
 from jointrl.rl.rollout.sequence import Sequence
@@ -82,49 +84,18 @@ ROW_TILE = 16  # batch_invariant: rows per GEMM call (a fixed shape, so a fixed 
 SHORT_PREFILL = 16  # prefill chunks of at most this many tokens attend as decode rows (``run``)
 
 
-@dataclass(slots=True)
-class LayerPlan:
-    """One decoder layer of ``ModelRunner._decode_plan``: its cache pool and the prepared weights the C++ calls take."""
-
-    kv_PCHD: torch.Tensor        # the layer's cache pool
-    w_in: torch.Tensor           # input RMSNorm weight [H]
-    eps_in: float
-    qkv_p: torch.Tensor          # q|k|v projection, packed (linear_cpu.pack)
-    qkv_out: int                 # its output width (Hq + 2·Hkv)·D
-    qk_norm_w: torch.Tensor      # [Hq + Hkv, D] per-head q/k-norm weights, or empty: no q/k-norm
-    qk_eps: float
-    o_p: torch.Tensor            # o projection, packed
-    hidden: int                  # H
-    w_post: torch.Tensor         # post-attention RMSNorm weight [H]
-    eps_post: float
-    gate_p: torch.Tensor         # router projection, packed
-    num_experts: int             # E
-    top_k: int
-    norm_topk: bool
-    route_scale: float
-    experts: tuple[torch.Tensor, torch.Tensor, int]  # (gate_up, down panels, I): moe_cpu.moe_experts_packed
-
-
-@dataclass(slots=True)
-class DecodePlan:
-    """A pure decode step of a plain Qwen3-MoE-shaped model: its layers, then the final norm and the head."""
-
-    layers: list[LayerPlan]
-    w_norm: torch.Tensor
-    eps_norm: float
-    head_p: torch.Tensor         # lm_head, packed
-    vocab: int                   # V
-
-
 class ModelRunner:
     def __init__(self, model: MoETransformer, num_blocks: int, block_size: int, batch_invariant: bool = False,
-                 kv_dtype: torch.dtype | None = None) -> None:
+                 kv_dtype: torch.dtype | None = None, decode_graphs: bool = False) -> None:
+        """``decode_graphs``: pure decode steps through ``cuda_graphs.DecodeGraphs`` (CUDA graphs on a GPU, the
+        same padded static buffers eagerly on the host); full-attention (ragged) models, no routed experts."""
         cfg = model.config
         mixers = [layer.self_attn for layer in model.model.layers]
         specs = [mixer.state_spec for mixer in mixers]  # what each layer keeps per sequence (model.state.StateSpec)
-        # every layer plain full attention: the flat ragged path below; any other kind runs through the
-        # model's own forward over PagedState, whatever state its layers declare
-        self.hybrid = not all(type(mixer) is Attention for mixer in mixers)
+        # every layer of a kind that runs on a ragged batch (StateSpec.ragged: its ``paged``, model/paged.py): one
+        # loop over the layers on all of a step's rows; a model with any other kind runs through its own forward
+        # over PagedState, whatever state its layers declare
+        self.hybrid = not all(spec.ragged for spec in specs)
         self.prefix_cacheable = not any(spec.fixed for spec in specs)  # a fixed-size state is not per block
         self.invariant = batch_invariant
         if batch_invariant:
@@ -158,8 +129,8 @@ class ModelRunner:
                                      device=self.device)
         self.latent_LPD = torch.zeros(len(latent_layers), P, max(latent_dims, default=1), dtype=self.dtype,
                                       device=self.device)
-        self._fused: dict[int, tuple[tuple, torch.Tensor]] = {}
-        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos_PD, sin_PD) by position  # id(attention) -> (weights' versions, qkv weight)
+        self._fused: dict = {}  # packed / derived weights: _packed_weight, _packed_experts, derived
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos_PD, sin_PD) by position
         self.image = (cfg.image_token_id, cfg.image_patch_dim) if getattr(cfg, "image_patch_dim", 0) else None
         # per-row C++ ops (kernels/decode_cpu) for norms, q/k-norm + RoPE + KV write (a bfloat16 cache too)
         # and the softmax router; batch-invariant mode keeps its tiled torch path
@@ -168,18 +139,26 @@ class ModelRunner:
         # the dense projections of a few rows (q|k|v, o, router, head) against weights packed once
         # (kernels/linear_cpu: ~2x MKL's sgemm at 16 rows on weights streamed from memory each step)
         self.packed_linear = self.fast and linear_cpu.load_kernel() is not None
+        # decode_step's routed experts gathered per token (model.paged.experts_gathered: no host sync) where the
+        # C++ path does not run: on CUDA, for graph capture; a test turns it on on the host
+        self.static_experts = self.device.type == "cuda"
         self._plan: tuple[tuple, DecodePlan] | None = None  # (weights key, the plan): _decode_plan
         self._plan_refs: list[tuple[dict, str]] | None = None  # _plan_params' lookups ([]: no plan for this model)
+        if decode_graphs and (self.hybrid or self.invariant):
+            raise ValueError("decode graphs need a model whose layers all run on a ragged batch, without batch_invariant")
+        self.graphs = DecodeGraphs(self, max_blocks=num_blocks) if decode_graphs else None
 
-    def _qkv_weight(self, attn) -> torch.Tensor:
-        """q, k, v projections as one [(Hq + 2·Hkv)·D, H] weight (one matmul instead of three),
-        rebuilt when any of them changes: ``update_weights`` copies in place, which bumps a
-        tensor's version counter; a replaced parameter has a new address."""
-        ws = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+    def derived(self, ws: tuple[torch.Tensor, ...], fn) -> torch.Tensor:
+        """``fn(*ws)`` (e.g. q, k, v as one [(Hq + 2·Hkv)·D, H] weight: one matmul instead of three), rebuilt when
+        any of ``ws`` changes: ``update_weights`` copies in place, which bumps a tensor's version counter; a
+        replaced parameter has a new address and object (weak references, as ``_packed_weight``'s). Keyed by
+        ``id(ws[0])``, dropped when it is freed."""
+        slot = id(ws[0])
         key = tuple((w.data_ptr(), w._version) for w in ws)
-        cached = self._fused.get(id(attn))
-        if cached is None or cached[0] != key:
-            cached = self._fused[id(attn)] = (key, torch.cat(ws))
+        cached = self._fused.get(slot)
+        if cached is None or cached[0] != key or any(r() is not w for r, w in zip(cached[2], ws)):
+            refs = (weakref.ref(ws[0], _dropper(weakref.ref(self), slot)), *map(weakref.ref, ws[1:]))
+            cached = self._fused[slot] = (key, fn(*ws), refs)
         return cached[1]
 
     def _packed(self, x_NK: torch.Tensor, *ws: torch.Tensor) -> torch.Tensor:
@@ -187,7 +166,7 @@ class ModelRunner:
         return linear_cpu.linear(x_NK, *self._packed_weight(*ws))
 
     def _packed_weight(self, *ws: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """(``linear_cpu.pack(cat(ws))``, its output count), cached and rebuilt like ``_qkv_weight``'s when
+        """(``linear_cpu.pack(cat(ws))``, its output count), cached and rebuilt like ``derived``'s when
         any of ``ws`` changes. The entry is keyed by ``id(ws[0])`` and also holds weak references to ``ws``:
         after parameters are replaced, a later parameter can get a freed one's id *and* its freed memory
         (same address, version 0), so addresses and versions alone would hand it another weight's panels;
@@ -248,28 +227,8 @@ class ModelRunner:
         table = self._rope_table
         if table is None or table[0].shape[0] < need or table[0].dtype != dtype:
             size = max(1024, 1 << (need - 1).bit_length())
-            cos_1PD, sin_1PD = self.model.model.rotary_emb(torch.arange(size, device=self.device)[None], dtype)
-            table = self._rope_table = (cos_1PD[0], sin_1PD[0])
+            table = self._rope_table = paged.rope_table(self.model, size, dtype, self.device)
         return table[0][pos_N], table[1][pos_N]
-
-    def _qk_norm_weight(self, attn) -> torch.Tensor | None:
-        """Per-head q- and k-norm weights as one [Hq + Hkv, D] table (None unless both are
-        per-head ``RMSNorm``s with one eps), cached like ``_qkv_weight``."""
-        qn, kn = attn.q_norm, attn.k_norm
-        if type(qn) is not RMSNorm or type(kn) is not RMSNorm or qn.eps != kn.eps:
-            return None
-        key = tuple((w.data_ptr(), w._version) for w in (qn.weight, kn.weight))
-        cached = self._fused.get(id(qn))
-        if cached is None or cached[0] != key:
-            cached = self._fused[id(qn)] = (key, torch.cat((qn.weight.expand(self.Hq, self.D),
-                                                             kn.weight.expand(self.Hkv, self.D))))
-        return cached[1]
-
-    def _norm(self, norm: RMSNorm, x_NH: torch.Tensor) -> torch.Tensor:
-        """``norm(x_NH)`` (the model's kernel table); on the fast path one ``decode_cpu`` call."""
-        if self.fast and x_NH.dim() == 2:
-            return decode_cpu.rms_norm(x_NH, norm.weight, norm.eps)
-        return norm(x_NH)
 
     @property
     def cache_bytes(self) -> int:
@@ -298,8 +257,6 @@ class ModelRunner:
         → (logits_RV for the R sequences whose new tokens reach their end, in batch order;
         their batch indices; routed expert ids [N, L, k] when ``want_routed``).
         """
-        if self.hybrid:
-            return self._run_per_sequence(batch, want_routed)
         bs = self.bs
         order = [i for i, (_, n) in enumerate(batch) if n == 1] + [i for i, (_, n) in enumerate(batch) if n > 1]
         n_dec = sum(1 for _, n in batch if n == 1)
@@ -359,59 +316,33 @@ class ModelRunner:
                 slots_CS[j, :c + n] = key_slots_S
             chunks = (slots_CS, *torch.tensor([(c, r0, n) for r0, n, c, _ in prefill], dtype=torch.long, device=dev).T)
 
+        if self.graphs is not None and not prefill and self.image is None and not want_routed:  # a pure decode step
+            logits_NV = self.graphs(ids_N, pos_N, slot_N, table_BM, ctx_B)  # rows in batch order (every n is 1)
+            ends = [i for i, (seq, n) in enumerate(batch) if seq.num_computed + n == len(seq)]
+            return (logits_NV[ends] if len(ends) < len(batch) else logits_NV), ends, None
         m = self.model
-        x_NH = m.model.embed_tokens(ids_N)
-        if self.image is not None and bool((ids_N == self.image[0]).any()):
-            x_NH = m.model.image_projector.merge(x_NH[None], ids_N[None], self._patches([batch[i] for i in order]))[0]
+        images = self.image is not None and bool((ids_N == self.image[0]).any())
+        x_NH = paged.embed(m, ids_N, self._patches([batch[i] for i in order]) if images else None)
         cos_ND, sin_ND = self._rope(pos_N, n_pos, x_NH.dtype)
-        packed = self.packed_linear  # the dense projections through kernels/linear_cpu, at any row count
-        if packed and not prefill and self.image is None:
+        if self.packed_linear and not prefill and self.image is None:
             plan = self._decode_plan()
             if plan is not None:
                 return self._decode_planned(plan, x_NH, cos_ND, sin_ND, slot_N, dec_slots_BS, ctx_B, batch, want_routed)
+        if rows_as_decode:
+            attend = functools.partial(_paged_decode, self.kernels.paged_decode, all_slots_NS, all_ctx_N, self.D ** -0.5)
+        else:
+            attend = functools.partial(self._attention, n_dec=n_dec, dec_slots_BS=dec_slots_BS, ctx_B=ctx_B, chunks=chunks)
+        step = _Step(self, cos_ND, sin_ND, slot_N, attend)
+        if self.hybrid:  # kinds without a ragged form run per sequence group, over the model's AttentionState hook
+            step.per_sequence = functools.partial(_per_sequence, self._groups(batch, order, n_dec, first_row, x_NH.dtype))
         routed = []
-        for layer_idx, layer in enumerate(m.model.layers):
-            kv_PCHD = self.kv_LPCHD[self.pool_index[layer_idx]]
-            attn = layer.self_attn
-            h_NH = self._norm(layer.input_layernorm, x_NH)
-            N = h_NH.shape[0]
-            if packed:
-                qkv_NF = self._packed(h_NH, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
-            else:
-                qkv_weight = self._qkv_weight(attn)
-                qkv_NF = self._rows(lambda t: F.linear(t, qkv_weight), h_NH)
-            qk_norm_HD = self._qk_norm_weight(attn)
-            if self.fast and (qk_norm_HD is not None or _no_qk_norm(attn)):  # norm, RoPE, KV write: one call
-                q_NHD = decode_cpu.qk_norm_rope_store(qkv_NF, qk_norm_HD, getattr(attn.q_norm, "eps", 0.0), cos_ND,
-                                                      sin_ND, kv_PCHD, slot_N, self.Hq, self.Hkv)
-            else:
-                q_NHD = self._qk_rope_store(attn, qkv_NF, qk_norm_HD, cos_ND[:, None], sin_ND[:, None], kv_PCHD, slot_N)
-            if rows_as_decode:
-                out_NHD = self.kernels.paged_decode(q_NHD, kv_PCHD, all_slots_NS, all_ctx_N, self.D ** -0.5)
-            else:
-                out_NHD = self._attention(q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, chunks)
-            out_NF = out_NHD.reshape(N, self.Hq * self.D)
-            if getattr(attn, "gate_proj", None) is not None:  # sigmoid output gate
-                out_NF = out_NF * torch.sigmoid(self._rows(attn.gate_proj, h_NH))
-            if packed and attn.o_proj.bias is None:
-                x_NH = x_NH + self._packed(out_NF, attn.o_proj.weight)
-            else:
-                x_NH = x_NH + self._rows(attn.o_proj, out_NF)
-            h_NH = self._norm(layer.post_attention_layernorm, x_NH)
-            if not getattr(layer, "is_moe", True):  # a dense first layer
-                x_NH = x_NH + self._rows(layer.mlp, h_NH)
-                continue
-            y_NH, ids_Nk = self._moe(layer.mlp, h_NH, packed)
-            x_NH = x_NH + y_NH
-            if want_routed:
+        for layer in m.model.layers:  # each layer kind's ``paged`` (model/paged.py), over all the step's rows
+            x_NH, ids_Nk = layer.paged(x_NH, step)
+            if want_routed and ids_Nk is not None:
                 routed.append(ids_Nk)
 
         ends = [i for i, (seq, n) in enumerate(batch) if seq.num_computed + n == len(seq)]
-        h_RH = self._norm(m.model.norm, x_NH[[first_row[i] + batch[i][1] - 1 for i in ends]])
-        if packed and m.lm_head.bias is None:
-            logits_RV = self._packed(h_RH, m.lm_head.weight)
-        else:
-            logits_RV = self._rows(m.lm_head, h_RH)
+        logits_RV = paged.head(m, x_NH[[first_row[i] + batch[i][1] - 1 for i in ends]], step)
         routed_NLk = None
         if want_routed:  # back to batch order
             rows = torch.tensor([r for i, (_, n) in enumerate(batch) for r in range(first_row[i], first_row[i] + n)],
@@ -419,100 +350,73 @@ class ModelRunner:
             routed_NLk = torch.stack(routed, dim=1)[rows]
         return logits_RV, ends, routed_NLk
 
+    @torch.no_grad()
+    def decode_step(self, ids_B: torch.Tensor, pos_B: torch.Tensor, slot_B: torch.Tensor, table_BM: torch.Tensor,
+                    ctx_B: torch.Tensor) -> torch.Tensor:
+        """One pure decode step from tensors only → logits [B, V]; the new keys/values written to the cache.
+
+        ids_B, pos_B [B] int64: each sequence's next token and its position; slot_B [B]: the cache slot it is
+        written to; table_BM [B, M] int64: block tables, zero-padded to M blocks (M·block_size ≥ every
+        context); ctx_B [B] = pos_B + 1. All on the runner's device. No host sync and no shape that depends on
+        the values (the sequences' keys read through ``slots_BS`` [B, M·block_size], entries past ctx unread;
+        the MoE's experts gathered per token where a grouped form would count them on the host,
+        ``static_experts``), so a CUDA graph can capture it for fixed B and M (``cuda_graphs.DecodeGraphs``).
+        The RoPE table must cover M·block_size positions before a capture (a first eager call builds it).
+        Full-attention (ragged) models only; the same rows as ``run``'s decode, up to the experts' and the
+        attention's float summation order where the static forms differ (bit for bit on the ``cpu`` backend's
+        planned path)."""
+        if self.hybrid:
+            raise ValueError("decode_step needs a model whose layers all run on a ragged batch (StateSpec.ragged)")
+        B, M = table_BM.shape
+        S = M * self.bs
+        slots_BS = (table_BM[:, :, None] * self.bs + torch.arange(self.bs, device=table_BM.device)).view(B, S)
+        x_NH = paged.embed(self.model, ids_B)
+        cos_ND, sin_ND = self._rope(pos_B, S, x_NH.dtype)
+        plan = self._decode_plan() if self.packed_linear and self.image is None else None
+        if plan is not None:
+            paged.decode_layers(plan, x_NH, cos_ND, sin_ND, slot_B, slots_BS, ctx_B, self.D ** -0.5, self.Hq,
+                                self.Hkv, False)
+            return paged.decode_head(plan, x_NH)
+        step = _Step(self, cos_ND, sin_ND, slot_B,
+                     functools.partial(_paged_decode, self.kernels.paged_decode, slots_BS, ctx_B, self.D ** -0.5),
+                     static=self.static_experts)
+        for layer in self.model.model.layers:
+            x_NH, _ = layer.paged(x_NH, step)
+        return paged.head(self.model, x_NH, step)
+
     def _decode_plan(self) -> DecodePlan | None:
-        """What a pure decode step calls per layer, the weights packed and fused (``LayerPlan`` per layer, the
-        final norm and head in ``DecodePlan``); None unless every layer has the plain shape the C++ path covers
-        (full attention with RMSNorm q/k-norm or none, no output gate, bias-free projections, a softmax-routed
-        MoE without shared experts, RMSNorm norms; a bfloat16 cache too: the same calls take it). Rebuilt when any weight
-        changes in place (its version) or is replaced (its address), like ``_qkv_weight``."""
+        """What a pure decode step calls per layer, the weights packed and fused (``model.paged.decode_plan``: a
+        ``LayerPlan`` per layer, the final norm and head); None unless every layer has the plain shape the C++
+        path covers (``model.paged.plain_decode_shape``; a bfloat16 cache too: the same calls take it). Rebuilt
+        when any weight changes in place (its version) or is replaced (its address), like ``derived``."""
         params = self._plan_params()
         if params is None:
             return None
         key = tuple((p.data_ptr(), p._version) for p in params)
         if self._plan is not None and self._plan[0] == key:
             return self._plan[1]
-        m, layers = self.model, []
-        for layer_idx, layer in enumerate(m.model.layers):
-            attn, mlp, (in_norm, post_norm) = layer.self_attn, layer.mlp, (layer.input_layernorm, layer.post_attention_layernorm)
-            qk_norm_HD = self._qk_norm_weight(attn)
-            gate = mlp.gate
-            qkv_p, qkv_out = self._packed_weight(attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
-            o_p, hidden = self._packed_weight(attn.o_proj.weight)
-            gate_p, num_experts = self._packed_weight(gate.weight)
-            layers.append(LayerPlan(
-                kv_PCHD=self.kv_LPCHD[self.pool_index[layer_idx]], w_in=in_norm.weight.detach(), eps_in=in_norm.eps,
-                qkv_p=qkv_p, qkv_out=qkv_out,
-                qk_norm_w=qk_norm_HD.detach() if qk_norm_HD is not None else in_norm.weight.new_empty(0),
-                qk_eps=getattr(attn.q_norm, "eps", 0.0), o_p=o_p, hidden=hidden, w_post=post_norm.weight.detach(),
-                eps_post=post_norm.eps, gate_p=gate_p, num_experts=num_experts, top_k=gate.top_k,
-                norm_topk=gate.norm_topk_prob, route_scale=gate.routed_scaling_factor,
-                experts=self._packed_experts(mlp.experts)))
-        head_p, vocab = self._packed_weight(m.lm_head.weight)
-        plan = DecodePlan(layers, m.model.norm.weight.detach(), m.model.norm.eps, head_p, vocab)
+        plan = paged.decode_plan(self.model, _Step(self))
         self._plan = (key, plan)
         return plan
 
     def _plan_params(self) -> list[torch.Tensor] | None:
-        """The parameters ``_decode_plan`` reads, looked up in their modules' parameter tables (a parameter
-        replaced by assignment shows; a cheap lookup, unlike ``Module.__getattr__``), or None when a layer is
-        not of the plan's shape (decided once)."""
+        """The parameters ``_decode_plan`` reads, looked up in their modules' parameter tables
+        (``model.paged.plan_refs``, decided once), or None when a layer is not of the plan's shape."""
         if self._plan_refs is None:
-            m = self.model
-            if not _plain_decode_shape(m):
-                self._plan_refs = []
-                return None
-            mods = [(m.model.norm, "weight"), (m.lm_head, "weight")]
-            for layer in m.model.layers:
-                attn, mlp = layer.self_attn, layer.mlp
-                mods += [(layer.input_layernorm, "weight"), (layer.post_attention_layernorm, "weight"),
-                         (attn.q_proj, "weight"), (attn.k_proj, "weight"), (attn.v_proj, "weight"),
-                         (attn.o_proj, "weight"), (mlp.gate, "weight"), (mlp.experts, "gate_up_proj"),
-                         (mlp.experts, "down_proj")]
-                if not _no_qk_norm(attn):
-                    mods += [(attn.q_norm, "weight"), (attn.k_norm, "weight")]
-            self._plan_refs = [(mod._parameters, name) for mod, name in mods]
+            self._plan_refs = paged.plan_refs(self.model)
         return [table[name] for table, name in self._plan_refs] if self._plan_refs else None
 
     def _decode_planned(self, plan, x_NH, cos_ND, sin_ND, slot_N, slots_BS, ctx_B, batch, want_routed
                         ) -> tuple[torch.Tensor, list[int], torch.Tensor | None]:
         """``run``'s layers for a pure decode step (every row one sequence's next token, in batch order): the
-        same C++ calls as the general path, straight from the plan (no per-layer module lookups, cache
-        checks or wrappers), the residual adds in place; each layer's nine of them inside one registry call
-        (``decode_cpu``'s ``decode_layer``)."""
-        dl, ll = decode_cpu.load_kernel(), linear_cpu.load_kernel()
-        layer_op = dl.decode_layer
-        N, Hq, Hkv, scale = x_NH.shape[0], self.Hq, self.Hkv, self.D ** -0.5
-        slots_BS, ctx_B = slots_BS.contiguous(), ctx_B.contiguous()
-        routed = []
-        for p in plan.layers:  # one C++ call per layer (decode_cpu's decode_layer: the nine calls, in order)
-            ids_Nk = layer_op(x_NH, p.w_in, p.eps_in, p.qkv_p, p.qkv_out, p.qk_norm_w, p.qk_eps, cos_ND, sin_ND,
-                              p.kv_PCHD, slot_N, slots_BS, ctx_B, scale, Hq, Hkv, p.o_p, p.hidden, p.w_post,
-                              p.eps_post, p.gate_p, p.num_experts, p.top_k, p.norm_topk, p.route_scale, *p.experts)
-            if want_routed:
-                routed.append(ids_Nk)
+        plan's layers, one C++ call each (``model.paged.decode_layers``), the residual adds in place."""
+        N = x_NH.shape[0]
+        routed = paged.decode_layers(plan, x_NH, cos_ND, sin_ND, slot_N, slots_BS.contiguous(), ctx_B.contiguous(),
+                                     self.D ** -0.5, self.Hq, self.Hkv, want_routed)
         ends = [i for i, (seq, n) in enumerate(batch) if seq.num_computed + n == len(seq)]
         if len(ends) < N:  # a prompt's chunk cut to one token by the step's budget: no logits for it
             x_NH = x_NH[ends]
-        logits_RV = ll.linear_packed(dl.rms_norm(x_NH, plan.w_norm, plan.eps_norm), plan.head_p, plan.vocab)
-        return logits_RV, ends, torch.stack(routed, dim=1) if want_routed else None
-
-    def _qk_rope_store(self, attn, qkv_NF, qk_norm_HD, cos_N1D, sin_N1D, kv_PCHD, slot_N) -> torch.Tensor:
-        """q/k-norm and RoPE of the fused projection's q and k, k and v written at ``slot_N`` → q_NHD."""
-        N = qkv_NF.shape[0]
-        q_NF, k_NF, v_NF = qkv_NF.split((self.Hq * self.D, self.Hkv * self.D, self.Hkv * self.D), dim=-1)
-        v_NHD = v_NF.reshape(N, self.Hkv, self.D)
-        if qk_norm_HD is not None:  # q and k side by side: one norm and one RoPE over both
-            qk_NHD = qkv_NF[:, :(self.Hq + self.Hkv) * self.D].view(N, self.Hq + self.Hkv, self.D)
-            qk_NHD = rms_norm_torch(qk_NHD, qk_norm_HD, attn.q_norm.eps)
-            qk_NHD = qk_NHD * cos_N1D + rotate_half(qk_NHD) * sin_N1D
-            q_NHD, k_NHD = qk_NHD.split((self.Hq, self.Hkv), dim=1)
-        else:
-            q_NHD = attn.q_norm(q_NF.reshape(N, self.Hq, self.D))
-            k_NHD = attn.k_norm(k_NF.reshape(N, self.Hkv, self.D))
-            q_NHD = q_NHD * cos_N1D + rotate_half(q_NHD) * sin_N1D
-            k_NHD = k_NHD * cos_N1D + rotate_half(k_NHD) * sin_N1D
-        kv_PCHD.index_copy_(0, slot_N, torch.stack((k_NHD, v_NHD), dim=1).to(self.kv_dtype))
-        return q_NHD
+        return paged.decode_head(plan, x_NH), ends, torch.stack(routed, dim=1) if want_routed else None
 
     def _attention(self, q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, chunks) -> torch.Tensor:
         """The decoding rows in one paged-decode call, all prefill chunks -- ``chunks`` = (slots_CS, start_C,
@@ -534,57 +438,34 @@ class ModelRunner:
         tiles = F.pad(x_NH, (0, 0, 0, -N % ROW_TILE)).split(ROW_TILE)
         return torch.cat([fn(t) for t in tiles])[:N] if N else fn(x_NH)
 
-    def _moe(self, mlp, h_NH: torch.Tensor, packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """The MoE block over the rows of ``h_NH`` → (y_NH, expert ids_Nk); batch-invariant: per tile.
-        ``packed``: the router's projection through ``_packed``. The experts go through their packed copy
-        whenever the C++ kernels build here, at any row count."""
-        if self.fast and mlp.shared_experts is None and not mlp.gate.sigmoid:  # the router in one C++ call
-            gate = mlp.gate
-            logits_NE = self._packed(h_NH, gate.weight) if packed else F.linear(h_NH, gate.weight)
-            ids_Nk, w_Nk = decode_cpu.route_softmax_topk(logits_NE, gate.top_k,
-                                                         gate.norm_topk_prob, gate.routed_scaling_factor)
-            ex = mlp.experts
-            if self.packed_linear and moe_cpu.load_kernel() is not None:  # any row count (prefill chunks too)
-                return moe_cpu.moe_experts_packed(h_NH, ids_Nk, w_Nk, *self._packed_experts(ex)), ids_Nk
-            if moe_cpu.use_kernel(h_NH, ids_Nk, ex.gate_up_proj.shape[0], False):
-                return moe_cpu.moe_experts(h_NH, ids_Nk, w_Nk, ex.gate_up_proj, ex.down_proj), ids_Nk
-            return ex(h_NH, ids_Nk, w_Nk), ids_Nk
+    def _tiles(self, x_NH: torch.Tensor) -> list[torch.Tensor]:
+        """The row tiles of ``_rows``: [x_NH], or batch-invariant: tiles of exactly ``ROW_TILE`` rows."""
         if not self.invariant:
-            y_1NH, _, _, ids_Nk = mlp(h_NH[None])
-            return y_1NH[0], ids_Nk
-        N = h_NH.shape[0]
-        parts = [mlp(t[None]) for t in F.pad(h_NH, (0, 0, 0, -N % ROW_TILE)).split(ROW_TILE)]
-        return torch.cat([p[0][0] for p in parts])[:N], torch.cat([p[3] for p in parts])[:N]
+            return [x_NH]
+        return list(F.pad(x_NH, (0, 0, 0, -x_NH.shape[0] % ROW_TILE)).split(ROW_TILE))
 
-    def _run_per_sequence(self, batch: list[tuple[Sequence, int]], want_routed: bool
-                          ) -> tuple[torch.Tensor, list[int], torch.Tensor | None]:
-        """Hybrid models, through the model's own forward: every decoding sequence in one batched
-        forward (``DecodeBatchState``), each prefill chunk in its own (``PagedState``)."""
-        decoding = [i for i, (seq, n) in enumerate(batch) if n == 1 and seq.num_computed > 0]
-        rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # batch index -> (logits [n, V], routed [n, L, k])
+    def _groups(self, batch, order, n_dec, first_row, dtype) -> list[tuple[torch.Tensor, int, AttentionBatch]]:
+        """The step's rows as the forwards of the model's layers without a ragged form take them, each with its
+        ``AttentionBatch`` over the paged pools: every decoding sequence (one new token, past its first) in one
+        batch (``DecodeBatchState``: keys gathered left-padded and masked, fixed-size states stacked), every
+        other sequence's chunk alone (``PagedState``) → [(rows [B·T] in the step's row order, T, batch)]."""
+        m, dev, groups = self.model, self.device, []
+        decoding = [i for i in order[:n_dec] if batch[i][0].num_computed > 0]
         if len(decoding) > 1:
             state = DecodeBatchState(self, [batch[i][0] for i in decoding])
-            ids_B1 = torch.tensor([[batch[i][0].token_ids[batch[i][0].num_computed]] for i in decoding], device=self.device)
-            out = self.model(ids_B1, position_ids=state.position_ids_B1, attention_mask=state.attention_mask_BS,
-                             cache=state, image_patches=self._patches([batch[i] for i in decoding]))
-            rows = {i: (out.logits[b], out.topk_ids[b]) for b, i in enumerate(decoding)}
-        logits, ends, routed = [], [], []
-        for i, (seq, n) in enumerate(batch):
+            key_mask_BS = state.attention_mask_BS
+            groups.append((torch.tensor([first_row[i] for i in decoding], device=dev), 1, m.attention_batch(
+                state.position_ids_B1, dtype, mask_B1TS=None, token_mask_BT=key_mask_BS[:, state.length:], cache=state,
+                past=state.length, key_mask_BS=key_mask_BS)))
+        for i in order:
+            if len(decoding) > 1 and i in decoding:
+                continue
+            seq, n = batch[i]
             c = seq.num_computed
-            if i not in rows:
-                out = self.model(torch.tensor([seq.token_ids[c:c + n]], device=self.device),
-                                 position_ids=torch.arange(c, c + n, device=self.device)[None],
-                                 cache=PagedState(self, seq, n), image_patches=self._patches([(seq, n)]))
-                rows[i] = (out.logits[0], out.topk_ids[0])
-            if c + n == len(seq):
-                ends.append(i)
-                logits.append(rows[i][0][-1])
-            if want_routed:
-                routed.append(rows[i][1])
-        logits_RV = torch.stack(logits) if logits else torch.empty(0, self.model.config.vocab_size, dtype=self.dtype,
-                                                                     device=self.device)
-        return logits_RV, ends, torch.cat(routed) if want_routed else None
-
+            groups.append((torch.arange(first_row[i], first_row[i] + n, device=dev), n, m.attention_batch(
+                torch.arange(c, c + n, device=dev)[None], dtype, mask_B1TS=None, token_mask_BT=None,
+                cache=PagedState(self, seq, n), past=c)))
+        return groups
 
 def _layout(ws) -> tuple:
     return tuple((tuple(w.shape), w.dtype) for w in ws)
@@ -608,25 +489,39 @@ def _dropper(runner_ref, slot):
     return drop
 
 
-def _plain_decode_shape(model) -> bool:
-    """Whether every layer is what ``ModelRunner._decode_plan`` covers (its docstring)."""
-    m = model.model
-    if type(m.norm) is not RMSNorm or model.lm_head.bias is not None:
-        return False
-    for layer in m.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        qk_ok = (type(attn.q_norm) is RMSNorm and type(attn.k_norm) is RMSNorm and attn.q_norm.eps == attn.k_norm.eps
-                 and attn.q_norm.weight.dim() == 1) or _no_qk_norm(attn)
-        if not (getattr(layer, "is_moe", True) and qk_ok and getattr(attn, "gate_proj", None) is None
-                and type(layer.input_layernorm) is RMSNorm and type(layer.post_attention_layernorm) is RMSNorm
-                and all(p.bias is None for p in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
-                and mlp.shared_experts is None and not mlp.gate.sigmoid and hasattr(mlp, "experts")):
-            return False
-    return True
+class _Step:
+    """``model.paged.PagedStep`` of one ``ModelRunner.run`` step: the runner's choices, packer and pools, the
+    step's RoPE rows and slots, and how its rows attend (``attend``: bound once per step, no branch per layer).
+    Without the step's rows (``_decode_plan``) only the packer and pools are read."""
+
+    __slots__ = ("fast", "static", "packed_linear", "kv_dtype", "cos_ND", "sin_ND", "slot_N", "attend", "rows", "tiles",
+                 "linear", "packed_weight", "packed_experts", "derived", "per_sequence", "_pools", "_index")
+
+    def __init__(self, runner: ModelRunner, cos_ND=None, sin_ND=None, slot_N=None, attend=None,
+                 static: bool = False) -> None:
+        self.fast, self.packed_linear, self.kv_dtype = runner.fast, runner.packed_linear, runner.kv_dtype
+        self.static = static
+        self.cos_ND, self.sin_ND, self.slot_N, self.attend = cos_ND, sin_ND, slot_N, attend
+        self.rows, self.tiles, self.linear = runner._rows, runner._tiles, runner._packed
+        self.packed_weight, self.packed_experts, self.derived = runner._packed_weight, runner._packed_experts, runner.derived
+        self._pools, self._index = runner.kv_LPCHD, runner.pool_index
+        self.per_sequence = None  # run: set where a layer kind has no ragged form
+
+    def kv(self, layer: int) -> torch.Tensor:
+        return self._pools[self._index[layer]]
 
 
-def _no_qk_norm(attn) -> bool:
-    return isinstance(attn.q_norm, torch.nn.Identity) and isinstance(attn.k_norm, torch.nn.Identity)
+def _per_sequence(groups, mixer, h_NH: torch.Tensor) -> torch.Tensor:
+    """``mixer``'s own forward (a layer kind without a ragged form) over each of ``ModelRunner._groups`` → y_NH."""
+    y_NH = torch.empty_like(h_NH)
+    for rows, T, attention_batch in groups:
+        y_NH.index_copy_(0, rows, mixer(h_NH.index_select(0, rows).view(-1, T, h_NH.shape[1]), attention_batch).flatten(0, 1))
+    return y_NH
+
+
+def _paged_decode(op, slots_NS, ctx_N, scale, q_NHD, kv_PCHD) -> torch.Tensor:
+    """Every row a decode query over its keys 0..pos (``run``'s rows-as-decode steps)."""
+    return op(q_NHD, kv_PCHD, slots_NS, ctx_N, scale)
 
 
 def _check_batch_invariant(hybrid: bool, dtype: torch.dtype, cpp: bool) -> None:

@@ -1,7 +1,7 @@
 """``PagedState``: the model's ``AttentionState`` for one sequence, over the engine's paged pools.
 
-Used for every model whose layers are not all plain full attention (``ModelRunner`` runs them through
-the model's own forward): each layer kind declares what it keeps (its mixer's ``state_spec``,
+Used for the layer kinds without a ragged form (``StateSpec.ragged`` false: ``ModelRunner`` runs each such
+layer's own forward per sequence group over it, inside its one loop over the layers): each layer kind declares what it keeps (its mixer's ``state_spec``,
 ``model.state.StateSpec``) and calls only those methods, so a new kind plugs in without a change here
 or in the runner. Per-token keys/values (``update``), indexer keys (``update_index``) and MLA latents
 (``update_latent``) live in the runner's paged pools at the sequence's block-table slots; a fixed-size state (``recurrent`` /

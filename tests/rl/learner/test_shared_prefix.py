@@ -4,6 +4,7 @@ the unshared forward's log-probs and, through real DeepSpeed, the unshared updat
 import pytest
 import torch
 
+from jointrl.model import MoEConfig, MoETransformer
 from jointrl.rl.build import build_model
 from jointrl.rl.config import load_config
 from jointrl.rl.learner.batch import TrainBatch, collate, collate_shared, logprobs_from_logits, micro_batches
@@ -56,7 +57,7 @@ def test_shared_forward_equals_unshared(model, fused, monkeypatch):
     select among prompt keys and the KDA state is handed over mid-chunk); with the C++ norm / q/k-norm
     + RoPE kernel and with the modules' own (``fused=False``: no compiler)."""
     if not fused:
-        monkeypatch.setattr("jointrl.rl.learner.forward.norm_rope_cpu.usable", lambda x: False)
+        monkeypatch.setattr("jointrl.kernels.norm_rope_cpu.usable", lambda x: False)
     torch.manual_seed(0)
     model = build_model(load_config(["model.dtype=float64", *model]))
     for p in model.parameters():
@@ -241,3 +242,21 @@ def test_one_token_completions():
     torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-12)
     for n in g0:
         torch.testing.assert_close(g1[n], g0[n], rtol=1e-9, atol=1e-12, msg=n)
+
+
+def test_sink_attention_shares_prompts_through_the_cache():
+    """gpt-oss-shaped layers (``full`` kind with attention sinks and biases, ``SinkAttention``) have no flat
+    shared-prompt form (their sinks are outside ``_SharedLayout``'s attention): they share prompts through the
+    prompts' cache, and every trained token's log-prob equals the unshared forward's (float64)."""
+    cfg = MoEConfig(layer_types=("full", "full"), num_hidden_layers=2, attention_sinks=True, attention_bias=True,
+                    vocab_size=264)
+    model = MoETransformer.from_config(cfg, dtype=torch.float64, seed=1)
+    for name, p in model.named_parameters():
+        if name.endswith("sinks"):  # sinks that matter (0 at init)
+            p.data.normal_(0, 1.0)
+    batch = _batch()
+    lps = []
+    for mb in (collate(batch, False, 0, torch.float64), collate_shared(batch, 0, torch.float64)):
+        fwd = learner_forward(model, mb.input_ids, mb.pos, mb.seg, prefix=mb.prefix)
+        lps.append(logprobs_from_logits(fwd.logits_BTV, mb.input_ids)[mb.loss_mask > 0])
+    torch.testing.assert_close(lps[1], lps[0], rtol=0, atol=1e-12)

@@ -2,7 +2,8 @@
 greedy tokens, and its log-probs within float32 rounding: a full-attention model (decode and prefill-chunk
 attention through ``kernels/paged_attention``'s kernels over the engine's paged pool) and a hybrid one (its KDA
 layers' prefill and decode through ``kernels/kda``'s chunk and recurrent kernels), over chunked prefill
-and a few decode steps of a batch."""
+and a few decode steps of a batch; and the CUDA-graph decode path (``cuda_graphs.DecodeGraphs``) run eagerly
+on the triton backend."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 
 from jointrl.kernels import dispatch, kda, paged_attention
 from jointrl.model import MoEConfig, MoETransformer
+from jointrl.rl.rollout.cuda_graphs import DecodeGraphs
 from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
+from jointrl.rl.rollout.model_runner import ModelRunner
 from jointrl.rl.types import SamplingParams
 
 MODELS = {
@@ -47,3 +50,36 @@ def test_triton_backend_engine_equals_the_torch_backend(kind, monkeypatch):
     for w, o in zip(want, got, strict=True):
         assert o.token_ids == w.token_ids
         assert o.logprobs == pytest.approx(w.logprobs, abs=2e-5)
+
+
+def _static_decode(backend: str, graphs: bool) -> tuple[torch.Tensor, list[list[int]]]:
+    """Three rows fed token by token through ``decode_step`` (through ``DecodeGraphs``' padded bucket when
+    ``graphs``; the MoE's experts gathered, as a CUDA graph needs) → (logits [steps, B, V], each row's tokens)."""
+    model = MoETransformer.from_config(MODELS["full"], dtype=torch.float32, seed=3, kernels=backend)
+    runner = ModelRunner(model, num_blocks=16, block_size=4)
+    runner.static_experts = True
+    step = DecodeGraphs(runner, max_blocks=4, buckets=(4,)) if graphs else runner.decode_step
+    table_BM = torch.arange(1, 13).view(3, 4)
+    tokens, logits = [[7, 8, 9, 10, 11], [200, 3], [42]], []
+    for t in range(8):
+        pos_B = torch.full((3,), t)
+        logits_BV = step(torch.tensor([tok[t] for tok in tokens]), pos_B, table_BM[:, t // 4] * 4 + t % 4,
+                         table_BM[:, :t // 4 + 1], pos_B + 1)
+        logits.append(logits_BV)
+        for b, tok in enumerate(tokens):
+            if len(tok) == t + 1:
+                tok.append(int(logits_BV[b].argmax()))
+    return torch.stack(logits), tokens
+
+
+def test_padded_static_decode_on_the_triton_backend(monkeypatch):
+    """``DecodeGraphs``' padded static step on the ``triton`` backend (what a CUDA graph would capture: paged
+    decode through ``kernels/paged_attention``'s kernel over a zero-padded table, experts gathered) against the
+    torch backend's unpadded ``decode_step``: the same tokens, logits within float32 rounding."""
+    calls = []
+    real = paged_attention._paged_attention_triton
+    monkeypatch.setattr(paged_attention, "_paged_attention_triton", lambda *a: calls.append(1) or real(*a))
+    want_logits, want_tokens = _static_decode("torch", graphs=False)
+    got_logits, got_tokens = _static_decode("triton", graphs=True)
+    assert calls and got_tokens == want_tokens
+    torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=2e-5)
