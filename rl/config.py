@@ -339,6 +339,7 @@ class RolloutConfig:
     live_sessions: LiveSessions = LiveSessions.keep  # on a weight update
     kv_dtype: KVDtype = KVDtype.auto
     batch_invariant: bool = False  # a seeded request's tokens independent of what shares its batch (exact replay)
+    decode_graphs: bool = False  # pure decode steps captured in CUDA graphs per batch bucket (rl/rollout/cuda_graphs.py)
 
     def __post_init__(self) -> None:
         _coerce_choices(self, "rollout")
@@ -351,6 +352,9 @@ class RolloutConfig:
         _check_positive("rollout.max_tokens_per_turn", self.max_tokens_per_turn)
         if self.max_mismatch_kl is not None:
             _check_positive("rollout.max_mismatch_kl", self.max_mismatch_kl, allow_zero=True)
+        if self.decode_graphs and self.batch_invariant:
+            raise ValueError("config keys 'rollout.decode_graphs' and 'rollout.batch_invariant' cannot both be true: "
+                             "batch-invariant decode runs its own tiled path, which is not captured")
         if self.backend is RolloutBackend.vllm and (self.top_k != 0 or self.top_p != 1.0):
             raise ValueError(f"config keys 'rollout.top_k' = {self.top_k} / 'rollout.top_p' = {self.top_p}: "
                              "rollout.backend=vllm refuses top-k / top-p (its log-probs of a filtered distribution "

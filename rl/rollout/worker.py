@@ -55,7 +55,7 @@ class RolloutWorker:
             self.engine = LLMEngine(build_model(cfg, device), build_tokenizer(cfg), EngineConfig(
                 num_blocks=r.num_blocks, block_size=r.block_size, max_num_seqs=r.max_batch,
                 max_num_batched_tokens=r.max_num_batched_tokens, session_ttl_s=r.session_ttl_s, kv_dtype=r.kv_dtype,
-                live_sessions=r.live_sessions, batch_invariant=r.batch_invariant,
+                live_sessions=r.live_sessions, batch_invariant=r.batch_invariant, decode_graphs=r.decode_graphs,
                 return_routed_experts=getattr(cfg.learner, "routing_replay", False)))
         elif r.backend == "vllm":  # pushes are applied to a copy of model.path's weights (build_model)
             v = r.vllm

@@ -86,3 +86,11 @@ def test_colocated_worker_frees_its_pool_holds_requests_and_wakes_on_the_push(cl
     assert [o.logprobs for o in got] == [o.logprobs for o in want]
     assert [o.logprobs for o in got] != [o.logprobs for o in before]  # the push changed the policy
     ray.get(worker.close.remote())
+
+
+def test_rollout_decode_graphs_reaches_the_engine_and_refuses_batch_invariance():
+    worker = RolloutWorker(load_config(["seed=5", "rollout.decode_graphs=true"]))
+    assert worker.engine.runner.graphs is not None  # pure decode steps go through cuda_graphs.DecodeGraphs
+    assert RolloutWorker(load_config(["seed=5"])).engine.runner.graphs is None
+    with pytest.raises(ValueError, match=r"^config keys 'rollout.decode_graphs' and 'rollout.batch_invariant'"):
+        load_config(["rollout.decode_graphs=true", "rollout.batch_invariant=true"])
