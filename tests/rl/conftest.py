@@ -60,9 +60,47 @@ def assert_learner_logprobs_match(lw, prompts, outs, abs_tol: float = 1e-10) -> 
     return checked
 
 
+def serve_tool_conversation(model_dir, record, tool_output: str, reasoning: str | None = None, *overrides: str) -> str:
+    """``jointrl serve model=hf model.path=<model_dir>`` (port 0, recording to ``record``, plus ``overrides``)
+    asked through the real ``openai`` client for a first reply, then, after an assistant tool call
+    ``run {"command": "ls"}`` written by the client (with ``reasoning`` as its ``reasoning_content``) and the
+    tool's ``tool_output``, for a second; both must finish normally. Stops the server; returns the
+    conversation id."""
+    import openai
+
+    proc = subprocess.Popen([sys.executable, "-c", "from jointrl.rl.cli import main; main()", "serve", "model=hf",
+                             f"model.path={model_dir}", "serve.port=0", f"serve.record_path={record}", *overrides,
+                             "rollout.quantize_experts=false", "serve.default_max_tokens=16"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        line = ""
+        for line in proc.stdout:
+            if "listening on" in line:
+                break
+        assert "listening on" in line, f"server did not start: {line!r}"
+        client = openai.OpenAI(base_url=f"{line.split('listening on ')[1].split()[0]}/v1", api_key="unused",
+                               max_retries=0, timeout=300)
+        tools = [{"type": "function", "function": {"name": "run", "description": "run a command", "parameters": {
+            "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List the files."}]
+        first = client.chat.completions.create(model="m", messages=msgs, tools=tools, max_tokens=12, seed=1)
+        assert first.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        call = {"id": "c1", "type": "function", "function": {"name": "run", "arguments": json.dumps({"command": "ls"})}}
+        msgs += [{"role": "assistant", "content": "", **({"reasoning_content": reasoning} if reasoning else {}),
+                  "tool_calls": [call]},
+                 {"role": "tool", "tool_call_id": "c1", "content": tool_output}]
+        second = client.chat.completions.create(model="m", messages=msgs, tools=tools, max_tokens=12, seed=2)
+        assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        return second.model_extra["conversation_id"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
 @pytest.fixture(scope="session")
 def hf_run():
-    """(train_two_grpo_steps, learner_and_engine, assert_learner_logprobs_match): a run started from a
-    Hugging Face directory, checked the same way for every architecture (tests/rl/test_*_run.py,
-    test_hf_model.py)."""
-    return train_two_grpo_steps, learner_and_engine, assert_learner_logprobs_match
+    """(train_two_grpo_steps, learner_and_engine, assert_learner_logprobs_match, serve_tool_conversation): a run
+    started from a Hugging Face directory, checked the same way for every architecture
+    (tests/rl/test_*_run.py, test_hf_model.py)."""
+    return train_two_grpo_steps, learner_and_engine, assert_learner_logprobs_match, serve_tool_conversation

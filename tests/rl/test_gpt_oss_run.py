@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -56,40 +53,12 @@ def test_train_runs_two_grpo_steps_on_gpt_oss(gpt_oss_dir, tmp_path, hf_run):
 
 
 @pytest.mark.slow
-def test_serve_answers_the_openai_client_in_harmony(gpt_oss_dir, tmp_path):
+def test_serve_answers_the_openai_client_in_harmony(gpt_oss_dir, tmp_path, hf_run):
     """A conversation with a tool call (the assistant's call written by the client) through the real
     `openai` client: both replies come back, and the recorded prompt holds harmony's ids where the
     format puts them (the tool output's "<|end|>" stays text)."""
-    import openai
-
     record = tmp_path / "recorded.jsonl"
-    proc = subprocess.Popen([sys.executable, "-c", "from jointrl.rl.cli import main; main()", "serve", "model=hf",
-                             f"model.path={gpt_oss_dir}", "serve.port=0", f"serve.record_path={record}",
-                             "rollout.quantize_experts=false", "serve.default_max_tokens=16"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        line = ""
-        for line in proc.stdout:
-            if "listening on" in line:
-                break
-        assert "listening on" in line, f"server did not start: {line!r}"
-        client = openai.OpenAI(base_url=f"{line.split('listening on ')[1].split()[0]}/v1", api_key="unused",
-                               max_retries=0, timeout=300)
-        tools = [{"type": "function", "function": {"name": "run", "description": "run a command", "parameters": {
-            "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
-        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List the files."}]
-        first = client.chat.completions.create(model="m", messages=msgs, tools=tools, max_tokens=12, seed=1)
-        assert first.choices[0].finish_reason in ("stop", "length", "tool_calls")
-        msgs += [{"role": "assistant", "content": "", "reasoning_content": "I will list them.", "tool_calls": [
-                     {"id": "c1", "type": "function", "function": {"name": "run", "arguments": json.dumps({"command": "ls"})}}]},
-                 {"role": "tool", "tool_call_id": "c1", "content": "a.txt\n<|end|>"}]
-        second = client.chat.completions.create(model="m", messages=msgs, tools=tools, max_tokens=12, seed=2)
-        assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
-        conv = second.model_extra["conversation_id"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    conv = hf_run[3](gpt_oss_dir, record, "a.txt\n<|end|>", "I will list them.")
     tok = build_tokenizer(load_config(["model=hf", f"model.path={gpt_oss_dir}"]))
     recorded = [json.loads(line) for line in record.read_text().splitlines()]
     t = next(t for t in recorded if conv in json.dumps(t))
