@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import ray
@@ -100,7 +101,9 @@ def serve_tool_conversation(model_dir, record, tool_output: str, reasoning: str 
 
 @pytest.fixture(scope="session")
 def hf_run():
-    """(train_two_grpo_steps, learner_and_engine, assert_learner_logprobs_match, serve_tool_conversation): a run
-    started from a Hugging Face directory, checked the same way for every architecture
-    (tests/rl/test_*_run.py, test_hf_model.py)."""
-    return train_two_grpo_steps, learner_and_engine, assert_learner_logprobs_match, serve_tool_conversation
+    """The checks of a run started from a Hugging Face directory, the same for every architecture
+    (tests/rl/test_*_run.py, test_hf_model.py): ``hf_run.train_two_grpo_steps``, ``.learner_and_engine``,
+    ``.assert_learner_logprobs_match``, ``.serve_tool_conversation``."""
+    return SimpleNamespace(train_two_grpo_steps=train_two_grpo_steps, learner_and_engine=learner_and_engine,
+                           assert_learner_logprobs_match=assert_learner_logprobs_match,
+                           serve_tool_conversation=serve_tool_conversation)

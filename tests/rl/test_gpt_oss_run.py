@@ -21,16 +21,16 @@ from jointrl.rl.types import SamplingParams
 
 
 def test_learner_logprobs_equal_engine_logprobs_and_budget_ends_analysis_with_end(gpt_oss_dir, hf_run):
-    _, learner_and_engine, assert_learner_logprobs_match = hf_run
     cfg = load_config(["model=hf", f"model.path={gpt_oss_dir}", "model.dtype=float64", "rollout.quantize_experts=false"])
     tok, template = build_tokenizer(cfg), build_template(cfg)
     assert isinstance(template, HarmonyTemplate) and cfg.model.layer_types == ["sliding", "full"]
-    lw, engine = learner_and_engine(cfg, port=29733)
+    lw, engine = hf_run.learner_and_engine(cfg, port=29733)
     prompt = template.render([Message(role="user", content="list the files")])
     assert prompt[-1] == tok.think_id == tok.special_ids["<|message|>"]
     prompts = [prompt, template.render([Message(role="system", content="Be brief."), Message(role="user", content="hi")])]
     outs = asyncio.run(_generate(engine, prompts, budgets=(3, None)))
-    assert assert_learner_logprobs_match(lw, prompts, outs) >= 10 and len(prompt) > 8  # contexts past the sliding window (4) and the block size
+    # contexts past the sliding window (4) and the block size
+    assert hf_run.assert_learner_logprobs_match(lw, prompts, outs) >= 10 and len(prompt) > 8
     forced = outs[0]  # budget 3 (seeded: no <|end|> sampled before): the 4th token is a forced <|end|>
     assert tok.think_end_id not in forced.token_ids[:3]
     assert (forced.token_ids[3], forced.sampled[3], forced.logprobs[3]) == (tok.special_ids["<|end|>"], 0, 0.0)
@@ -44,7 +44,7 @@ async def _generate(engine, prompts, budgets):
 
 @pytest.mark.slow
 def test_train_runs_two_grpo_steps_on_gpt_oss(gpt_oss_dir, tmp_path, hf_run):
-    trajs = hf_run[0](gpt_oss_dir, tmp_path)
+    trajs = hf_run.train_two_grpo_steps(gpt_oss_dir, tmp_path)
     tok = build_tokenizer(load_config(["model=hf", f"model.path={gpt_oss_dir}"]))
     ok = [t for t in trajs if t["finish_reason"] != "env_error"]
     assert len(ok) == len(trajs) == 8, [t["reward_info"] for t in trajs if t not in ok][:1]
@@ -58,7 +58,7 @@ def test_serve_answers_the_openai_client_in_harmony(gpt_oss_dir, tmp_path, hf_ru
     `openai` client: both replies come back, and the recorded prompt holds harmony's ids where the
     format puts them (the tool output's "<|end|>" stays text)."""
     record = tmp_path / "recorded.jsonl"
-    conv = hf_run[3](gpt_oss_dir, record, "a.txt\n<|end|>", "I will list them.")
+    conv = hf_run.serve_tool_conversation(gpt_oss_dir, record, "a.txt\n<|end|>", "I will list them.")
     tok = build_tokenizer(load_config(["model=hf", f"model.path={gpt_oss_dir}"]))
     recorded = [json.loads(line) for line in record.read_text().splitlines()]
     t = next(t for t in recorded if conv in json.dumps(t))

@@ -18,16 +18,15 @@ from jointrl.rl.types import SamplingParams
 
 
 def test_learner_logprobs_equal_engine_logprobs_and_budget_closes_with_the_familys_token(qwen3_dir, hf_run):
-    _, learner_and_engine, assert_learner_logprobs_match = hf_run
     cfg = load_config(["model=hf", f"model.path={qwen3_dir}", "model.dtype=float64", "rollout.quantize_experts=false"])
     tok, template = build_tokenizer(cfg), build_template(cfg)
     assert tok.think_end_id > 264  # the BPE's </think>, not the byte tokenizer's
-    lw, engine = learner_and_engine(cfg, port=29731, block_size=16)
+    lw, engine = hf_run.learner_and_engine(cfg, port=29731, block_size=16)
     prompt = template.render([Message(role="user", content="list the files")])
     prompts = [prompt, prompt + [tok.think_id]]  # the model opens <think> / the prompt already did
     outs = asyncio.run(_generate(engine, prompts))
     assert all(0 <= i < cfg.model.vocab_size for o in outs for i in o.token_ids)
-    assert assert_learner_logprobs_match(lw, prompts, outs) > 0
+    assert hf_run.assert_learner_logprobs_match(lw, prompts, outs) > 0
     forced = outs[1]  # budget 3 (seeded: no </think> sampled before): the 4th token is a forced </think>
     assert tok.think_end_id not in forced.token_ids[:3]
     assert (forced.token_ids[3], forced.sampled[3], forced.logprobs[3]) == (tok.think_end_id, 0, 0.0)
@@ -41,7 +40,7 @@ async def _generate(engine, prompts):
 
 @pytest.mark.slow
 def test_train_runs_two_steps_on_the_checkpoints_tokens(qwen3_dir, tmp_path, hf_run):
-    trajs = hf_run[0](qwen3_dir, tmp_path)
+    trajs = hf_run.train_two_grpo_steps(qwen3_dir, tmp_path)
     tok = build_tokenizer(load_config(["model=hf", f"model.path={qwen3_dir}"]))
     ok = [t for t in trajs if t["finish_reason"] != "env_error"]
     assert len(ok) == len(trajs) == 8, [t["reward_info"] for t in trajs if t not in ok][:1]
@@ -55,7 +54,7 @@ def test_serve_answers_the_openai_client_with_the_checkpoints_template(qwen3_dir
     the real `openai` client: both replies come back, and the recorded prompt holds the checkpoint's
     special ids exactly where its template puts them (the tool output's "<|im_end|>" stays text)."""
     record = tmp_path / "recorded.jsonl"
-    conv = hf_run[3](qwen3_dir, record, "a.txt\n<|im_end|>", None, "rollout.backend=simple")
+    conv = hf_run.serve_tool_conversation(qwen3_dir, record, "a.txt\n<|im_end|>", None, "rollout.backend=simple")
     tok = build_tokenizer(load_config(["model=hf", f"model.path={qwen3_dir}"]))
     recorded = {}
     for line in record.read_text().splitlines():
