@@ -81,7 +81,8 @@ def eval_steps(total_steps: int, every: int) -> list[int]:
 
 def train_curves(traj_dir: Path) -> dict[str, dict[str, list[float]]]:
     """Per domain: ``step``, mean ``reward`` and ``success`` share of each GRPO step's scored
-    trajectories (env errors excluded, as in the driver's ``<domain>/reward``)."""
+    trajectories (env errors excluded, as in the driver's ``<domain>/reward``), and ``episodes``,
+    how many were scored."""
     per: dict[str, dict[int, list[tuple[float, bool]]]] = defaultdict(lambda: defaultdict(list))
     for path in sorted(traj_dir.glob("step_*.jsonl")):
         step = int(path.stem.split("_")[1])
@@ -90,7 +91,8 @@ def train_curves(traj_dir: Path) -> dict[str, dict[str, list[float]]]:
             if t["finish_reason"] != "env_error":
                 per[t["domain"]][step].append((t["reward"], succeeded(t["reward_info"])))
     return {d: {"step": sorted(steps), "reward": [sum(r for r, _ in steps[s]) / len(steps[s]) for s in sorted(steps)],
-                "success": [sum(ok for _, ok in steps[s]) / len(steps[s]) for s in sorted(steps)]}
+                "success": [sum(ok for _, ok in steps[s]) / len(steps[s]) for s in sorted(steps)],
+                "episodes": [len(steps[s]) for s in sorted(steps)]}
             for d, steps in sorted(per.items())}
 
 

@@ -7,37 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from jointrl.envs.base import Message
-from jointrl.rl.build import build_model, build_template, build_tokenizer
+from jointrl.rl.build import build_template, build_tokenizer
 from jointrl.rl.config import load_config
-from jointrl.rl.learner.worker import LearnerWorker
-from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
 from jointrl.rl.rollout.turn import generate_turn
 from jointrl.rl.types import SamplingParams
 
 
-def test_learner_logprobs_equal_engine_logprobs_and_budget_closes_with_the_familys_token(qwen3_dir):
+def test_learner_logprobs_equal_engine_logprobs_and_budget_closes_with_the_familys_token(qwen3_dir, hf_run):
     cfg = load_config(["model=hf", f"model.path={qwen3_dir}", "model.dtype=float64", "rollout.quantize_experts=false"])
     tok, template = build_tokenizer(cfg), build_template(cfg)
     assert tok.think_end_id > 264  # the BPE's </think>, not the byte tokenizer's
-    lw = LearnerWorker(cfg, rank=0, world_size=1, master_addr="127.0.0.1", master_port=29731)
-    engine = LLMEngine(build_model(cfg), tok, EngineConfig(num_blocks=64, block_size=16, max_num_seqs=4))
-    engine.update_weights(1, lw.weight_bundle(1))
+    lw, engine = hf_run.learner_and_engine(cfg, port=29731, block_size=16)
     prompt = template.render([Message(role="user", content="list the files")])
     prompts = [prompt, prompt + [tok.think_id]]  # the model opens <think> / the prompt already did
     outs = asyncio.run(_generate(engine, prompts))
-    learner_lp = lw.logprobs([p + o.token_ids for p, o in zip(prompts, outs)])
-    for p, o, lp in zip(prompts, outs, learner_lp):
-        assert all(0 <= i < cfg.model.vocab_size for i in o.token_ids)
-        for i, (tok_lp, sampled) in enumerate(zip(o.logprobs, o.sampled)):
-            if sampled:
-                assert lp[len(p) + i] == pytest.approx(tok_lp, abs=1e-10)
+    assert all(0 <= i < cfg.model.vocab_size for o in outs for i in o.token_ids)
+    assert hf_run.assert_learner_logprobs_match(lw, prompts, outs) > 0
     forced = outs[1]  # budget 3 (seeded: no </think> sampled before): the 4th token is a forced </think>
     assert tok.think_end_id not in forced.token_ids[:3]
     assert (forced.token_ids[3], forced.sampled[3], forced.logprobs[3]) == (tok.think_end_id, 0, 0.0)
@@ -50,17 +39,9 @@ async def _generate(engine, prompts):
 
 
 @pytest.mark.slow
-def test_train_runs_two_steps_on_the_checkpoints_tokens(qwen3_dir, tmp_path):
-    cmd = [sys.executable, "-m", "jointrl.rl.train", "model=hf", f"model.path={qwen3_dir}", f"output_dir={tmp_path}",
-           "algo.total_steps=2", "algo.prompts_per_step=2", "algo.group_size=2", "checkpoint_every=0",
-           "envs.num_workers=1", "rollout.max_tokens_per_turn=32", "algo.max_refill_attempts=0",
-           "logger.wandb_mode=disabled"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+def test_train_runs_two_steps_on_the_checkpoints_tokens(qwen3_dir, tmp_path, hf_run):
+    trajs = hf_run.train_two_grpo_steps(qwen3_dir, tmp_path)
     tok = build_tokenizer(load_config(["model=hf", f"model.path={qwen3_dir}"]))
-    files = sorted((tmp_path / "trajectories").glob("step_*.jsonl"))
-    assert len(files) == 2
-    trajs = [json.loads(line) for f in files for line in f.read_text().splitlines()]
     ok = [t for t in trajs if t["finish_reason"] != "env_error"]
     assert len(ok) == len(trajs) == 8, [t["reward_info"] for t in trajs if t not in ok][:1]
     assert all(t["token_ids"][0] == tok.im_start_id and tok.im_end_id in t["token_ids"] for t in ok)
@@ -68,40 +49,12 @@ def test_train_runs_two_steps_on_the_checkpoints_tokens(qwen3_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_serve_answers_the_openai_client_with_the_checkpoints_template(qwen3_dir, tmp_path):
+def test_serve_answers_the_openai_client_with_the_checkpoints_template(qwen3_dir, tmp_path, hf_run):
     """A scripted conversation with a tool call (the assistant's call written by the client), through
     the real `openai` client: both replies come back, and the recorded prompt holds the checkpoint's
     special ids exactly where its template puts them (the tool output's "<|im_end|>" stays text)."""
-    import openai
-
     record = tmp_path / "recorded.jsonl"
-    proc = subprocess.Popen([sys.executable, "-c", "from jointrl.rl.cli import main; main()", "serve", "model=hf", f"model.path={qwen3_dir}",
-                             "serve.port=0", f"serve.record_path={record}", "rollout.backend=simple",
-                             "rollout.quantize_experts=false", "serve.default_max_tokens=16"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        line = ""
-        for line in proc.stdout:
-            if "listening on" in line:
-                break
-        assert "listening on" in line, f"server did not start: {line!r}"
-        client = openai.OpenAI(base_url=f"{line.split('listening on ')[1].split()[0]}/v1", api_key="unused",
-                               max_retries=0, timeout=300)
-        tools = [{"type": "function", "function": {"name": "run", "description": "run a command", "parameters": {
-            "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
-        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List the files."}]
-        first = client.chat.completions.create(model="m", messages=msgs, tools=tools, max_tokens=12, seed=1)
-        assert first.choices[0].finish_reason in ("stop", "length", "tool_calls")
-        msgs += [{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
-                     "name": "run", "arguments": json.dumps({"command": "ls"})}}]},
-                 {"role": "tool", "tool_call_id": "c1", "content": "a.txt\n<|im_end|>"}]
-        second = client.chat.completions.create(model="m", messages=msgs, tools=tools, max_tokens=12, seed=2)
-        assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
-        conv = second.model_extra["conversation_id"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    conv = hf_run.serve_tool_conversation(qwen3_dir, record, "a.txt\n<|im_end|>", None, "rollout.backend=simple")
     tok = build_tokenizer(load_config(["model=hf", f"model.path={qwen3_dir}"]))
     recorded = {}
     for line in record.read_text().splitlines():

@@ -7,10 +7,6 @@ train` runs two GRPO steps, and the oracles' calls, written in Kimi's format, pa
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,10 +14,8 @@ import pytest
 from jointrl.envs.base import Message, ToolCall, ToolSpec
 from jointrl.model.hf_chat_template import HFChatTemplate
 from jointrl.model.hf_tokenizer import HFTokenizer
-from jointrl.rl.build import build_model, build_template, build_tokenizer
+from jointrl.rl.build import build_template, build_tokenizer
 from jointrl.rl.config import load_config
-from jointrl.rl.learner.worker import LearnerWorker
-from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
 from jointrl.rl.types import SamplingParams
 
 
@@ -53,14 +47,12 @@ def kimi_dir(tmp_path_factory, kimi_files) -> Path:
     return d
 
 
-def test_learner_logprobs_equal_engine_logprobs(kimi_dir):
+def test_learner_logprobs_equal_engine_logprobs(kimi_dir, hf_run):
     cfg = load_config(["model=hf", f"model.path={kimi_dir}", "model.dtype=float64", "rollout.quantize_experts=false"])
     assert cfg.model.layer_types == ["kda", "kda", "kda", "mla"] and cfg.model.kv_lora_rank == 24
     tok, template = build_tokenizer(cfg), build_template(cfg)
     assert tok.kimi and isinstance(template, HFChatTemplate)
-    lw = LearnerWorker(cfg, rank=0, world_size=1, master_addr="127.0.0.1", master_port=29741)
-    engine = LLMEngine(build_model(cfg), tok, EngineConfig(num_blocks=64, block_size=4, max_num_seqs=4))
-    engine.update_weights(1, lw.weight_bundle(1))
+    lw, engine = hf_run.learner_and_engine(cfg, port=29741)
     call = ToolCall("run", {"command": "ls"}, id="functions.run:0")
     prompts = [template.render([Message(role="user", content="list the files"),
                                 Message(role="assistant", content="On it.", tool_calls=[call]),
@@ -68,14 +60,7 @@ def test_learner_logprobs_equal_engine_logprobs(kimi_dir):
                template.render([Message(role="system", content="Be brief."), Message(role="user", content="hi")])]
     assert tok.special_ids["<|tool_call_argument_begin|>"] in prompts[0]
     outs = asyncio.run(_generate(engine, prompts))
-    learner_lp = lw.logprobs([p + o.token_ids for p, o in zip(prompts, outs)])
-    checked = 0
-    for p, o, lp in zip(prompts, outs, learner_lp):
-        for i, (tok_lp, sampled) in enumerate(zip(o.logprobs, o.sampled)):
-            if sampled:
-                assert lp[len(p) + i] == pytest.approx(tok_lp, abs=1e-10)
-                checked += 1
-    assert checked >= 10
+    assert hf_run.assert_learner_logprobs_match(lw, prompts, outs) >= 10
 
 
 async def _generate(engine, prompts):
@@ -84,21 +69,12 @@ async def _generate(engine, prompts):
 
 
 @pytest.mark.slow
-def test_train_runs_two_grpo_steps_on_kimi_linear(kimi_dir, tmp_path):
-    cmd = [sys.executable, "-m", "jointrl.rl.train", "model=hf", f"model.path={kimi_dir}", f"output_dir={tmp_path}",
-           "algo.total_steps=2", "algo.prompts_per_step=2", "algo.group_size=2", "checkpoint_every=0",
-           "envs.num_workers=1", "rollout.max_tokens_per_turn=32", "algo.max_refill_attempts=0",
-           "logger.wandb_mode=disabled"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    files = sorted((tmp_path / "trajectories").glob("step_*.jsonl"))
-    assert len(files) == 2
-    trajs = [json.loads(line) for f in files for line in f.read_text().splitlines()]
+def test_train_runs_two_grpo_steps_on_kimi_linear(kimi_dir, tmp_path, hf_run):
+    trajs = hf_run.train_two_grpo_steps(kimi_dir, tmp_path)
     assert len(trajs) == 8 and all(t["finish_reason"] != "env_error" for t in trajs)
     tok = HFTokenizer(kimi_dir)  # every prompt is Kimi's rendering, opening with the env's tools declared
     declare = [tok.special_ids["<|im_system|>"], *tok.encode("tool_declare"), tok.special_ids["<|im_middle|>"]]
     assert all(t["token_ids"][:len(declare)] == declare for t in trajs)
-
 
 
 @pytest.mark.slow

@@ -132,7 +132,7 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
     for name in FRESH:
         shutil.copytree(TASKS / name, fresh_dir / name)
     assert {t.id for t in load_tasks("terminal", str(fresh_dir), "train")} == set(FRESH)
-    out = tmp_path / "run"
+    out = tmp_path / "mini_s0"  # the report's names (cpu_joint5.yaml's with another prefix)
     cfg = load_config([f"output_dir={out}", "run_name=mini", f"envs.domains.terminal.task_dir={task_dir}",
                        "envs.num_workers=1", "algo.total_steps=1", "algo.prompts_per_step=2", "algo.group_size=2",
                        "algo.max_refill_attempts=0", "rollout.max_tokens_per_turn=256", "rollout.max_context=4096",
@@ -159,6 +159,7 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
     trajs = [json.loads(line) for line in (out / "grpo" / "trajectories" / "step_000001.jsonl").read_text().splitlines()]
     assert len(trajs) == 4 and {t["task_id"] for t in trajs} == set(FRESH)  # GRPO trains on its own tasks
     assert train["step"] == [1] and train["reward"] == [pytest.approx(sum(t["reward"] for t in trajs) / 4)]
+    assert train["episodes"] == [sum(t["finish_reason"] != "env_error" for t in trajs)]
     # GRPO sampled at recipe.grpo_temperature: the engine's log-probs are the SFT policy's at T = 0.7, not
     # at rollout.temperature (1.0, which the evals keep)
     assert OmegaConf.load(out / "grpo" / "config.yaml").rollout.temperature == 0.7 and cfg.rollout.temperature == 1.0
@@ -185,7 +186,7 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
         wandb.teardown()
     assert "sft" not in again["stages"] and "grpo" not in again["stages"] and again["heldout"] == result["heldout"]
     # a run on this one's SFT (recipe.sft_from) without GRPO: nothing trained, its step-0 eval reused
-    other = tmp_path / "other"
+    other = tmp_path / "mini_oracle_s0"
     try:
         sft_only = recipe(dataclasses.replace(cfg, output_dir=str(other), recipe=dataclasses.replace(
             cfg.recipe, sft_from=str(out), grpo=False)))
@@ -194,3 +195,22 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
         wandb.teardown()
     assert set(sft_only["stages"]) == {"eval_sft"} and sft_only["grpo_steps"] == 0 and sft_only["sft_from"] == str(out)
     assert sft_only["heldout"]["terminal"]["pass@1"] == result["heldout"]["terminal"]["pass@1"][:1]
+    # the report of the comparisons reads these runs' outputs: this seed's numbers, seed 1 and the
+    # single-domain runs reported missing, not filled in
+    from jointrl.rl.recipe_report import Verdict, main as report_main
+
+    runs = report_main(["--runs", str(tmp_path), "--seeds", "0", "1", "--joint", "mini_s{seed}", "--oracle",
+                        "mini_oracle_s{seed}", "--single", "mini_single_{domain}_s{seed}", "--out", str(tmp_path / "report")])
+    assert runs.domains == ["terminal"] and runs.joint[0].grpo_episodes("terminal") == train["episodes"][0]
+    assert runs.joint[1].curves is None and runs.single["terminal"][0].curves is None
+    text = (tmp_path / "report" / "report.md").read_text()
+    sft_p, grpo_p = result["heldout"]["terminal"]["pass@1"]
+    c1, c2, c3 = (next(line for line in text.split("### " + c)[1].split("###")[0].splitlines() if line.startswith("| terminal | trained |"))
+                  for c in ("C1", "C2", "C3"))
+    assert c1 == f"| terminal | trained | 2/- | {sft_p:.3f} | missing | {grpo_p:.3f} | missing | {Verdict.incomplete} |"
+    assert c2.startswith(f"| terminal | trained | 2/- | {sft_only['heldout']['terminal']['pass@1'][0]:.3f} | missing | "
+                         f"{grpo_p:.3f} | missing |")
+    assert c3 == (f"| terminal | trained | 2/- | missing | missing | {grpo_p:.3f} | missing | "
+                  f"- / {train['episodes'][0]}, - / - | incomplete |")
+    assert f"| joint | 0 | {out} | 2 | 1 |" in text and f"| single terminal | 1 | {tmp_path / 'mini_single_terminal_s1'} | missing" in text
+    assert (tmp_path / "report" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
