@@ -204,6 +204,29 @@ def gpt_oss_dir(tmp_path_factory) -> Path:
     return save_gpt_oss_moe(d, vocab_size=(vocab + 63) // 64 * 64)
 
 
+def run_interpreted(path: Path, marker: str = "not slow") -> str:
+    """``pytest -m marker path`` in a child process with ``TRITON_INTERPRET=1`` (the variable must be set before
+    triton is imported, and would turn every kernel of this process into an interpreted one): the folders
+    ``tests/*/interpreted/``. Fails with the child's output unless it passed; returns its stdout."""
+    import subprocess  # only the interpreted runners start a child pytest
+    import sys  # as above
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning",
+         "-m", marker, str(path)],
+        cwd=Path(__file__).parents[1], env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+        timeout=540,
+    )
+    assert proc.returncode == 0, f"interpreted tests failed ({path}):\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="session")
+def interpreted():
+    """``run_interpreted`` for the ``test_interpreted.py`` runners."""
+    return run_interpreted
+
+
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.gpu`` tests are skipped, with the reason, where CUDA is not available."""
     if torch.cuda.is_available():

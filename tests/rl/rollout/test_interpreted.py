@@ -4,20 +4,11 @@ before triton is imported and would turn every kernel of this process into an in
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
 
 
-def test_engine_on_the_triton_backend_interpreted():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning",
-         str(HERE / "interpreted")],
-        cwd=HERE.parents[2], env=env, capture_output=True, text=True, timeout=540,
-    )
-    assert proc.returncode == 0, f"interpreted engine tests failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+def test_engine_on_the_triton_backend_interpreted(interpreted):
+    out = interpreted(HERE / "interpreted")
+    assert " passed" in out and "skipped" not in out, out[-2000:]
