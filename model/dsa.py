@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from jointrl.kernels.ops import Kernels, kernels_for
-from jointrl.kernels.topk import topk_mask  # noqa: F401  (re-exported: the layer's selection rule)
 from jointrl.model.attention import Attention, AttentionBatch
 from jointrl.model.config import MoEConfig
 from jointrl.model.norm import compute_dtype

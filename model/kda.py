@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from jointrl.kernels.norm_rope_cpu import rms_norm_torch
 from jointrl.kernels.ops import Kernels, kernels_for
 from jointrl.model.attention import AttentionBatch
 from jointrl.model.config import MoEConfig
@@ -92,10 +93,8 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        cdt = compute_dtype(x.dtype)
-        x_f = x.to(cdt)
-        x_f = x_f * torch.rsqrt(x_f.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.to(cdt) * x_f * torch.sigmoid(gate.to(cdt))).to(x.dtype)
+        cdt = compute_dtype(x.dtype)  # the one RMSNorm reference, in the compute dtype, then the gate
+        return (rms_norm_torch(x.to(cdt), self.weight.to(cdt), self.eps) * torch.sigmoid(gate.to(cdt))).to(x.dtype)
 
 
 class KimiDeltaAttention(nn.Module):

@@ -19,13 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jointrl.kernels.moe_experts import RoutedSwiGLU, padded_layout, padded_rows
 from jointrl.kernels.ops import Kernels, kernels_for
 from jointrl.model.config import MoEConfig
 from jointrl.model.routing import TopKRouter, load_balancing_loss
 
-__all__ = ["MLP", "Experts", "RoutedSwiGLU", "SparseMoeBlock", "TopKRouter", "load_balancing_loss", "padded_layout",
-           "padded_rows"]
+__all__ = ["MLP", "Experts", "SparseMoeBlock", "TopKRouter", "load_balancing_loss"]
 
 
 class MLP(nn.Module):

@@ -11,7 +11,8 @@ from transformers.models.deepseek_v32.modeling_deepseek_v32 import DeepseekV32In
 from jointrl.model import MoEConfig
 from jointrl.model.attention import Attention, AttentionBatch
 from jointrl.kernels.dsa import indexer_scores_torch
-from jointrl.model.dsa import GatedDSAAttention, LightningIndexer, indexer_kl, topk_mask
+from jointrl.kernels.topk import topk_mask
+from jointrl.model.dsa import GatedDSAAttention, LightningIndexer, indexer_kl
 from jointrl.model.rope import RotaryEmbedding
 
 CFG = MoEConfig(layer_types=("gated_dsa",), num_hidden_layers=1, index_topk=8)
@@ -170,7 +171,6 @@ def _fields(cfg: MoEConfig) -> dict:
 def test_topk_mask_equals_a_stable_sort_with_ties_to_the_most_recent_key():
     """``topk_mask`` picks by the k-th value, not by sorting: the same keys as a stable descending
     sort of the reversed row, on random rows and on ReLU-like rows full of exact ties."""
-    from jointrl.model.dsa import topk_mask
 
     def by_sort(scores, visible, k):
         S = scores.shape[-1]
