@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from jointrl.kernels import decode_cpu, linear_cpu, moe_cpu
 from jointrl.kernels.norm_rope_cpu import rms_norm_torch
+from jointrl.model.moe import Experts
 from jointrl.model.norm import RMSNorm
 from jointrl.model.rope import rotate_half
 
@@ -203,7 +204,7 @@ def moe_forward(mlp, h_NH: torch.Tensor, step: PagedStep) -> tuple[torch.Tensor,
     """The MoE block over the rows of ``h_NH`` → (y_NH, expert ids_Nk); batch-invariant: per tile. On the fast
     path the softmax router is one C++ call (its projection packed with ``packed_linear``) and the experts go
     through their packed copy whenever the C++ kernels build here, at any row count."""
-    if step.fast and mlp.shared_experts is None and not mlp.gate.sigmoid:
+    if step.fast and cpp_moe(mlp):
         gate = mlp.gate
         logits_NE = step.linear(h_NH, gate.weight) if step.packed_linear else F.linear(h_NH, gate.weight)
         ids_Nk, w_Nk = decode_cpu.route_softmax_topk(logits_NE, gate.top_k, gate.norm_topk_prob,
@@ -258,6 +259,15 @@ def head(model, x_RH: torch.Tensor, step: PagedStep) -> torch.Tensor:
     return step.rows(model.lm_head, h_RH)
 
 
+def cpp_moe(mlp) -> bool:
+    """Whether the C++ MoE calls compute this block: a softmax router without a logit bias
+    (``decode_cpu.route_softmax_topk``), plain SwiGLU experts (``model.moe.Experts``: ``moe_cpu``), no shared
+    experts. gpt-oss's biased router and clamped experts, sigmoid routers and shared experts run the module."""
+    gate = mlp.gate
+    return (mlp.shared_experts is None and not gate.sigmoid and gate.bias is None
+            and type(getattr(mlp, "experts", None)) is Experts)
+
+
 def plain_decode_shape(model) -> bool:
     """Whether every layer is what a ``DecodePlan`` covers: a token mixer the op covers (its ``fused_decode``:
     plain full attention with RMSNorm q/k-norm or none, no output gate, bias-free projections), a softmax-routed
@@ -270,7 +280,7 @@ def plain_decode_shape(model) -> bool:
         fused = getattr(attn, "fused_decode", None)  # the mixer says whether the op covers it (Attention.fused_decode)
         if not (fused is not None and fused() and getattr(layer, "is_moe", True)
                 and type(layer.input_layernorm) is RMSNorm and type(layer.post_attention_layernorm) is RMSNorm
-                and mlp.shared_experts is None and not mlp.gate.sigmoid and hasattr(mlp, "experts")):
+                and cpp_moe(mlp)):
             return False
     return True
 
