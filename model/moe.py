@@ -76,9 +76,10 @@ class Experts(nn.Module):
         ``down_proj``: uint8 blocks [E, 2I, H/2], [E, H, I/2] and scales [E, 2I, H/32], [E, H, I/32], what a
         weight push delivers), held as non-persistent buffers on the weights' device (moved with the module,
         not in ``state_dict``); forwards then run ``moe_experts_mxfp4`` on them (the MXFP4 MoE kernel on
-        ``triton``, dequantize-then-torch elsewhere) and the dense parameters are not read by ``forward`` (the
-        engine's C++ ``cpu`` decode paths read the dense parameters, which a push writes too). The buffers are
-        copies of their own (a push bucket's payload is not kept alive). A later
+        ``triton``, dequantize-then-torch elsewhere) and the dense parameters are not read: neither by
+        ``forward`` nor by the engine, whose C++ ``cpu`` paths over packed dense experts step aside for such a
+        layer (``model.paged.moe_forward``, ``ModelRunner._decode_plan``). The buffers are copies of their own
+        (a push bucket's payload is not kept alive). A later
         ``load_mxfp4`` replaces them, ``drop_mxfp4`` returns to the dense parameters. Raises ``ValueError``
         naming a tensor whose dtype or shape does not match this layer's experts."""
         E, two_i, H = self.gate_up_proj.shape
