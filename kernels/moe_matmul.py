@@ -408,9 +408,19 @@ def moe_experts_dense_triton(x_NH: Tensor, ids_Nk: Tensor, weights_Nk: Tensor, g
                    lambda h_AI, off, w_A: _moe_down_triton(h_AI, off, down_EHI, None, w_A)).to(x_NH.dtype)
 
 
+def _counts(ids_A: Tensor, num_experts: int) -> Tensor:
+    """Assignments per expert, int64 [E], without a host sync (``torch.bincount`` reads the largest id back on
+    CUDA to size its output): a scatter-add of ones into E zeros (integer adds: order-free, so deterministic)."""
+    return torch.zeros(num_experts, dtype=torch.int64, device=ids_A.device).scatter_add_(
+        0, ids_A.to(torch.int64), torch.ones_like(ids_A, dtype=torch.int64))
+
+
 def _routed(x_NH: Tensor, ids_Nk: Tensor, weights_Nk: Tensor, num_experts: int, swiglu, down) -> Tensor:
     """Sort the N·k assignments by expert, ``h = swiglu(x sorted, offsets)``, ``y = down(h, offsets, weights
-    sorted)``, unsort and sum over k in fp32 (fixed order) → [N, H] in x's dtype."""
+    sorted)``, unsort and sum over k in fp32 (fixed order) → [N, H] in x's dtype. With the Triton kernels
+    (``_moe_*_triton``) no host sync and no value-dependent shape: the counts by scatter-add (``_counts``), the
+    tile list and its grid bounded by N·k and E (``_tiles``), so a CUDA graph can capture it (a decode step,
+    ``rl/rollout/cuda_graphs.py``); the torch reference reads the offsets on the host."""
     if ids_Nk.dim() != 2 or ids_Nk.shape[0] != x_NH.shape[0] or weights_Nk.shape != ids_Nk.shape:
         raise ValueError(f"ids_Nk {tuple(ids_Nk.shape)} and weights_Nk {tuple(weights_Nk.shape)} "
                          f"must both be [N, k] with N = {x_NH.shape[0]}")
@@ -419,7 +429,7 @@ def _routed(x_NH: Tensor, ids_Nk: Tensor, weights_Nk: Tensor, num_experts: int, 
     ids_A = ids_Nk.reshape(-1)
     order_A = torch.argsort(ids_A, stable=True)
     offsets_E1 = torch.zeros(E + 1, dtype=torch.int32, device=x_NH.device)
-    offsets_E1[1:] = torch.cumsum(torch.bincount(ids_A, minlength=E), 0)
+    offsets_E1[1:] = torch.cumsum(_counts(ids_A, E), 0)
     h_AI = swiglu(x_NH[order_A // k], offsets_E1)
     y_sorted_AH = down(h_AI, offsets_E1, weights_Nk.reshape(-1)[order_A])
     y_AH = torch.empty_like(y_sorted_AH).index_copy_(0, order_A, y_sorted_AH)

@@ -74,7 +74,10 @@ class Experts(nn.Module):
         ``down_proj``: uint8 blocks [E, 2I, H/2], [E, H, I/2] and scales [E, 2I, H/32], [E, H, I/32], what a
         weight push delivers), held as non-persistent buffers on the weights' device (moved with the module,
         not in ``state_dict``); forwards then run ``moe_experts_mxfp4`` on them (the MXFP4 MoE kernel on
-        ``triton``, dequantize-then-torch elsewhere) and the dense parameters are not read. A later
+        ``triton``, dequantize-then-torch elsewhere) and the dense parameters are not read: neither by
+        ``forward`` nor by the engine, whose C++ ``cpu`` paths over packed dense experts step aside for such a
+        layer (``model.paged.moe_forward``, ``ModelRunner._decode_plan``). The buffers are copies of their own
+        (a push bucket's payload is not kept alive). A later
         ``load_mxfp4`` replaces them, ``drop_mxfp4`` returns to the dense parameters. Raises ``ValueError``
         naming a tensor whose dtype or shape does not match this layer's experts."""
         E, two_i, H = self.gate_up_proj.shape
@@ -88,7 +91,9 @@ class Experts(nn.Module):
                 raise ValueError(f"{name} must be uint8 {list(want[name])}, got {t.dtype} {list(t.shape)}")
         dev = self.gate_up_proj.device
         for name, t in zip(MXFP4_BUFFERS, got.values()):
-            setattr(self, name, t.to(dev))
+            # a copy of its own: ``t.to(dev)`` on the same device returns t itself, often a view into a push
+            # bucket's payload, which it would keep alive whole
+            setattr(self, name, t.to(dev, copy=True).contiguous())
 
     def drop_mxfp4(self) -> None:
         """Forget the MXFP4-resident experts: forwards read the dense parameters again."""

@@ -15,9 +15,10 @@ model's ``AttentionState`` hook over the same pools) while its layer's norms and
 A pure decode step of a plain Qwen3-MoE-shaped model runs each layer as one C++ call (``decode_cpu``'s
 ``decode_layer``) from a ``LayerPlan``: ``layer_plan`` says which weights it takes (prepared by the runner's
 packer), ``plan_refs`` which parameters it reads (to see them change), ``plain_decode_shape`` when it applies;
-``decode_layers`` runs the plan's layers. Bit for bit ``layer_forward``'s results (tests/rl/rollout). A static
-step (``PagedStep.static``: ``ModelRunner.decode_step`` for CUDA graphs) runs the MoE without a host sync
-(``moe_static``).
+``decode_layers`` runs the plan's layers. Bit for bit ``layer_forward``'s results (tests/rl/rollout). A capturable
+step (``ModelRunner.decode_step`` for CUDA graphs) runs the same ``layer_forward``: its MoE calls the layer's
+experts through the kernel table (``kernels.moe_experts`` / ``moe_experts_mxfp4``), whose Triton form has no
+host sync (``kernels/moe_matmul._routed``).
 
 Shapes: N new tokens, H hidden, Hq/Hkv heads, D head_dim, E experts, k experts per token, P cache slots.
 """
@@ -76,7 +77,6 @@ class PagedStep(Protocol):
     """What the runner hands every layer for one step: its choices, the step's rows, its pools and packer."""
 
     fast: bool                   # the per-row C++ ops (kernels/decode_cpu) run
-    static: bool                 # a capturable step (CUDA graphs): no host sync, static shapes (``moe_forward``)
     packed_linear: bool          # dense projections through kernels/linear_cpu's packed weights
     kv_dtype: torch.dtype        # the cache's dtype
     cos_ND: torch.Tensor         # RoPE of the step's rows
@@ -202,53 +202,27 @@ def _qk_rope_store(attn, qkv_NF, qk_norm_HD, step: PagedStep, kv_PCHD) -> torch.
 
 def moe_forward(mlp, h_NH: torch.Tensor, step: PagedStep) -> tuple[torch.Tensor, torch.Tensor]:
     """The MoE block over the rows of ``h_NH`` → (y_NH, expert ids_Nk); batch-invariant: per tile. On the fast
-    path the softmax router is one C++ call (its projection packed with ``packed_linear``) and the experts go
-    through their packed copy whenever the C++ kernels build here, at any row count."""
+    path the softmax router is one C++ call (its projection packed with ``packed_linear``) and dense experts go
+    through their packed copy whenever the C++ kernels build here, at any row count (``cpp_moe``: the router
+    and experts those calls compute); MXFP4-resident experts (``Experts.load_mxfp4``) and every other path call
+    the layer's experts, through the kernel table."""
     if step.fast and cpp_moe(mlp):
         gate = mlp.gate
         logits_NE = step.linear(h_NH, gate.weight) if step.packed_linear else F.linear(h_NH, gate.weight)
         ids_Nk, w_Nk = decode_cpu.route_softmax_topk(logits_NE, gate.top_k, gate.norm_topk_prob,
                                                      gate.routed_scaling_factor)
         ex = mlp.experts
-        if step.packed_linear and moe_cpu.load_kernel() is not None:  # any row count (prefill chunks too)
+        dense = getattr(ex, "mxfp4_gate_up_blocks", None) is None  # else its MXFP4 buffers, not these parameters
+        if dense and step.packed_linear and moe_cpu.load_kernel() is not None:  # any row count (prefill chunks too)
             return moe_cpu.moe_experts_packed(h_NH, ids_Nk, w_Nk, *step.packed_experts(ex)), ids_Nk
-        if moe_cpu.use_kernel(h_NH, ids_Nk, ex.gate_up_proj.shape[0], False):
+        if dense and moe_cpu.use_kernel(h_NH, ids_Nk, ex.gate_up_proj.shape[0], False):
             return moe_cpu.moe_experts(h_NH, ids_Nk, w_Nk, ex.gate_up_proj, ex.down_proj), ids_Nk
         return ex(h_NH, ids_Nk, w_Nk), ids_Nk
-    if step.static:
-        return moe_static(mlp, h_NH)
     N = h_NH.shape[0]
     parts = [mlp(t[None]) for t in step.tiles(h_NH)]  # the block per tile (one tile outside invariant mode)
     if len(parts) == 1:
         return parts[0][0][0][:N], parts[0][3][:N]
     return torch.cat([p[0][0] for p in parts])[:N], torch.cat([p[3] for p in parts])[:N]
-
-
-def moe_static(mlp, h_NH: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``SparseMoeBlock.forward`` without a host sync or a data-dependent shape (a CUDA-graph capturable decode
-    step): the router, then the routed experts through ``experts_gathered``, the shared experts → (y_NH, ids_Nk)."""
-    _, _, ids_Nk, w_Nk = mlp.gate(h_NH)
-    y_NH = experts_gathered(mlp.experts, h_NH, ids_Nk, w_Nk)
-    if mlp.shared_experts is not None:
-        shared_NH = mlp.shared_experts(h_NH)
-        if mlp.shared_expert_gate is not None:
-            shared_NH = torch.sigmoid(mlp.shared_expert_gate(h_NH)) * shared_NH
-        y_NH = y_NH + shared_NH
-    return y_NH, ids_Nk
-
-
-def experts_gathered(ex, x_NH: torch.Tensor, ids_Nk: torch.Tensor, w_Nk: torch.Tensor) -> torch.Tensor:
-    """``model.moe.Experts``' y_n = Σ_j w_nj · down_e(silu(gate_e x_n) ⊙ up_e x_n), e = ids_nj, with each
-    (token, slot)'s expert weights gathered: no per-expert counts (no host sync), shapes fixed by N and k; it
-    reads N·k experts' weights, so it is for a decode step's few rows. Plain SwiGLU experts only (``ValueError``
-    for others, e.g. gpt-oss's clamped ones). The same sums as the grouped form up to float summation order."""
-    if not hasattr(ex, "gate_up_proj") or type(ex).__name__ != "Experts":
-        raise ValueError(f"a static decode step needs plain SwiGLU experts (model.moe.Experts), got {type(ex).__name__}")
-    I = ex.down_proj.shape[2]
-    h_NkO = torch.einsum("nh,nkoh->nko", x_NH.to(ex.gate_up_proj.dtype), ex.gate_up_proj[ids_Nk])
-    act_NkI = F.silu(h_NkO[..., :I]) * h_NkO[..., I:]
-    y_NkH = torch.einsum("nki,nkhi->nkh", act_NkI, ex.down_proj[ids_Nk])
-    return (y_NkH * w_Nk[..., None].to(y_NkH.dtype)).sum(1).to(x_NH.dtype)
 
 
 def head(model, x_RH: torch.Tensor, step: PagedStep) -> torch.Tensor:

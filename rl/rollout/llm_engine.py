@@ -327,7 +327,8 @@ class LLMEngine:
     def update_weights(self, version: int, bundle) -> None:
         """Apply a whole push (``weight_sync.apply_bundle``: checked, then written in place) between two
         engine steps and serve ``version`` from the next one; on the ``triton`` table the routed experts
-        also stay MXFP4-resident as pushed (``weight_sync.hold_mxfp4_experts``), for its MXFP4 MoE kernel."""
+        also stay MXFP4-resident as pushed (``weight_sync.hold_mxfp4_experts``), for its MXFP4 MoE kernel.
+        Decode graphs are dropped (``DecodeGraphs.reset``) and captured again at their next use."""
         with self._lock:  # between steps
             apply_bundle(self.model, bundle, expected_version=version)
             if self.model.kernels.backend == "triton":  # its MoE kernel reads the pushed MXFP4 experts as they came
@@ -335,6 +336,8 @@ class LLMEngine:
             self._version = version
             if self.scheduler is None:  # asleep: wake_up builds the scheduler at this version, with no caches
                 return
+            if self.runner.graphs is not None:  # captured graphs read the old derived copies and MXFP4 buffers
+                self.runner.graphs.reset()
             self.scheduler.version = version
             if self.config.live_sessions == "reprefill":
                 self.scheduler.preempt_all()

@@ -29,8 +29,9 @@ lookups, cache checks or wrappers per layer, one ``decode_layer`` C++ call each;
 through its block table, in place: the decoding rows in one paged-decode call, all the step's prefill
 chunks in one paged-prefill call.
 
-Cache layout: ``kv_LPCHD`` [layers, num_blocks·block_size slots, 2 (k, v), kv heads, D];
-block b holds slots [b·bs, (b+1)·bs). Keys are stored after q/k-norm and RoPE. Decode
+Cache layout: ``kv_LPCHD`` [layers, num_blocks·block_size + 1 slots, 2 (k, v), kv heads, D];
+block b holds slots [b·bs, (b+1)·bs); the last slot (``scratch_slot``) belongs to no block: a padded
+decode step's pad rows write there (``cuda_graphs``). Keys are stored after q/k-norm and RoPE. Decode
 attention reads them in place (``kernels/paged_attention_cpu.paged_decode``: a gather in
 torch would copy the whole cache every step), and so do prefill chunks (``paged_prefill``, float32; a
 float64 or bfloat16 model gathers each chunk's keys for one SDPA call per chunk). The pool and
@@ -88,7 +89,8 @@ class ModelRunner:
     def __init__(self, model: MoETransformer, num_blocks: int, block_size: int, batch_invariant: bool = False,
                  kv_dtype: torch.dtype | None = None, decode_graphs: bool = False) -> None:
         """``decode_graphs``: pure decode steps through ``cuda_graphs.DecodeGraphs`` (CUDA graphs on a GPU, the
-        same padded static buffers eagerly on the host); full-attention (ragged) models, no routed experts."""
+        same padded static buffers eagerly on the host); full-attention (ragged) models, not with
+        ``batch_invariant``; the RoPE table is then built once here for every slot's position (``_rope``)."""
         cfg = model.config
         mixers = [layer.self_attn for layer in model.model.layers]
         specs = [mixer.state_spec for mixer in mixers]  # what each layer keeps per sequence (model.state.StateSpec)
@@ -109,6 +111,8 @@ class ModelRunner:
                              f"(this one: {self.dtype}, hybrid={self.hybrid}); use auto (the model's dtype)")
         self.Hq, self.Hkv, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         P = num_blocks * block_size
+        # one slot past the blocks that no sequence owns: DecodeGraphs' pad rows write their keys/values there
+        self.scratch_slot = P
         kv_layers = [i for i, spec in enumerate(specs) if spec.keys_values]
         index_layers = [i for i, spec in enumerate(specs) if spec.index_dim]
         index_dims = {specs[i].index_dim for i in index_layers}
@@ -122,7 +126,7 @@ class ModelRunner:
         # the pools live on the model's device; on the host in transparent huge pages where the OS allows
         # (a decode step reads it in scattered 16 KB blocks)
         self.device = next(model.parameters()).device
-        kv_shape = (len(kv_layers), P, 2, self.Hkv, self.D)
+        kv_shape = (len(kv_layers), P + 1, 2, self.Hkv, self.D)
         self.kv_LPCHD = (zeros_huge_pages(kv_shape, self.kv_dtype) if self.device.type == "cpu"
                          else torch.zeros(kv_shape, dtype=self.kv_dtype, device=self.device))
         self.index_LPD = torch.zeros(len(index_layers), P, max(index_dims, default=1), dtype=self.dtype,
@@ -139,14 +143,17 @@ class ModelRunner:
         # the dense projections of a few rows (q|k|v, o, router, head) against weights packed once
         # (kernels/linear_cpu: ~2x MKL's sgemm at 16 rows on weights streamed from memory each step)
         self.packed_linear = self.fast and linear_cpu.load_kernel() is not None
-        # decode_step's routed experts gathered per token (model.paged.experts_gathered: no host sync) where the
-        # C++ path does not run: on CUDA, for graph capture; a test turns it on on the host
-        self.static_experts = self.device.type == "cuda"
         self._plan: tuple[tuple, DecodePlan] | None = None  # (weights key, the plan): _decode_plan
         self._plan_refs: list[tuple[dict, str]] | None = None  # _plan_params' lookups ([]: no plan for this model)
+        # the routed experts' buffer tables: experts held MXFP4-resident (Experts.load_mxfp4) run through their
+        # kernel table, not a plan over the dense parameters (_decode_plan)
+        self._expert_buffers = [ex._buffers for layer in model.model.layers
+                                if isinstance(ex := getattr(layer.mlp, "experts", None), torch.nn.Module)]
         if decode_graphs and (self.hybrid or self.invariant):
             raise ValueError("decode graphs need a model whose layers all run on a ragged batch, without batch_invariant")
         self.graphs = DecodeGraphs(self, max_blocks=num_blocks) if decode_graphs else None
+        if decode_graphs:  # captured graphs index the table by address: built once, never rebuilt (_rope)
+            self._rope_table = paged.rope_table(self.model, P, self.dtype, self.device)
 
     def derived(self, ws: tuple[torch.Tensor, ...], fn) -> torch.Tensor:
         """``fn(*ws)`` (e.g. q, k, v as one [(Hq + 2·Hkv)·D, H] weight: one matmul instead of three), rebuilt when
@@ -223,10 +230,15 @@ class ModelRunner:
         """(cos_ND, sin_ND) of ``rotary_emb`` at ``pos_N`` (``need``: max(pos_N) + 1, a host int: no device
         sync), looked up in a table of positions 0..P-1 built by
         ``rotary_emb`` itself (elementwise in the position: the same values up to the vectorized cos/sin's
-        last ulp) and doubled when a position passes it -- one index per step instead of ~10 ops."""
+        last ulp) and doubled when a position passes it -- one index per step instead of ~10 ops. With decode
+        graphs the table covers every slot's position from construction and is not rebuilt (captured graphs read
+        it by address); should it be (another dtype), the graphs are dropped first (``DecodeGraphs.reset``)."""
         table = self._rope_table
         if table is None or table[0].shape[0] < need or table[0].dtype != dtype:
             size = max(1024, 1 << (need - 1).bit_length())
+            if self.graphs is not None:
+                self.graphs.reset()
+                size = max(size, self.scratch_slot)
             table = self._rope_table = paged.rope_table(self.model, size, dtype, self.device)
         return table[0][pos_N], table[1][pos_N]
 
@@ -359,12 +371,13 @@ class ModelRunner:
         written to; table_BM [B, M] int64: block tables, zero-padded to M blocks (M·block_size ≥ every
         context); ctx_B [B] = pos_B + 1. All on the runner's device. No host sync and no shape that depends on
         the values (the sequences' keys read through ``slots_BS`` [B, M·block_size], entries past ctx unread;
-        the MoE's experts gathered per token where a grouped form would count them on the host,
-        ``static_experts``), so a CUDA graph can capture it for fixed B and M (``cuda_graphs.DecodeGraphs``).
-        The RoPE table must cover M·block_size positions before a capture (a first eager call builds it).
-        Full-attention (ragged) models only; the same rows as ``run``'s decode, up to the experts' and the
-        attention's float summation order where the static forms differ (bit for bit on the ``cpu`` backend's
-        planned path)."""
+        the MoE's experts through the kernel table, whose ``triton`` form counts them on the device,
+        ``kernels/moe_matmul._routed``), so a CUDA graph can capture it for fixed B and M on the ``triton``
+        table (``cuda_graphs.DecodeGraphs``; the ``torch`` reference and the ``cpu`` C++ loop sync, which only
+        matters on a GPU). The RoPE table must cover M·block_size positions before a capture (built at
+        construction with ``decode_graphs``). Full-attention (ragged) models only; the same rows as ``run``'s
+        decode, up to the attention's float summation order where the slot tables differ (bit for bit on the
+        ``cpu`` backend)."""
         if self.hybrid:
             raise ValueError("decode_step needs a model whose layers all run on a ragged batch (StateSpec.ragged)")
         B, M = table_BM.shape
@@ -378,8 +391,7 @@ class ModelRunner:
                                 self.Hkv, False)
             return paged.decode_head(plan, x_NH)
         step = _Step(self, cos_ND, sin_ND, slot_B,
-                     functools.partial(_paged_decode, self.kernels.paged_decode, slots_BS, ctx_B, self.D ** -0.5),
-                     static=self.static_experts)
+                     functools.partial(_paged_decode, self.kernels.paged_decode, slots_BS, ctx_B, self.D ** -0.5))
         for layer in self.model.model.layers:
             x_NH, _ = layer.paged(x_NH, step)
         return paged.head(self.model, x_NH, step)
@@ -387,10 +399,11 @@ class ModelRunner:
     def _decode_plan(self) -> DecodePlan | None:
         """What a pure decode step calls per layer, the weights packed and fused (``model.paged.decode_plan``: a
         ``LayerPlan`` per layer, the final norm and head); None unless every layer has the plain shape the C++
-        path covers (``model.paged.plain_decode_shape``; a bfloat16 cache too: the same calls take it). Rebuilt
+        path covers (``model.paged.plain_decode_shape``; a bfloat16 cache too: the same calls take it) and no
+        layer holds its experts MXFP4-resident (their kernel reads those, not the dense parameters). Rebuilt
         when any weight changes in place (its version) or is replaced (its address), like ``derived``."""
         params = self._plan_params()
-        if params is None:
+        if params is None or any(b.get("mxfp4_gate_up_blocks") is not None for b in self._expert_buffers):
             return None
         key = tuple((p.data_ptr(), p._version) for p in params)
         if self._plan is not None and self._plan[0] == key:
@@ -494,13 +507,11 @@ class _Step:
     step's RoPE rows and slots, and how its rows attend (``attend``: bound once per step, no branch per layer).
     Without the step's rows (``_decode_plan``) only the packer and pools are read."""
 
-    __slots__ = ("fast", "static", "packed_linear", "kv_dtype", "cos_ND", "sin_ND", "slot_N", "attend", "rows", "tiles",
+    __slots__ = ("fast", "packed_linear", "kv_dtype", "cos_ND", "sin_ND", "slot_N", "attend", "rows", "tiles",
                  "linear", "packed_weight", "packed_experts", "derived", "per_sequence", "_pools", "_index")
 
-    def __init__(self, runner: ModelRunner, cos_ND=None, sin_ND=None, slot_N=None, attend=None,
-                 static: bool = False) -> None:
+    def __init__(self, runner: ModelRunner, cos_ND=None, sin_ND=None, slot_N=None, attend=None) -> None:
         self.fast, self.packed_linear, self.kv_dtype = runner.fast, runner.packed_linear, runner.kv_dtype
-        self.static = static
         self.cos_ND, self.sin_ND, self.slot_N, self.attend = cos_ND, sin_ND, slot_N, attend
         self.rows, self.tiles, self.linear = runner._rows, runner._tiles, runner._packed
         self.packed_weight, self.packed_experts, self.derived = runner._packed_weight, runner._packed_experts, runner.derived

@@ -5,7 +5,8 @@
 #      decode and prefill attention included), MXFP4 quantize and the decode MoE matmul as shares of
 #      measured copy bandwidth (targets >= 70 % / >= 50 %) (tests/bench/bench_kernels.py), then
 #      `pytest -m gpu tests/gpu` where pytest is installed (the compiled prefill kernel among them);
-#   2. engine: the own engine on the triton kernel backend vs HF generate and one colocated step
+#   2. engine: the own engine on the triton kernel backend vs HF generate, with decode graphs on vs off
+#      (tokens equal), and one colocated step
 #      (tests/gpu/check_engine.py).
 # Usage: tests/gpu/check.sh [--dry] [--wheels DIR]
 #   --dry         the same code on the host: Triton interpreted, tiny shapes (tests/gpu/test_check.py runs it)

@@ -14,7 +14,10 @@ works, not a measurement).
    of each prompt, per-request max_tokens drawn from a range; HF runs each group as a static batch to
    its longest request), *agentic* (trajectories of several turns, each turn a generation then an
    observation appended; the engine keeps each trajectory's session, HF prefills every history again).
-2. colocated step (``rl/colocate.py``): engine rollout → learner forward/backward/AdamW → MXFP4 push
+2. decode graphs: the engine with ``decode_graphs`` (pure decode steps replayed from CUDA graphs per bucket,
+   ``rl/rollout/cuda_graphs.py``; eager through the same padded buffers on the host) against the same engine
+   without, greedy: asserts equal tokens, prints tok/s of both and the largest log-prob difference.
+3. colocated step (``rl/colocate.py``): engine rollout → learner forward/backward/AdamW → MXFP4 push
    built on the device → engine; asserts every parameter, optimizer state, KV pool and push payload is
    on the device, and prints the log-prob mismatch (engine vs learner on the sampled tokens after the
    push).
@@ -25,6 +28,7 @@ Each section reports FAIL with its error and the others still run; the exit stat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import time
 import traceback
@@ -142,6 +146,32 @@ def engine_vs_hf(cfg: Config, device: torch.device, dry: bool) -> list[str]:
             f"{'engine vs HF generate':<34}{'tokens':>8}{'engine t/s':>12}{'HF t/s':>12}{'ratio':>8}", *rows]
 
 
+def decode_graphs_on_off(cfg: Config, device: torch.device, dry: bool) -> list[str]:
+    fb, fp, fn = SIZES["dry" if dry else "gpu"][0]
+    model = build_model(cfg, device)
+    base = EngineConfig(num_blocks=4096 if not dry else 64, block_size=16, max_num_seqs=256,
+                        max_num_batched_tokens=4096, ignore_eos=True)
+    batch = prompts(fb, fp, 5)
+    params = [SamplingParams(max_tokens=fn, temperature=0)] * fb
+    outs, rates = {}, {}
+    for graphs in (False, True):
+        engine = LLMEngine(model, build_tokenizer(cfg), dataclasses.replace(base, decode_graphs=graphs), device=device)
+        assert engine.runner.kernels.backend == "triton", engine.runner.kernels.backend
+        engine.generate_batch(batch, params)  # warm-up: kernels compiled, graphs captured
+        outs[graphs] = engine.generate_batch(batch, params)
+        rates[graphs] = fb * fn / timed(lambda: engine.generate_batch(batch, params), device)
+        if graphs:
+            buckets = engine.runner.graphs._buckets
+            captured = sum(b.graph is not None for b in buckets.values())
+            assert buckets and (captured == len(buckets) if device.type == "cuda" else captured == 0)
+    same = sum(a.token_ids == b.token_ids for a, b in zip(outs[False], outs[True]))
+    diff = max(abs(x - y) for a, b in zip(outs[False], outs[True]) for x, y in zip(a.logprobs, b.logprobs))
+    assert same == fb, f"decode graphs changed the greedy tokens of {fb - same} of {fb} sequences"
+    return [f"decode graphs (B{fb} prompt {fp} new {fn}, greedy): tokens equal in {same}/{fb}; {len(buckets)} buckets "
+            f"({captured} captured); tok/s off {rates[False]:.1f}, on {rates[True]:.1f} (x{rates[True] / rates[False]:.2f}); "
+            f"max |Δ log-prob| {diff:.3e}"]
+
+
 def colocated_step(cfg: Config, device: torch.device, dry: bool) -> list[str]:
     col = Colocated(cfg, EngineConfig(num_blocks=512 if not dry else 64, block_size=16, max_num_seqs=64),
                     device=device, offload_weights=True)
@@ -178,7 +208,8 @@ def main() -> int:
     print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'host (--dry)'}; "
           f"model {cfg.model.num_hidden_layers} layers, hidden {cfg.model.hidden_size}, {cfg.model.num_experts} experts")
     failed = False
-    for name, section in (("engine vs HF", engine_vs_hf), ("colocated step", colocated_step)):
+    for name, section in (("engine vs HF", engine_vs_hf), ("decode graphs", decode_graphs_on_off),
+                          ("colocated step", colocated_step)):
         t0 = time.perf_counter()
         try:
             lines = section(cfg, device, args.dry)

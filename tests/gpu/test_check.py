@@ -34,7 +34,7 @@ def test_dry_check_runs_without_ray_deepspeed_or_hydra(tmp_path):
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-4000:]
     assert "FAIL" not in log, log[-4000:]
-    for line in ("bit-exact", "ids equal", "paged prefill", "engine kernels: triton", "engine vs HF generate",
+    for line in ("bit-exact", "ids equal", "paged prefill", "engine kernels: triton", "engine vs HF generate", "decode graphs",
                  "all on cpu", "log-prob mismatch"):
         assert line in log, log[-4000:]
     probe = subprocess.run([sys.executable, "-c", "import deepspeed"], env=env, capture_output=True, text=True)

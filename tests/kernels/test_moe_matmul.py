@@ -75,6 +75,15 @@ def test_tile_schedule_covers_every_row_once(block_m):
     assert int((expert_T >= 0).sum()) == int(((counts + block_m - 1) // block_m).sum())
 
 
+def test_expert_counts_without_bincount_equal_bincount():
+    """``_counts`` (a scatter-add: no host sync, so a CUDA graph can capture ``_routed``) counts as
+    ``torch.bincount`` does, unused experts and the last one included."""
+    g = torch.Generator().manual_seed(7)
+    for E, A in ((1, 5), (7, 40), (128, 8 * 128)):
+        ids_A = torch.randint(0, max(E - 1, 1), (A,), generator=g)  # the last expert unused where E > 1
+        assert torch.equal(mm._counts(ids_A, E), torch.bincount(ids_A, minlength=E))
+
+
 def test_input_validation():
     (gub, gus), (db, ds) = _weights(2, 64, 32, seed=4)
     offsets = torch.tensor([0, 1, 2], dtype=torch.int32)

@@ -141,3 +141,28 @@ def test_mxfp4_resident_experts_follow_the_module_and_stay_out_of_the_state_dict
         ex.drop_mxfp4()
         assert ex.mxfp4_gate_up_blocks is None
         assert (ex(x, ids, w) - dense(x, ids, w)).abs().max() > 1e-4  # the unquantized experts again
+
+
+def test_mxfp4_resident_experts_are_copies_not_views_of_the_payload():
+    """``load_mxfp4`` from views into one larger buffer (as a push bucket delivers them): the held blocks have
+    storage of their own and of their own size, so the bucket's payload is not kept alive."""
+    from jointrl.kernels.mxfp4 import quantize_mxfp4
+    from jointrl.model.moe import MXFP4_BUFFERS, Experts
+
+    cfg = MoEConfig.preset("tiny_moe")
+    ex = Experts(cfg)
+    g = torch.Generator().manual_seed(1)
+    gu = quantize_mxfp4(torch.randn(ex.gate_up_proj.shape, generator=g))
+    dn = quantize_mxfp4(torch.randn(ex.down_proj.shape, generator=g))
+    parts = (*gu, *dn)
+    payload = torch.cat([t.reshape(-1) for t in parts])
+    views, at = [], 0
+    for t in parts:
+        views.append(payload[at:at + t.numel()].view(t.shape))
+        at += t.numel()
+    ex.load_mxfp4(*views)
+    for name, t in zip(MXFP4_BUFFERS, parts):
+        held = getattr(ex, name)
+        assert torch.equal(held, t)
+        assert held.untyped_storage().data_ptr() != payload.untyped_storage().data_ptr()
+        assert held.untyped_storage().nbytes() == held.numel()

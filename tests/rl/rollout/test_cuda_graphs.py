@@ -1,8 +1,9 @@
 """``ModelRunner.decode_step`` (a pure-tensor decode step) and ``cuda_graphs.DecodeGraphs`` on the host: rows
 padded to a bucket, the block table padded to a fixed width, give the unpadded step's logits (bit for bit on
-the ``cpu`` backend, within float64 summation order on ``torch``), the same tokens, the same cache bytes, and
-the full recompute's log-probs (float64); the engine with ``decode_graphs`` gives the engine's tokens without.
-The CUDA capture itself needs a GPU (not on this machine)."""
+the ``cpu`` backend, within float64 summation order on ``torch``), the same tokens, the same cache bytes in
+every sequence's slots (pad rows write only the scratch slot), and the full recompute's log-probs (float64);
+the engine with ``decode_graphs`` gives the engine's tokens without; a push drops the graphs; the RoPE table
+is built once. The CUDA capture and replay themselves: tests/gpu/test_decode_graphs.py (GPU tier)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,11 @@ PROMPTS = ([5, 17, 33, 2, 250], [9, 8, 7, 6, 5, 4, 3, 2, 1], [100, 101])
 STEPS = 16
 
 
-def _decode(model, graphs: bool, static: bool = False):
+def _decode(model, graphs: bool):
     """Every row fed token by token through decode steps (its prompt, then its greedy tokens) → (logits of
     each step [STEPS, B, V], each row's tokens, the cache)."""
     B = len(PROMPTS)
     runner = ModelRunner(model, num_blocks=B * M + 1, block_size=BS)
-    runner.static_experts = static
     step = DecodeGraphs(runner, M, buckets=(2, 4, 8)) if graphs else runner.decode_step
     table_BM = torch.arange(1, B * M + 1).view(B, M).flip(1)  # block 0 unused, blocks out of order
     tokens = [list(p) for p in PROMPTS]
@@ -58,6 +58,9 @@ def test_padded_static_decode_equals_unpadded_and_recompute(kernels):
     ref_logits, ref_tokens, ref_kv = _decode(model, graphs=False)
     logits, tokens, kv = _decode(model, graphs=True)
     assert tokens == ref_tokens
+    scratch = kv.shape[1] - 1  # ModelRunner.scratch_slot: the pad rows' (buckets of 4 for 3 rows), no sequence's
+    assert ref_kv[:, scratch].eq(0).all() and kv[:, scratch].ne(0).any()
+    kv, ref_kv = kv[:, :scratch], ref_kv[:, :scratch]
     if kernels == "cpu":  # every kernel keeps a row's sums to itself: bit for bit
         assert torch.equal(logits, ref_logits) and torch.equal(kv, ref_kv)
     else:
@@ -68,16 +71,6 @@ def test_padded_static_decode_equals_unpadded_and_recompute(kernels):
             full_V = model(torch.tensor([tok[:STEPS]])).logits[0, -1]
             torch.testing.assert_close(torch.log_softmax(logits[-1, b], -1), torch.log_softmax(full_V, -1),
                                        rtol=0, atol=1e-10)
-
-
-def test_gathered_experts_equal_the_grouped_ones():
-    """``static_experts`` (the MoE's experts gathered per token: no host sync, as a CUDA graph needs) against
-    the grouped experts, through padded buckets: the same tokens, logits within float64 summation order."""
-    model = _model("torch")
-    ref_logits, ref_tokens, _ = _decode(model, graphs=False)
-    logits, tokens, _ = _decode(model, graphs=True, static=True)
-    assert tokens == ref_tokens
-    torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-10)
 
 
 def test_steps_past_the_largest_bucket_or_table_run_unpadded():
@@ -116,3 +109,42 @@ def test_engine_with_decode_graphs_equals_without(kernels):
             assert a.logprobs == b.logprobs
         else:
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-10)
+
+
+def test_rope_table_built_once_for_every_slot_with_decode_graphs():
+    """With ``decode_graphs`` the RoPE table covers every slot's position from construction (captured graphs
+    index it by address) and a step past 1024 positions does not rebuild it; without, it grows as before."""
+    model = _model("torch")
+    runner = ModelRunner(model, num_blocks=300, block_size=BS, decode_graphs=True)
+    table = runner._rope_table
+    assert table is not None and table[0].shape[0] == 300 * BS
+    B, width = 1, 1100 // BS + 1
+    table_BM = torch.arange(width)[None]
+    pos_B = torch.tensor([1100])
+    runner.graphs(torch.tensor([7]), pos_B, table_BM[:, -1] * BS, table_BM, pos_B + 1)
+    assert runner._rope_table is table
+    plain = ModelRunner(model, num_blocks=300, block_size=BS)
+    plain.decode_step(torch.tensor([7]), pos_B, table_BM[:, -1] * BS, table_BM, pos_B + 1)
+    assert plain._rope_table[0].shape[0] == 2048
+
+
+def test_update_weights_drops_the_graphs_and_serves_the_new_weights():
+    """``LLMEngine.update_weights`` resets ``DecodeGraphs`` (buckets and pool: a captured graph would read the old
+    derived copies), and the engine then decodes as a fresh one built from the pushed weights."""
+    from jointrl.rl.weight_sync import build_bundle
+
+    model = _model("torch")
+    new = MoETransformer.from_config(MoEConfig(initializer_range=0.1), dtype=torch.float64, seed=4, kernels="torch")
+    prompts = [[5, 17, 33], [9, 8, 7, 6, 5, 4]]
+    params = [SamplingParams(max_tokens=6, temperature=1.0, seed=i) for i in range(len(prompts))]
+    cfg = EngineConfig(num_blocks=32, block_size=4, decode_graphs=True)
+    eng = LLMEngine(model, config=cfg)
+    eng.generate_batch(prompts, params)
+    graphs = eng.runner.graphs
+    assert graphs._buckets
+    eng.update_weights(1, build_bundle(new.state_dict(), 1, is_quantized=lambda n, t: False))
+    assert eng.runner.graphs is graphs and not graphs._buckets and graphs._pool is None
+    got = eng.generate_batch(prompts, params)
+    want = LLMEngine(new, config=cfg).generate_batch(prompts, params)
+    for a, b in zip(got, want, strict=True):
+        assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-10)

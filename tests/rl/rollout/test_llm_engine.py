@@ -412,3 +412,26 @@ def test_mxfp4_experts_decode_from_bfloat16_panels_bit_for_bit():
     engines[0].update_weights(3, build_bundle(model.state_dict(), 3, is_quantized=lambda n, t: False))
     generate(engines[0], 3)
     assert panel_dtypes(engines[0]) == {torch.float32}  # a dense push: back to float32 panels
+
+
+def test_mxfp4_resident_experts_are_what_the_cpu_engine_reads():
+    """A layer holding its experts MXFP4-resident (``Experts.load_mxfp4``) is served from them on the ``cpu``
+    backend too: the C++ paths over packed dense experts and the per-layer plan step aside, so the engine equals
+    one whose dense experts are the dequantized blocks, while the dense parameters it still holds differ."""
+    from jointrl.kernels.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+
+    models = [MoETransformer.from_config(MoEConfig(initializer_range=0.1), dtype=torch.float32, seed=1, kernels="cpu")
+              for _ in range(2)]
+    g = torch.Generator().manual_seed(2)
+    for held, dense in zip(*(m.model.layers for m in models)):
+        gu = quantize_mxfp4(torch.randn(held.mlp.experts.gate_up_proj.shape, generator=g) * 0.1)
+        dn = quantize_mxfp4(torch.randn(held.mlp.experts.down_proj.shape, generator=g) * 0.1)
+        held.mlp.experts.load_mxfp4(*gu, *dn)
+        with torch.no_grad():
+            dense.mlp.experts.gate_up_proj.copy_(dequantize_mxfp4(*gu, dtype=torch.float32))
+            dense.mlp.experts.down_proj.copy_(dequantize_mxfp4(*dn, dtype=torch.float32))
+    params = [SamplingParams(max_tokens=8, temperature=0)] * 3
+    got, want = (LLMEngine(m, config=EngineConfig(num_blocks=64, block_size=4)).generate_batch(
+        prompts(5, 12, 3, seed=4), params) for m in models)
+    for a, b in zip(got, want, strict=True):
+        assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-4)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from jointrl.kernels import dispatch, kda, paged_attention
+from jointrl.kernels import dispatch, kda, moe_matmul, paged_attention
 from jointrl.model import MoEConfig, MoETransformer
 from jointrl.rl.rollout.cuda_graphs import DecodeGraphs
 from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
@@ -54,10 +54,9 @@ def test_triton_backend_engine_equals_the_torch_backend(kind, monkeypatch):
 
 def _static_decode(backend: str, graphs: bool) -> tuple[torch.Tensor, list[list[int]]]:
     """Three rows fed token by token through ``decode_step`` (through ``DecodeGraphs``' padded bucket when
-    ``graphs``; the MoE's experts gathered, as a CUDA graph needs) → (logits [steps, B, V], each row's tokens)."""
+    ``graphs``; the MoE's experts through the kernel table) → (logits [steps, B, V], each row's tokens)."""
     model = MoETransformer.from_config(MODELS["full"], dtype=torch.float32, seed=3, kernels=backend)
     runner = ModelRunner(model, num_blocks=16, block_size=4)
-    runner.static_experts = True
     step = DecodeGraphs(runner, max_blocks=4, buckets=(4,)) if graphs else runner.decode_step
     table_BM = torch.arange(1, 13).view(3, 4)
     tokens, logits = [[7, 8, 9, 10, 11], [200, 3], [42]], []
@@ -74,12 +73,15 @@ def _static_decode(backend: str, graphs: bool) -> tuple[torch.Tensor, list[list[
 
 def test_padded_static_decode_on_the_triton_backend(monkeypatch):
     """``DecodeGraphs``' padded static step on the ``triton`` backend (what a CUDA graph would capture: paged
-    decode through ``kernels/paged_attention``'s kernel over a zero-padded table, experts gathered) against the
-    torch backend's unpadded ``decode_step``: the same tokens, logits within float32 rounding."""
+    decode through ``kernels/paged_attention``'s kernel over a zero-padded table, the experts through the grouped
+    Triton matmuls, ``moe_matmul.moe_experts_dense_triton``, sync-free on CUDA) against the torch backend's
+    unpadded ``decode_step``: the same tokens, logits within float32 rounding."""
     calls = []
-    real = paged_attention._paged_attention_triton
-    monkeypatch.setattr(paged_attention, "_paged_attention_triton", lambda *a: calls.append(1) or real(*a))
+    for module, name in ((paged_attention, "_paged_attention_triton"), (moe_matmul, "moe_experts_dense_triton")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
     want_logits, want_tokens = _static_decode("torch", graphs=False)
+    assert not calls
     got_logits, got_tokens = _static_decode("triton", graphs=True)
-    assert calls and got_tokens == want_tokens
+    assert set(calls) == {"_paged_attention_triton", "moe_experts_dense_triton"} and got_tokens == want_tokens
     torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=2e-5)
