@@ -139,6 +139,23 @@ def test_template_renders_kimis_format_and_markers_are_ids(kimi_tok):
                        "<|im_end|>\n<|im_user|>user<|im_middle|>hi<|im_end|><|im_assistant|>assistant<|im_middle|>")
 
 
+def test_id_less_calls_are_numbered_across_the_conversation(kimi_tok):
+    """Kimi's ids count every call of the conversation (Kimi-K2's ``functions.NAME:IDX``; vLLM's
+    history count), so each ``## Return of`` line names one call: a second turn's first call is :2."""
+    tpl = HFChatTemplate(kimi_tok)
+    ls, pwd, cat = (ToolCall("run", {"command": c}) for c in ("ls", "pwd", "cat a"))
+    turns = [Message(role="assistant", content="On it.", tool_calls=[ls, pwd]),
+             Message(role="assistant", content="More.", tool_calls=[cat])]
+    convo = [Message(role="user", content="List."), turns[0], Message(role="tool", content="a", name="run"),
+             Message(role="tool", content="/w", name="run"), turns[1]]
+    text = kimi_tok.decode(tpl.render(convo, add_generation_prompt=False))
+    ids = [part.split("<|tool_call_argument_begin|>")[0] for part in text.split("<|tool_call_begin|>")[1:]]
+    assert ids == ["functions.run:0", "functions.run:1", "functions.run:2"]
+    second = tpl.assistant_turn(turns[1], calls_before=2)  # what a scripted policy writes on turn two
+    assert "functions.run:2" in kimi_tok.decode(second) and "functions.run:0" not in kimi_tok.decode(second)
+    assert tpl.render(convo, add_generation_prompt=False)[-len(second):] == second
+
+
 def test_export_copies_kimis_files_and_they_load_alike(kimi_dir, kimi_tok, tmp_path):
     assert copy_tokenizer(kimi_dir, tmp_path) == ["tiktoken.model", "tokenizer_config.json"]
     copied = HFTokenizer(tmp_path)
