@@ -110,6 +110,36 @@ def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tupl
     return {text(t): r for t, r in ranks.items()}, [(text(a), text(b)) for *_, a, b in merges]
 
 
+def _read_config(path: Path) -> dict:
+    """``tokenizer_config.json`` as a dict; ValueError naming the file if it is not a JSON object."""
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"tokenizer: {str(path)!r} is not valid JSON ({e.msg} at line {e.lineno} "
+                         f"column {e.colno})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"tokenizer: {str(path)!r} must be a JSON object, got {type(config).__name__}")
+    return config
+
+
+def _added_tokens(config: dict, path: Path) -> dict[int, dict]:
+    """``added_tokens_decoder`` as {id: entry}; ValueError naming the file and entry if an id is not an
+    integer or an entry is not an object with a string ``content``."""
+    decoder = config.get("added_tokens_decoder") or {}
+    if not isinstance(decoder, dict):
+        raise ValueError(f"tokenizer: {str(path)!r} added_tokens_decoder must be an object {{id: {{content, ...}}}}, "
+                         f"got {type(decoder).__name__}")
+    added = {}
+    for key, entry in decoder.items():
+        if not str(key).isdigit():
+            raise ValueError(f"tokenizer: {str(path)!r} added_tokens_decoder key {key!r} is not a token id")
+        if not isinstance(entry, dict) or not isinstance(entry.get("content"), str):
+            raise ValueError(f"tokenizer: {str(path)!r} added_tokens_decoder[{key!r}] = {entry!r:.120} needs a "
+                             "string 'content'")
+        added[int(key)] = entry
+    return added
+
+
 def tiktoken_tokenizer(directory: str | Path) -> Any:
     """``directory``'s ``tiktoken.model`` + ``tokenizer_config.json`` (+ ``chat_template.jinja``) as a
     ``PreTrainedTokenizerFast`` (module docstring); ValueError naming a missing or malformed piece."""
@@ -122,8 +152,8 @@ def tiktoken_tokenizer(directory: str | Path) -> Any:
         raise ValueError(f"tokenizer: {str(src)!r} lacks {' and '.join(missing)} (a tiktoken tokenizer needs "
                          "tiktoken.model and tokenizer_config.json with its added_tokens_decoder)")
     ranks = read_tiktoken_ranks(src / "tiktoken.model")
-    config = json.loads((src / "tokenizer_config.json").read_text())
-    added = {int(i): t for i, t in (config.get("added_tokens_decoder") or {}).items()}
+    config = _read_config(src / "tokenizer_config.json")
+    added = _added_tokens(config, src / "tokenizer_config.json")
     base = len(ranks)
     outside = sorted(i for i in added if not base <= i < base + NUM_RESERVED)
     if outside:

@@ -98,6 +98,24 @@ def test_bad_directories_are_named(tmp_path, kimi_files):
         HFTokenizer(d)
 
 
+def test_malformed_tokenizer_config_names_the_file_and_entry(tmp_path, kimi_files):
+    d = kimi_files[0](tmp_path / "k")
+    path = d / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    path.write_text(path.read_text()[:-2])  # truncated
+    with pytest.raises(ValueError, match=r"tokenizer_config.json' is not valid JSON \(.* at line \d+ column \d+"):
+        HFTokenizer(d)
+    key = next(iter(config["added_tokens_decoder"]))
+    bad = {**config, "added_tokens_decoder": {**config["added_tokens_decoder"], key: {"special": True}}}
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=rf"tokenizer_config.json' added_tokens_decoder\['{key}'\] .* needs a string "
+                                         "'content'"):
+        HFTokenizer(d)
+    path.write_text(json.dumps({**config, "added_tokens_decoder": {"x1": {"content": "<|a|>"}}}))
+    with pytest.raises(ValueError, match="added_tokens_decoder key 'x1' is not a token id"):
+        HFTokenizer(d)
+
+
 KIMI_TOOLS = [ToolSpec("run", "run a shell command", {"type": "object", "properties": {
     "command": {"type": "string"}}, "required": ["command"]})]
 # Kimi's published template, written out by hand for this conversation.
