@@ -11,13 +11,15 @@ its bytes in base64, a space, its rank; ranks 0..N-1 are the ids and the BPE mer
 
 ``tiktoken_tokenizer(directory)`` rebuilds that as a ``tokenizers`` BPE: vocabulary = the ranks
 (bytes through GPT-2's byte -> character map), merges = every split of a token into two tokens,
-ordered by the merged token's rank (tiktoken merges the adjacent pair whose concatenation has the
-lowest rank; ``ignore_merges`` takes a whole pre-token that is itself a token, as tiktoken does),
-pre-tokenizer = ``KIMI_PATTERN`` (oniguruma accepts its ``&&`` class intersections) then ByteLevel
-without its own regex. Transformers 5.24's ``TikTokenConverter`` does the same conversion but reads
+ordered by the merged token's rank, then by the parts' ranks (tiktoken merges the leftmost adjacent
+pair whose concatenation has the lowest rank; ``ignore_merges`` takes a whole pre-token that is itself
+a token, as tiktoken does), pre-tokenizer = ``KIMI_PATTERN`` (oniguruma accepts its ``&&`` class
+intersections) then ByteLevel without its own regex. That the merge order equals tiktoken's rule is
+checked, not proven: the ids equal the rank-by-rank reference on a trained 300-merge vocabulary and on
+one whose tokens split two or three ways into earlier tokens, where reversing the order among a
+token's splits gives the same ids too (tests/model/test_kimi.py). Transformers 5.24's ``TikTokenConverter`` does the same conversion but reads
 the file through the ``tiktoken`` package and uses its default (GPT-4) pattern unless told; the
-file format is four lines of Python, so we read it ourselves (tests/model/test_kimi.py
-checks the ids against a rank-by-rank reference BPE).
+file format is four lines of Python, so we read it ourselves (tests/model/test_kimi.py).
 
 The chat format (the checkpoint's own Jinja, rendered by ``model/hf_chat_template.HFChatTemplate``)::
 
