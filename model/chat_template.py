@@ -61,9 +61,10 @@ class ChatTemplate:
             return self._turn(m.role, slots + self.tok.encode(m.content))
         raise ValueError(f"message role must be one of system/user/assistant/tool, got {m.role!r}")
 
-    def assistant_turn(self, m: Message) -> list[int]:
+    def assistant_turn(self, m: Message, calls_before: int = 0) -> list[int]:
         """The ids a model writes for assistant message ``m`` after the generation prompt, through
-        ``<|im_end|>``: its canonical rendering (what a scripted policy emits)."""
+        ``<|im_end|>``: its canonical rendering (what a scripted policy emits). ``calls_before`` is
+        ``HFChatTemplate``'s (Kimi's call ids); this template writes no call ids and ignores it."""
         return self.encode_message(m)[len(self.generation_prompt()):-1]
 
     def generation_prompt(self) -> list[int]:

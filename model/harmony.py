@@ -159,9 +159,10 @@ class HarmonyTemplate:
         """``<|start|>assistant<|channel|>analysis<|message|>``."""
         return self._encode(self._generation())
 
-    def assistant_turn(self, m: Message) -> list[int]:
+    def assistant_turn(self, m: Message, calls_before: int = 0) -> list[int]:
         """The ids a model writes for ``m`` after the generation prompt, through its stop (<|call|> or
-        <|return|>; a final answer as sampled ends <|return|>, not a history's <|end|>)."""
+        <|return|>; a final answer as sampled ends <|return|>, not a history's <|end|>). ``calls_before``
+        is ``HFChatTemplate``'s (Kimi's call ids); harmony writes no call ids and ignores it."""
         ids = self._encode(self._assistant(m))
         prompt = self.generation_prompt()
         assert ids[:len(prompt)] == prompt, "an assistant message starts with its analysis message"

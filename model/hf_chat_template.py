@@ -11,8 +11,10 @@ transforms message content (strips or escapes it) is refused at load, because th
 rendering would then differ from the real one.
 
 Kimi's template (model/kimi.py) writes each call's id (``functions.NAME:INDEX``, as its models
-write them): a call without one (a scripted policy's) gets ``functions.{name}:{k}``, k its place
-in the message; a tool result's ``tool_call_id`` is its call's (``rl/agent_loop``).
+write them): a call without one (a scripted policy's, a transcript's) gets ``functions.{name}:{k}``,
+k counting every call of the conversation before it (Kimi-K2's ids number calls across the
+conversation, as vLLM's ``kimi_k2`` serving does from its history count), so each ``## Return of``
+line names one call; a tool result's ``tool_call_id`` is its call's (``rl/agent_loop``).
 
 Token-in/token-out: the agent loop never re-tokenizes what the model generated. It appends
 the generated ids, then ``continuation(new messages)``: the ids the template writes after a
@@ -66,15 +68,18 @@ class HFChatTemplate:
 
     # -- rendering -------------------------------------------------------------------------------
     def _text(self, messages: list[Message], tools: list[ToolSpec], add_generation_prompt: bool,
-              slots: list[str] | None) -> str:
-        """The Jinja's text; with ``slots``, system/user/tool contents become sentinels appended there."""
+              slots: list[str] | None, calls_before: int = 0) -> str:
+        """The Jinja's text; with ``slots``, system/user/tool contents become sentinels appended there.
+        Kimi: an id-less call's index counts from ``calls_before`` (the calls ahead of ``messages``)."""
         dicts: list[dict[str, Any]] = []
+        calls = calls_before  # calls of the conversation so far (Kimi's ids count them)
         for m in messages:
             if m.role not in ("system", "user", "assistant", "tool"):
                 raise ValueError(f"message role must be one of system/user/assistant/tool, got {m.role!r}")
             d = m.to_openai()
-            for k, c in enumerate(d.get("tool_calls", []) if self.tok.kimi else []):
-                c["id"] = c["id"] or f"functions.{c['function']['name']}:{k}"  # Kimi's template shows call ids
+            for c in d.get("tool_calls", []) if self.tok.kimi else []:
+                c["id"] = c["id"] or f"functions.{c['function']['name']}:{calls}"  # Kimi's template shows ids
+                calls += 1
             if slots is not None and m.role != "assistant" and m.content != _MARK:
                 d["content"] = f"\ue000{len(slots)}\ue001"
                 slots.append(m.content)
@@ -106,12 +111,14 @@ class HFChatTemplate:
         assert with_prompt.startswith(without), "the generation prompt is not a suffix"
         return self.tok.encode_with_specials(with_prompt[len(without):])
 
-    def assistant_turn(self, m: Message) -> list[int]:
+    def assistant_turn(self, m: Message, calls_before: int = 0) -> list[int]:
         """The ids a model writes for assistant message ``m`` after the generation prompt, through
-        the end token: the template's rendering of it after a one-message history."""
+        the end token: the template's rendering of it after a one-message history. ``calls_before``:
+        the conversation's calls before ``m`` (Kimi numbers an id-less call from it)."""
         history = [Message(role="user", content="hi")]
         prompt = self.render(history)
-        full = self.render(history + [m], add_generation_prompt=False)
+        slots: list[str] = []
+        full = self._ids(self._text(history + [m], [], False, slots, calls_before), slots)
         assert full[:len(prompt)] == prompt, "checked at load (check_prefix_property)"
         return full[len(prompt): full.index(self.tok.im_end_id, len(prompt)) + 1]
 

@@ -11,13 +11,15 @@ its bytes in base64, a space, its rank; ranks 0..N-1 are the ids and the BPE mer
 
 ``tiktoken_tokenizer(directory)`` rebuilds that as a ``tokenizers`` BPE: vocabulary = the ranks
 (bytes through GPT-2's byte -> character map), merges = every split of a token into two tokens,
-ordered by the merged token's rank (tiktoken merges the adjacent pair whose concatenation has the
-lowest rank; ``ignore_merges`` takes a whole pre-token that is itself a token, as tiktoken does),
-pre-tokenizer = ``KIMI_PATTERN`` (oniguruma accepts its ``&&`` class intersections) then ByteLevel
-without its own regex. Transformers 5.24's ``TikTokenConverter`` does the same conversion but reads
+ordered by the merged token's rank, then by the parts' ranks (tiktoken merges the leftmost adjacent
+pair whose concatenation has the lowest rank; ``ignore_merges`` takes a whole pre-token that is itself
+a token, as tiktoken does), pre-tokenizer = ``KIMI_PATTERN`` (oniguruma accepts its ``&&`` class
+intersections) then ByteLevel without its own regex. That the merge order equals tiktoken's rule is
+checked, not proven: the ids equal the rank-by-rank reference on a trained 300-merge vocabulary and on
+one whose tokens split two or three ways into earlier tokens, where reversing the order among a
+token's splits gives the same ids too (tests/model/test_kimi.py). Transformers 5.24's ``TikTokenConverter`` does the same conversion but reads
 the file through the ``tiktoken`` package and uses its default (GPT-4) pattern unless told; the
-file format is four lines of Python, so we read it ourselves (tests/model/test_kimi.py
-checks the ids against a rank-by-rank reference BPE).
+file format is four lines of Python, so we read it ourselves (tests/model/test_kimi.py).
 
 The chat format (the checkpoint's own Jinja, rendered by ``model/hf_chat_template.HFChatTemplate``)::
 
@@ -110,6 +112,36 @@ def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tupl
     return {text(t): r for t, r in ranks.items()}, [(text(a), text(b)) for *_, a, b in merges]
 
 
+def _read_config(path: Path) -> dict:
+    """``tokenizer_config.json`` as a dict; ValueError naming the file if it is not a JSON object."""
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"tokenizer: {str(path)!r} is not valid JSON ({e.msg} at line {e.lineno} "
+                         f"column {e.colno})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"tokenizer: {str(path)!r} must be a JSON object, got {type(config).__name__}")
+    return config
+
+
+def _added_tokens(config: dict, path: Path) -> dict[int, dict]:
+    """``added_tokens_decoder`` as {id: entry}; ValueError naming the file and entry if an id is not an
+    integer or an entry is not an object with a string ``content``."""
+    decoder = config.get("added_tokens_decoder") or {}
+    if not isinstance(decoder, dict):
+        raise ValueError(f"tokenizer: {str(path)!r} added_tokens_decoder must be an object {{id: {{content, ...}}}}, "
+                         f"got {type(decoder).__name__}")
+    added = {}
+    for key, entry in decoder.items():
+        if not str(key).isdigit():
+            raise ValueError(f"tokenizer: {str(path)!r} added_tokens_decoder key {key!r} is not a token id")
+        if not isinstance(entry, dict) or not isinstance(entry.get("content"), str):
+            raise ValueError(f"tokenizer: {str(path)!r} added_tokens_decoder[{key!r}] = {entry!r:.120} needs a "
+                             "string 'content'")
+        added[int(key)] = entry
+    return added
+
+
 def tiktoken_tokenizer(directory: str | Path) -> Any:
     """``directory``'s ``tiktoken.model`` + ``tokenizer_config.json`` (+ ``chat_template.jinja``) as a
     ``PreTrainedTokenizerFast`` (module docstring); ValueError naming a missing or malformed piece."""
@@ -122,8 +154,8 @@ def tiktoken_tokenizer(directory: str | Path) -> Any:
         raise ValueError(f"tokenizer: {str(src)!r} lacks {' and '.join(missing)} (a tiktoken tokenizer needs "
                          "tiktoken.model and tokenizer_config.json with its added_tokens_decoder)")
     ranks = read_tiktoken_ranks(src / "tiktoken.model")
-    config = json.loads((src / "tokenizer_config.json").read_text())
-    added = {int(i): t for i, t in (config.get("added_tokens_decoder") or {}).items()}
+    config = _read_config(src / "tokenizer_config.json")
+    added = _added_tokens(config, src / "tokenizer_config.json")
     base = len(ranks)
     outside = sorted(i for i in added if not base <= i < base + NUM_RESERVED)
     if outside:

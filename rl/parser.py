@@ -26,7 +26,13 @@ Kimi (``tok.kimi``; model/kimi.py): ``[<think>{reasoning}</think>] {text} <|tool
 so the template renders the call, and the result's ``## Return of`` line, as the model wrote them. A
 vocabulary without ``<think>`` has no reasoning: the turn before the section is its content. Each of a
 marker out of place, a section or call left open, an id not ``[functions.]NAME:INDEX`` and arguments
-that are not a JSON object is a ``CallError``; calls completed before it are kept.
+that are not a JSON object is a ``CallError``; calls completed before it are kept. After a marker out
+of place the ids up to the next valid point are discarded, so no call in them runs: through the broken
+call's ``<|tool_call_end|>`` (a call begun outside the section, or again inside an open call), or up to
+the section's end (a nested or second section begin). One section per turn, as Kimi's template writes
+it: a second section is a ``CallError`` and its calls are dropped (vLLM's ``kimi_k2`` parser would run
+them); text after ``<|tool_calls_section_end|>`` is a ``CallError`` beside the section's calls (vLLM
+drops it silently), and the content is the text before the section.
 """
 
 from __future__ import annotations
@@ -208,9 +214,11 @@ def parse_kimi_turn(body: list[int], tok: Tokenizer, ended: bool) -> ParsedTurn:
         turn.reasoning, turn.closed_thinking, body = tok.decode(body[:cut]), True, body[cut + 1:]
     text: list[int] = []
     stray: list[int] = []  # inside the section, between calls
-    in_section = False
+    after: list[int] = []  # after the section closed
+    in_section, sections = False, 0
     header: list[int] | None = None  # the call id being read
     args: list[int] | None = None  # the arguments being read
+    skip_to: tuple[int, ...] = ()  # after a marker out of place: ids discarded up to one of these
 
     def error(message: str, raw: list[int] = ()) -> None:
         turn.calls.append(CallError(message, tok.decode(raw)))
@@ -219,10 +227,21 @@ def parse_kimi_turn(body: list[int], tok: Tokenizer, ended: bool) -> ParsedTurn:
         return (header or []) + (args or [])
 
     for i in body:
+        if skip_to:
+            if i not in skip_to:
+                continue
+            skip_to = ()
+            if i == call_end:
+                continue  # the broken call's end: discarded with it
         if i == section:
             if in_section:
-                error("<|tool_calls_section_begin|> inside an open section")
-            in_section, header, args = True, None, None
+                error("<|tool_calls_section_begin|> inside an open section", pending())
+                header, args, skip_to = None, None, (section_end,)
+            elif sections:
+                error("a second <|tool_calls_section_begin|> (Kimi's template writes one section per turn)")
+                in_section, skip_to = True, (section_end,)
+            else:
+                in_section, sections = True, 1
         elif i == section_end:
             if not in_section:
                 error("<|tool_calls_section_end|> without <|tool_calls_section_begin|>")
@@ -232,13 +251,16 @@ def parse_kimi_turn(body: list[int], tok: Tokenizer, ended: bool) -> ParsedTurn:
         elif i == call:
             if not in_section:
                 error("<|tool_call_begin|> outside <|tool_calls_section_begin|>...<|tool_calls_section_end|>")
+                skip_to = (call_end, section)
             elif header is not None or args is not None:
                 error("<|tool_call_begin|> again before <|tool_call_end|>", pending())
-            header, args = [], None
+                header, args, skip_to = None, None, (call_end, section_end)
+            else:
+                header, args = [], None
         elif i == argument:
             if header is None or args is not None:
                 error("<|tool_call_argument_begin|> outside a call, or twice in one", pending())
-                header, args = None, None
+                header, args, skip_to = None, None, (call_end, section_end)
             else:
                 args = []
         elif i == call_end:
@@ -253,6 +275,8 @@ def parse_kimi_turn(body: list[int], tok: Tokenizer, ended: bool) -> ParsedTurn:
             header.append(i)
         elif in_section:
             stray.append(i)
+        elif sections:
+            after.append(i)
         else:
             text.append(i)
     if header is not None or args is not None:
@@ -261,6 +285,9 @@ def parse_kimi_turn(body: list[int], tok: Tokenizer, ended: bool) -> ParsedTurn:
         error("<|tool_calls_section_begin|> was not closed with <|tool_calls_section_end|>")
     if tok.decode(stray).strip():
         error("text inside the tool-calls section outside <|tool_call_begin|>...<|tool_call_end|>", stray)
+    if tok.decode(after).strip():
+        error("text after <|tool_calls_section_end|> (Kimi's template writes the content before the section)",
+              after)
     turn.content = tok.decode(text)
     return turn
 

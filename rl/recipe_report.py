@@ -9,8 +9,9 @@ read from the runs' ``curves.json`` (rl/recipe.py), written as ``report.md`` and
 each per domain, on held-out seeds of the trained families (``<d>``) and on the held-out families
 (``<d>/unseen``), with every seed's number and the analysis rule's verdict: B beats A **outside the
 seed spread** when min_s p_B(s) > max_s p_A(s), A beats B when max_s p_B(s) < min_s p_A(s), else the
-difference is within the spread. A run whose ``curves.json`` is absent, or a row it lacks, is printed
-as missing and makes the verdict ``incomplete``: nothing is filled in. The runs are found by the names
+difference is within the spread. A run whose ``curves.json`` is absent, a row it lacks, or a row
+without an evaluation at the step read (step 0, or the run's ``grpo_steps``: looked up by step, never by
+position) is printed as missing and makes the verdict ``incomplete``: nothing is filled in. The runs are found by the names
 ``conf/experiment/cpu_joint5.yaml``'s commands give them (``--joint``, ``--oracle``, ``--single``
 templates with ``{seed}`` and ``{domain}``, under ``--runs``). Also per run: the GRPO episodes scored
 per domain, the held-out episodes per row, and the CPU seconds of each stage the run itself executed
@@ -73,11 +74,22 @@ class Run:
         f = path / "curves.json"
         return cls(kind, seed, path, json.loads(f.read_text()) if f.is_file() else None)
 
-    def pass1(self, row: str, at: int) -> float | None:
-        """Held-out pass@1 of ``row`` (``<d>`` or ``<d>/unseen``) at the curve's point ``at``
-        (0: the SFT checkpoint, -1: the last GRPO step evaluated); None when missing."""
+    def pass1(self, row: str, step: int | None) -> float | None:
+        """Held-out pass@1 of ``row`` (``<d>`` or ``<d>/unseen``) evaluated at GRPO step ``step`` (0: the
+        SFT checkpoint); None when the run, the row or that step's evaluation is missing."""
         c = (self.curves or {}).get("heldout", {}).get(row)
-        return c["pass@1"][at] if c and c["pass@1"] else None
+        if step is None or not c or step not in c["step"]:
+            return None
+        return c["pass@1"][c["step"].index(step)]
+
+    def sft(self, row: str) -> float | None:
+        """``row``'s pass@1 after SFT (step 0)."""
+        return self.pass1(row, 0)
+
+    def final(self, row: str) -> float | None:
+        """``row``'s pass@1 at the run's last GRPO step (``curves.json`` ``grpo_steps``; 0 for a run
+        without GRPO, the oracle-only SFT): None when that step was not evaluated (an unfinished run)."""
+        return self.pass1(row, (self.curves or {}).get("grpo_steps"))
 
     def eval_episodes(self, row: str) -> int | None:
         c = (self.curves or {}).get("heldout", {}).get(row)
@@ -160,10 +172,11 @@ def comparison(runs: Runs, title: str, a_name: str, b_name: str, a_of, b_of, win
     return lines + [""]
 
 
-def c1_bar(runs: Runs) -> int:
-    """Domains whose GRPO gain over SFT on trained families is outside the seed spread (#40's bar: >= 3)."""
-    return sum(verdict([r.pass1(d, 0) for r in runs.joint], [r.pass1(d, -1) for r in runs.joint]) is Verdict.b_wins
-               for d in runs.domains)
+def c1_bar(runs: Runs) -> tuple[int, bool]:
+    """Domains whose GRPO gain over SFT on trained families is outside the seed spread (#40's bar: >= 3),
+    and whether any domain's verdict is incomplete (a run, a row or a step missing: the count is a floor)."""
+    verdicts = [verdict([r.sft(d) for r in runs.joint], [r.final(d) for r in runs.joint]) for d in runs.domains]
+    return sum(v is Verdict.b_wins for v in verdicts), Verdict.incomplete in verdicts
 
 
 def run_table(runs: Runs) -> list[str]:
@@ -188,23 +201,24 @@ def report(runs: Runs) -> str:
     j, o, single = runs.joint, runs.oracle, runs.single
     grpo_eps = lambda d, i: f"{_n(single[d][i].grpo_episodes(d))} / {_n(j[i].grpo_episodes(d))}"  # noqa: E731
     missing = [f"{r.kind} seed {r.seed} ({r.path})" for r in runs.all() if r.curves is None]
+    bar, bar_incomplete = c1_bar(runs)
     lines = ["# Five-domain recipe: the pre-registered comparisons (docs/recipe.md)", "",
              "Held-out pass@1 per seed; verdict by the pre-registered rule (outside the seed spread: both seeds "
              "of one side above both of the other). Eval episodes: the joint runs' (seed order).", "",
              f"Missing runs: {'; '.join(missing) if missing else 'none'}.", "",
              f"C1 bar (#40: GRPO's gain outside the seed spread on >= 3 of {len(runs.domains)} domains, trained "
-             f"families): {c1_bar(runs)} of {len(runs.domains)}"
-             + (" (incomplete: runs missing)" if any(r.curves is None for r in j) else "") + ".", ""]
-    lines += comparison(runs, "C1: SFT vs GRPO (joint)", "SFT", "GRPO", lambda d, i, row: j[i].pass1(row, 0),
-                        lambda d, i, row: j[i].pass1(row, -1),
+             f"families): {bar} of {len(runs.domains)}"
+             + (" (incomplete: a run, row or step missing)" if bar_incomplete else "") + ".", ""]
+    lines += comparison(runs, "C1: SFT vs GRPO (joint)", "SFT", "GRPO", lambda d, i, row: j[i].sft(row),
+                        lambda d, i, row: j[i].final(row),
                         {Verdict.b_wins: "GRPO gain outside the spread", Verdict.a_wins: "GRPO loss outside the spread",
                          Verdict.within: "within the spread", Verdict.incomplete: "incomplete"})
     lines += comparison(runs, "C2: oracle-only SFT at equal CPU (A) vs SFT(mixed) + GRPO (B)", "oracle-only",
-                        "SFT(mixed)+GRPO", lambda d, i, row: o[i].pass1(row, -1), lambda d, i, row: j[i].pass1(row, -1),
+                        "SFT(mixed)+GRPO", lambda d, i, row: o[i].final(row), lambda d, i, row: j[i].final(row),
                         {Verdict.b_wins: "SFT(mixed)+GRPO wins", Verdict.a_wins: "oracle-only wins",
                          Verdict.within: "neither (within the spread)", Verdict.incomplete: "incomplete"})
     lines += comparison(runs, "C3: single-domain GRPO (A) vs joint (B), from the same SFT", "single", "joint",
-                        lambda d, i, row: single[d][i].pass1(row, -1), lambda d, i, row: j[i].pass1(row, -1),
+                        lambda d, i, row: single[d][i].final(row), lambda d, i, row: j[i].final(row),
                         {Verdict.b_wins: "joint wins", Verdict.a_wins: "single wins",
                          Verdict.within: "neither (within the spread)", Verdict.incomplete: "incomplete"},
                         episodes_of=grpo_eps)

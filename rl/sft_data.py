@@ -67,7 +67,7 @@ def to_trajectory(messages: list[Message], tools: list[ToolSpec], template: Any,
     mask = [0] * len(ids)
     i = first
     while i <= last:
-        turn = template.assistant_turn(messages[i])
+        turn = template.assistant_turn(messages[i], sum(len(m.tool_calls) for m in messages[:i]))
         ids += turn
         mask += [1] * len(turn)
         j = i + 1

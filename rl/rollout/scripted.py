@@ -35,6 +35,7 @@ class ScriptedEngine:
         self.prompts: list[list[int]] = []  # what the engine was shown at the start of each turn
         self.images: list = []  # the image_patches it was given then, per turn (None: none)
         self._next = 0  # index of the next scripted turn
+        self._calls = 0  # calls rendered so far in this episode (Kimi's call ids count them)
         self._rest: list[int] = []  # the current scripted turn's tokens not emitted yet
         self._context: list[int] = []  # the last call's prompt and what it emitted
         self._version = 0
@@ -46,9 +47,11 @@ class ScriptedEngine:
     def update_weights(self, version: int, bundle=None) -> None:
         self._version = version
 
-    def render_turn(self, calls: list[ToolCall]) -> list[int]:
-        """The template's canonical assistant turn with these calls (``assistant_turn``)."""
-        return self.template.assistant_turn(Message(role="assistant", reasoning=self.reasoning, tool_calls=calls))
+    def render_turn(self, calls: list[ToolCall], calls_before: int = 0) -> list[int]:
+        """The template's canonical assistant turn with these calls (``assistant_turn``), after
+        ``calls_before`` calls of the episode."""
+        return self.template.assistant_turn(Message(role="assistant", reasoning=self.reasoning, tool_calls=calls),
+                                            calls_before)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams, image_patches=None) -> GenerationOutput:
         think_end = self.template.tok.think_end_id
@@ -58,7 +61,7 @@ class ScriptedEngine:
             self._rest = self._rest[self._rest.index(think_end) + 1:]  # reasoning cut by the budget
         else:
             if not self.prompts or prompt_ids[: len(self.prompts[-1])] != self.prompts[-1]:
-                self._next = 0  # a new episode
+                self._next, self._calls = 0, 0  # a new episode
             self.prompts.append(list(prompt_ids))
             self.images.append(image_patches)
             self._rest = self._next_turn()
@@ -76,4 +79,7 @@ class ScriptedEngine:
             return self.render_turn([])
         turn = self.turns[self._next]
         self._next += 1
-        return list(turn) if turn and isinstance(turn[0], int) else self.render_turn(turn)
+        if turn and isinstance(turn[0], int):
+            return list(turn)
+        self._calls += len(turn)
+        return self.render_turn(turn, self._calls - len(turn))

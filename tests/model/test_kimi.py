@@ -34,10 +34,13 @@ def kimi_tok(kimi_dir) -> HFTokenizer:
 
 
 def _tiktoken_encode(text: str, ranks: dict[bytes, int]) -> list[int]:
-    """tiktoken's algorithm, by the ranks: split by KIMI_PATTERN, then in each piece merge the adjacent
-    pair whose concatenation has the lowest rank until none is a token."""
+    """tiktoken's algorithm, by the ranks: split by KIMI_PATTERN; a piece that is a token is that token,
+    else merge its leftmost adjacent pair whose concatenation has the lowest rank until none is a token."""
     ids = []
     for piece in regex.findall(KIMI_PATTERN, text, flags=regex.V1):
+        if piece.encode() in ranks:
+            ids.append(ranks[piece.encode()])
+            continue
         parts = [bytes([b]) for b in piece.encode()]
         while True:
             pairs = [(ranks.get(parts[i] + parts[i + 1]), i) for i in range(len(parts) - 1)]
@@ -47,6 +50,40 @@ def _tiktoken_encode(text: str, ranks: dict[bytes, int]) -> list[int]:
             parts[best[1]: best[1] + 2] = [parts[best[1]] + parts[best[1] + 1]]
         ids += [ranks[p] for p in parts]
     return ids
+
+
+# Each token after the bytes joins two earlier ones (a BPE-trained order); most also split other ways
+# into earlier tokens (abc = ab+c = a+bc, abca = abc+a = ab+ca = a+bca, ...), and "bc" ranks before "ab",
+# so the merge list's order within one merged token (by the parts' ranks) is exercised.
+TIED = [b"bc", b"ab", b"ca", b"abc", b"bca", b"cab", b"abca", b"aa", b"bcab", b"cabc", b"abcab", b"aab", b"caa",
+        b"bcabc", b"abcabc"]
+
+
+def test_tokens_with_several_splits_encode_as_tiktoken(kimi_dir, tmp_path):
+    """The merges list every split of a token (module docstring); a vocabulary where tokens split into
+    existing tokens in two or three ways still encodes as the rank-by-rank reference, on every string
+    of a, b, c up to length 7 and on spaced and longer random ones."""
+    import base64
+    import itertools
+    import random
+
+    ranks = {bytes([b]): b for b in range(256)} | {t: 256 + k for k, t in enumerate(TIED)}
+    assert all(any(t[:k] in ranks and t[k:] in ranks and max(ranks[t[:k]], ranks[t[k:]]) < ranks[t]
+                   for k in range(1, len(t))) for t in TIED)
+    several = [t for t in TIED if sum(t[:k] in ranks and t[k:] in ranks for k in range(1, len(t))) > 1]
+    assert len(several) >= 8, several
+    config = json.loads((kimi_dir / "tokenizer_config.json").read_text())
+    old_base = len(read_tiktoken_ranks(kimi_dir / "tiktoken.model"))
+    config["added_tokens_decoder"] = {str(int(i) - old_base + len(ranks)): t
+                                      for i, t in config["added_tokens_decoder"].items()}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "tiktoken.model").write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
+    tok = HFTokenizer(tmp_path)
+    rng = random.Random(0)
+    texts = ["".join(p) for n in range(1, 8) for p in itertools.product("abc", repeat=n)]
+    texts += ["".join(rng.choice("abc  ") for _ in range(rng.randint(8, 40))) for _ in range(200)]
+    for text in texts:
+        assert tok.encode(text) == _tiktoken_encode(text, ranks), text
 
 
 def test_special_ids_sit_after_the_ranks(kimi_tok, kimi_dir, kimi_files, tmp_path):
@@ -98,6 +135,24 @@ def test_bad_directories_are_named(tmp_path, kimi_files):
         HFTokenizer(d)
 
 
+def test_malformed_tokenizer_config_names_the_file_and_entry(tmp_path, kimi_files):
+    d = kimi_files[0](tmp_path / "k")
+    path = d / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    path.write_text(path.read_text()[:-2])  # truncated
+    with pytest.raises(ValueError, match=r"tokenizer_config.json' is not valid JSON \(.* at line \d+ column \d+"):
+        HFTokenizer(d)
+    key = next(iter(config["added_tokens_decoder"]))
+    bad = {**config, "added_tokens_decoder": {**config["added_tokens_decoder"], key: {"special": True}}}
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=rf"tokenizer_config.json' added_tokens_decoder\['{key}'\] .* needs a string "
+                                         "'content'"):
+        HFTokenizer(d)
+    path.write_text(json.dumps({**config, "added_tokens_decoder": {"x1": {"content": "<|a|>"}}}))
+    with pytest.raises(ValueError, match="added_tokens_decoder key 'x1' is not a token id"):
+        HFTokenizer(d)
+
+
 KIMI_TOOLS = [ToolSpec("run", "run a shell command", {"type": "object", "properties": {
     "command": {"type": "string"}}, "required": ["command"]})]
 # Kimi's published template, written out by hand for this conversation.
@@ -137,6 +192,23 @@ def test_template_renders_kimis_format_and_markers_are_ids(kimi_tok):
     default = kimi_tok.decode(tpl.render([Message(role="user", content="hi")]))
     assert default == ("<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI."
                        "<|im_end|>\n<|im_user|>user<|im_middle|>hi<|im_end|><|im_assistant|>assistant<|im_middle|>")
+
+
+def test_id_less_calls_are_numbered_across_the_conversation(kimi_tok):
+    """Kimi's ids count every call of the conversation (Kimi-K2's ``functions.NAME:IDX``; vLLM's
+    history count), so each ``## Return of`` line names one call: a second turn's first call is :2."""
+    tpl = HFChatTemplate(kimi_tok)
+    ls, pwd, cat = (ToolCall("run", {"command": c}) for c in ("ls", "pwd", "cat a"))
+    turns = [Message(role="assistant", content="On it.", tool_calls=[ls, pwd]),
+             Message(role="assistant", content="More.", tool_calls=[cat])]
+    convo = [Message(role="user", content="List."), turns[0], Message(role="tool", content="a", name="run"),
+             Message(role="tool", content="/w", name="run"), turns[1]]
+    text = kimi_tok.decode(tpl.render(convo, add_generation_prompt=False))
+    ids = [part.split("<|tool_call_argument_begin|>")[0] for part in text.split("<|tool_call_begin|>")[1:]]
+    assert ids == ["functions.run:0", "functions.run:1", "functions.run:2"]
+    second = tpl.assistant_turn(turns[1], calls_before=2)  # what a scripted policy writes on turn two
+    assert "functions.run:2" in kimi_tok.decode(second) and "functions.run:0" not in kimi_tok.decode(second)
+    assert tpl.render(convo, add_generation_prompt=False)[-len(second):] == second
 
 
 def test_export_copies_kimis_files_and_they_load_alike(kimi_dir, kimi_tok, tmp_path):

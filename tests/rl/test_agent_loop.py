@@ -199,7 +199,7 @@ def test_kimi_format_episode_renders_back_to_its_tokens(tmp_path, kimi_files):
     assert traj.reward == 1.0 and traj.num_tool_errors == 0
     calls = [c for m in traj.messages if m.role == "assistant" for c in m.tool_calls]
     results = [m for m in traj.messages if m.role == "tool"]
-    assert calls and all(c.id == f"functions.{c.name}:0" for c in calls)
+    assert len(calls) > 1 and [c.id for c in calls] == [f"functions.{c.name}:{k}" for k, c in enumerate(calls)]
     assert [m.tool_call_id for m in results] == [c.id for c in calls]
     assert tpl.tok.special_ids["<|tool_call_argument_begin|>"] in traj.token_ids
     last = max(i for i, m in enumerate(traj.messages) if m.role == "assistant")  # a result that ended it has no tokens

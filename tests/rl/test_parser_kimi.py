@@ -77,6 +77,57 @@ def test_malformed_sections_are_call_errors(tpl, pieces, error):
     assert p.content.startswith("Let me look.")
 
 
+_CALL = ("<|tool_call_begin|>", "functions.run:0", "<|tool_call_argument_begin|>", '{"command": "ls"}',
+         "<|tool_call_end|>")
+
+
+@pytest.mark.parametrize("pieces, error", [
+    (_CALL, "outside <|tool_calls_section_begin|>"),  # no section at all
+    (("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "functions.run:0", *_CALL,
+      "<|tool_calls_section_end|>"), "again before"),
+    (("<|tool_calls_section_begin|>", "<|tool_calls_section_begin|>", *_CALL, "<|tool_calls_section_end|>"),
+     "inside an open section"),
+    (("<|tool_calls_section_begin|>", "<|tool_call_begin|>", "functions.run:0", "<|tool_call_argument_begin|>",
+      "{}", "<|tool_call_argument_begin|>", '{"command": "ls"}', "<|tool_call_end|>", "<|tool_calls_section_end|>"),
+     "twice in one"),
+])
+def test_no_call_runs_after_a_marker_out_of_place(tpl, pieces, error):
+    """What follows a misplaced marker up to the next valid point is discarded: no ``ToolCall`` comes out."""
+    tok = tpl.tok
+    p = parse_turn([*_ids(tok, "hi ", *pieces), tok.im_end_id], tok)
+    assert p.calls and all(isinstance(c, CallError) for c in p.calls), p.calls
+    assert error in p.calls[0].message
+
+
+def test_a_valid_call_after_the_discarded_one_still_runs(tpl):
+    tok = tpl.tok
+    p = parse_turn([*_ids(tok, "<|tool_calls_section_begin|>", "<|tool_call_begin|>", "functions.run:0", *_CALL,
+                          *_CALL[:1], "functions.run:2", *_CALL[2:], "<|tool_calls_section_end|>"), tok.im_end_id],
+                   tok)
+    assert isinstance(p.calls[0], CallError) and "again before" in p.calls[0].message
+    assert p.calls[1:] == [ToolCall("run", {"command": "ls"}, id="functions.run:2")]
+    first = parse_turn([*_ids(tok, *_CALL, "<|tool_calls_section_begin|>", *_CALL, "<|tool_calls_section_end|>"),
+                        tok.im_end_id], tok)  # a stray call, then the turn's one section
+    assert isinstance(first.calls[0], CallError) and first.calls[1:] == [ToolCall("run", {"command": "ls"},
+                                                                                    id="functions.run:0")]
+
+
+def test_one_section_per_turn_and_nothing_after_it(tpl):
+    """Kimi's template writes the content, then one section, then ``<|im_end|>``: a second section is an
+    error and its calls are dropped; text after the section is an error beside the section's calls."""
+    tok = tpl.tok
+    section = ("<|tool_calls_section_begin|>", *_CALL, "<|tool_calls_section_end|>")
+    two = parse_turn([*_ids(tok, "Ok.", *section, *section), tok.im_end_id], tok)
+    assert two.calls[0] == ToolCall("run", {"command": "ls"}, id="functions.run:0")
+    assert len(two.calls) == 2 and "a second <|tool_calls_section_begin|>" in two.calls[1].message
+    tail = parse_turn([*_ids(tok, "Ok.", *section, " and more"), tok.im_end_id], tok)
+    assert tail.content == "Ok." and tail.calls[0] == ToolCall("run", {"command": "ls"}, id="functions.run:0")
+    assert len(tail.calls) == 2 and "text after <|tool_calls_section_end|>" in tail.calls[1].message
+    assert tail.calls[1].raw.strip() == "and more"
+    spaced = parse_turn([*_ids(tok, "Ok.", *section, "\n"), tok.im_end_id], tok)
+    assert spaced.calls == [ToolCall("run", {"command": "ls"}, id="functions.run:0")]
+
+
 def test_completed_calls_are_kept_beside_an_error(tpl):
     tok = tpl.tok
     ids = _ids(tok, "<|tool_calls_section_begin|>", "<|tool_call_begin|>", " functions.run:0 ",

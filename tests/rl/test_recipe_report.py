@@ -19,9 +19,9 @@ def test_verdict_is_outside_the_spread_only_when_every_seed_of_one_side_beats_ev
     assert verdict([0.1, 0.2], [0.3, None]) is Verdict.incomplete and verdict([], []) is Verdict.incomplete
 
 
-def _curves(domains, heldout, train=None, stages=None, sft_from=None):
+def _curves(domains, heldout, train=None, stages=None, sft_from=None, grpo_steps=2):
     return {"domains": domains, "heldout": heldout, "train": train or {}, "stages": stages or {},
-            "sft_steps": 4, "grpo_steps": 2, "sft_from": sft_from, "cpu_exact": True}
+            "sft_steps": 4, "grpo_steps": grpo_steps, "sft_from": sft_from, "cpu_exact": True}
 
 
 def test_report_tables_take_each_number_from_its_run_and_count_the_c1_bar(tmp_path):
@@ -36,7 +36,8 @@ def test_report_tables_take_each_number_from_its_run_and_count_the_c1_bar(tmp_pa
     write("cpu_joint5_s0", _curves(["cad"], {"cad": h(0.1, 0.5), "cad/unseen": h(0.0, 0.1)}, tr,
                                    {"sft": {"cpu_s": 3600.0, "wall_s": 7200.0}, "grpo": {"cpu_s": 1800.0, "wall_s": 1.0}}))
     write("cpu_joint5_s1", _curves(["cad"], {"cad": h(0.2, 0.4), "cad/unseen": h(0.05, 0.0)}, tr))
-    write("cpu_joint5_oracle_s0", _curves(["cad"], {"cad": {"step": [0], "pass@1": [0.6], "episodes": [10]}}))
+    write("cpu_joint5_oracle_s0", _curves(["cad"], {"cad": {"step": [0], "pass@1": [0.6], "episodes": [10]}},
+                                          grpo_steps=0))  # SFT only: its final number is step 0's
     write("cpu_joint5_single_cad_s1", _curves(["cad"], {"cad": h(0.2, 0.3)}, sft_from="runs/cpu_joint5_s1"))
     runs = Runs.find(tmp_path, [0, 1])
     assert runs.domains == ["cad"] and runs.joint[0].grpo_episodes("cad") == 8 and runs.joint[0].episodes_at("cad")(1) == 3
@@ -52,6 +53,29 @@ def test_report_tables_take_each_number_from_its_run_and_count_the_c1_bar(tmp_pa
     assert "4 (from runs/cpu_joint5_s1)" in text
     with pytest.raises(KeyError):  # a domain no run has is not invented: it has no single runs to read
         runs.single["terminal"]
+
+
+def test_numbers_are_read_by_step_and_a_missing_step_makes_the_bar_incomplete(tmp_path):
+    """SFT is step 0 and the final number the run's last GRPO step (``grpo_steps``), looked up by step: a run
+    whose last evaluation is an earlier step (unfinished) or whose curve lacks step 0 reads as missing, and
+    the C1 bar says incomplete although every run's curves.json is there."""
+    def write(name, curves):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "curves.json").write_text(json.dumps(curves))
+
+    row = lambda steps, p: {"step": steps, "pass@1": p, "episodes": [10] * len(steps)}  # noqa: E731
+    write("cpu_joint5_s0", _curves(["cad"], {"cad": row([0, 1], [0.1, 0.9])}))  # step 2 never evaluated
+    write("cpu_joint5_s1", _curves(["cad"], {"cad": row([1, 2], [0.8, 0.7])}))  # no SFT (step 0) row
+    write("cpu_joint5_oracle_s0", _curves(["cad"], {"cad": row([0], [0.6])}, grpo_steps=0))
+    write("cpu_joint5_oracle_s1", _curves(["cad"], {"cad": row([0], [0.5])}, grpo_steps=0))
+    runs = Runs.find(tmp_path, [0, 1], domains=["cad"])
+    j = runs.joint
+    assert (j[0].sft("cad"), j[0].final("cad"), j[1].sft("cad"), j[1].final("cad")) == (0.1, None, None, 0.7)
+    assert runs.oracle[1].final("cad") == 0.5 and j[0].pass1("cad", 1) == 0.9
+    text = report(runs)
+    c1 = [line for line in text.split("### C1")[1].split("###")[0].splitlines() if line.startswith("| cad | trained")]
+    assert c1 == ["| cad | trained | 10/10 | 0.100 | missing | missing | 0.700 | incomplete |"]
+    assert "on >= 3 of 1 domains, trained families): 0 of 1 (incomplete: a run, row or step missing)." in text
 
 
 @pytest.mark.slow
@@ -106,11 +130,11 @@ def test_the_preregistered_comparisons_in_miniature_over_two_seeds(tmp_path):
                                        / j["stages"]["sft"]["cpu_s"]) > 2 and o["grpo_steps"] == 0
         assert single[i].curves["grpo_steps"] == j["grpo_steps"] == 1  # all of the weight: all of the steps
         assert single[i].grpo_episodes("terminal") == runs.joint[i].grpo_episodes("terminal") > 0
-        assert single[i].pass1("terminal", 0) == runs.joint[i].pass1("terminal", 0)  # the joint run's SFT eval
+        assert single[i].sft("terminal") == runs.joint[i].sft("terminal")  # the joint run's SFT eval
         assert j["heldout"]["terminal/unseen"]["episodes"] == [2, 2]  # write-file, k = 2
-    for c, a_of, b_of in (("C1", lambda i, row: runs.joint[i].pass1(row, 0), lambda i, row: runs.joint[i].pass1(row, -1)),
-                          ("C2", lambda i, row: runs.oracle[i].pass1(row, -1), lambda i, row: runs.joint[i].pass1(row, -1)),
-                          ("C3", lambda i, row: single[i].pass1(row, -1), lambda i, row: runs.joint[i].pass1(row, -1))):
+    for c, a_of, b_of in (("C1", lambda i, row: runs.joint[i].sft(row), lambda i, row: runs.joint[i].final(row)),
+                          ("C2", lambda i, row: runs.oracle[i].final(row), lambda i, row: runs.joint[i].final(row)),
+                          ("C3", lambda i, row: single[i].final(row), lambda i, row: runs.joint[i].final(row))):
         lines = [line for line in text.split("### " + c)[1].split("###")[0].splitlines() if line.startswith("| terminal |")]
         assert len(lines) == 2, c
         for line, row in zip(lines, ("terminal", "terminal/unseen")):

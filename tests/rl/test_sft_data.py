@@ -10,13 +10,15 @@ import re
 import datasets
 import pytest
 
-from jointrl.envs.base import ToolSpec
+from jointrl.envs.base import Message, ToolCall, ToolSpec
 from jointrl.model.chat_template import ChatTemplate
+from jointrl.model.hf_chat_template import HFChatTemplate
+from jointrl.model.hf_tokenizer import HFTokenizer
 from jointrl.rl.config import load_config
 from jointrl.rl.learner.group import _free_port
 from jointrl.rl.preflight import guard
 from jointrl.rl.sft import sft_batch
-from jointrl.rl.sft_data import parse_message, read_transcripts
+from jointrl.rl.sft_data import parse_message, read_transcripts, to_trajectory
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.",
                                            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
@@ -109,3 +111,17 @@ def test_jointrl_sft_trains_on_a_transcript_file(files, tmp_path, capfd):
     assert "sft: 4 demonstrations" in out, out
     losses = [float(x) for x in re.findall(r"sft step +\d+ \| loss ([0-9.]+)", out)]
     assert len(losses) == 4 and losses[-1] < 0.85 * losses[0], out
+
+
+def test_kimi_transcript_without_call_ids_numbers_them_across_the_conversation(tmp_path, kimi_files):
+    """Each assistant turn is tokenized alone (``assistant_turn``); Kimi's id-less calls still count
+    across the conversation, so the trajectory equals the conversation's rendering (:0, :1, not :0 twice)."""
+    tpl = HFChatTemplate(HFTokenizer(kimi_files[0](tmp_path)))
+    msgs = [Message(role="user", content="Count."),
+            Message(role="assistant", content="", tool_calls=[ToolCall("run", {"command": "ls"})]),
+            Message(role="tool", content="a", name="run"),
+            Message(role="assistant", content="", tool_calls=[ToolCall("run", {"command": "wc -l a"})])]
+    t = to_trajectory(msgs, [], tpl, "terminal", "t")
+    full = tpl.render(msgs, add_generation_prompt=False)
+    assert t.token_ids == full[:len(t.token_ids)] and len(t.token_ids) >= len(full) - 1
+    assert "functions.run:1" in tpl.tok.decode(t.token_ids)
