@@ -119,8 +119,8 @@ class VLLMEngineConfig:
 
     def __post_init__(self) -> None:
         if self.sleep_level not in (0, 1, 2):
-            raise ValueError(f"rollout.vllm.sleep_level={self.sleep_level!r}: allowed 1 (weights to host memory, "
-                             "KV cache dropped) or 2 (both dropped)")
+            raise ValueError(f"rollout.vllm.sleep_level={self.sleep_level!r}: allowed 0 (no sleep mode), "
+                             "1 (weights to host memory, KV cache dropped) or 2 (both dropped)")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"rollout.backend=vllm: model.dtype={self.dtype!r} is not allowed; vLLM has no float64; "
                              "allowed: ['float32', 'bfloat16']")
