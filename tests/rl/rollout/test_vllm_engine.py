@@ -339,11 +339,12 @@ def test_engine_process_killed_while_asleep_comes_back_asleep(engine, models, to
     want = run(loop, engine.generate(prompts(tok, 7, seed=12)[0], GREEDY))[0]
     version, restarts, reloads = engine.version, engine.restarts, engine.wake_reloads
     engine.sleep()
-    os.kill(engine.pid, signal.SIGKILL)
+    pid = engine.pid
+    os.kill(pid, signal.SIGKILL)
 
     async def after_restart():
         held = asyncio.ensure_future(engine.generate(prompts(tok, 7, seed=12)[0], GREEDY))
-        while engine.restarts == restarts:
+        while engine.pid == pid:  # the new process is up (asleep, loaded) only once its pid is the engine's
             await asyncio.sleep(0.2)
         await asyncio.sleep(1.0)
         assert not held.done()  # the restarted process sleeps
