@@ -669,6 +669,11 @@ class Config:
         if self.cluster.colocate and self.rollout.mode is RolloutMode("async"):
             raise ValueError("config key 'rollout.mode' = 'async' cannot run with cluster.colocate=true: the engine "
                              "sleeps through every learner step, so no rollout can overlap it (use rollout.mode=sync)")
+        if self.rollout.colocate_offload_weights and not (self.cluster.colocate
+                                                           and self.rollout.backend is RolloutBackend.engine):
+            raise ValueError("config key 'rollout.colocate_offload_weights' = true needs cluster.colocate=true and "
+                             f"rollout.backend=engine (got cluster.colocate={str(self.cluster.colocate).lower()}, "
+                             f"rollout.backend={self.rollout.backend.value}; vLLM's offload is rollout.vllm.sleep_level)")
         if self.learner.autocast is not None and self.model.dtype is not ModelDtype.float32:
             raise ValueError(f"config key 'learner.autocast' = {self.learner.autocast!r} needs model.dtype float32 "
                              f"(the weights autocast casts from), got model.dtype = {self.model.dtype!r}")

@@ -120,23 +120,29 @@ class LLMEngine:
         self.scheduler.version = self._version
 
     # -- colocated mode: rl/rollout/sleep.py ------------------------------------------------
-    def sleep(self, offload_weights: bool = False) -> None:
-        """Release the KV pool and every cache (and, with ``offload_weights``, move the weights to the
-        host) while the learner uses the device; ``wake_up`` takes them back. ``rollout/sleep.py``."""
-        sleep(self, offload_weights)
+    def sleep(self, offload_weights: bool = False, offload_to: torch.device | str = HOST) -> None:
+        """Release the KV pool and every cache (and, with ``offload_weights``, move the weights to
+        ``offload_to``, the host) while the learner uses the device; ``wake_up`` takes them back. A
+        failed sleep leaves the engine awake and whole. ``rollout/sleep.py``."""
+        sleep(self, offload_weights, offload_to)
 
     def wake_up(self) -> None:
         wake_up(self)
 
-    async def sleep_when_idle(self, offload_weights: bool = False) -> None:
+    async def sleep_when_idle(self, offload_weights: bool = False, offload_to: torch.device | str = HOST) -> None:
         """``sleep`` for an engine serving ``generate`` (the Ray rollout worker's, colocated): requests
-        arriving from now on are held until ``wake_up_and_serve``, the ones in flight finish first."""
+        arriving from now on are held until ``wake_up_and_serve``, the ones in flight finish first. If the
+        sleep fails (or this is cancelled) the engine serves again, awake, and the error propagates."""
         check_awake(self)
         self._start_serving()
         self._serving.clear()
-        while self._inbox or self.scheduler.has_work():  # the serve loop finishes them (ms per step)
-            await asyncio.sleep(0.005)
-        self.sleep(offload_weights)
+        try:
+            while self._inbox or self.scheduler.has_work():  # the serve loop finishes them (ms per step)
+                await asyncio.sleep(0.005)
+            self.sleep(offload_weights, offload_to)
+        except BaseException:
+            self._serving.set()  # awake and whole (sleep changed nothing): the held requests run
+            raise
 
     async def wake_up_and_serve(self) -> None:
         """``wake_up``, then the requests held while asleep are admitted (at the pushed version)."""
@@ -159,7 +165,8 @@ class LLMEngine:
 
     @property
     def kv_cache_bytes(self) -> int:
-        """The KV / index / latent pools' bytes; asleep, those of the released pools still alive (0)."""
+        """The KV / index / latent pools' bytes; asleep, those of the released runner
+        tensors (pools, derived weights, decode buffers: ``rollout/sleep.py``) still alive (0)."""
         return self.runner.cache_bytes if self._sleep is None else pool_bytes_held(self._sleep)
 
     # -- requests ---------------------------------------------------------------------------

@@ -131,3 +131,75 @@ def test_behind_the_async_front_requests_in_flight_finish_and_new_ones_wait_for_
     assert held.policy_version == 1 and (held.token_ids, held.logprobs) == (again.token_ids, again.logprobs)
     assert held.logprobs != before[0].logprobs
     assert engine.kv_cache_bytes == engine.runner.cache_bytes > 0
+
+
+def test_a_failed_offload_leaves_the_engine_awake_and_serving():
+    """A sleep whose weight offload raises (here a real failure: the target ``cuda:999`` exists on no host)
+    changes nothing: the error propagates, the engine is awake with its runner, pool and scheduler and its
+    weights where they were, and the request held while the sleep was tried runs, equal to before."""
+    cfg = load_config(["seed=2"])
+    engine = LLMEngine(build_model(cfg, HOST), build_tokenizer(cfg), ENGINE, device=HOST)
+    params = _params()
+    want = engine.generate_batch([PROMPTS[0]], [params[0]])[0]
+    runner, pool_bytes = engine.runner, engine.kv_cache_bytes
+    weights = {k: v.clone() for k, v in engine.model.state_dict().items()}
+
+    async def failed_sleep():
+        in_flight = asyncio.ensure_future(engine.generate(PROMPTS[2], params[2]))
+        await asyncio.sleep(0)  # queued in the engine
+        held = asyncio.ensure_future(engine.generate(PROMPTS[0], params[0]))  # sent as the sleep starts: held
+        with pytest.raises(Exception) as err:  # torch's own error for an unusable device
+            await engine.sleep_when_idle(offload_weights=True, offload_to="cuda:999")
+        assert in_flight.done() and not engine.asleep
+        out = await asyncio.wait_for(held, 30.0)  # served again
+        await engine.close()
+        return err.value, out
+
+    err, out = asyncio.run(failed_sleep())
+    assert not isinstance(err, AssertionError) or "CUDA" in str(err)
+    assert engine.runner is runner and engine.scheduler is not None and engine.kv_cache_bytes == pool_bytes
+    assert all(t.device == HOST for t in engine.model.state_dict().values())
+    assert all(torch.equal(v, weights[k]) for k, v in engine.model.state_dict().items())
+    assert (out.token_ids, out.logprobs) == (want.token_ids, want.logprobs)
+    with pytest.raises(Exception):
+        engine.sleep(offload_weights=True, offload_to="cuda:999")  # the plain call: the same
+    assert not engine.asleep and engine.runner is runner
+    del runner
+    engine.sleep(offload_weights=True)  # and a sleep that can succeed still does
+    assert engine.asleep and engine.kv_cache_bytes == 0
+
+
+def _storage_bytes(*xs) -> int:
+    """Bytes of the distinct storages of the tensors in ``xs`` (nested tuples / lists / dicts)."""
+    seen, stack = {}, list(xs)
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            seen[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        elif isinstance(x, (tuple, list)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+    return sum(seen.values())
+
+
+def test_sleep_measures_the_derived_weights_and_decode_buffers_it_releases():
+    """``sleep`` counts every tensor of the runner's state, not only its pools: after decoding through
+    ``DecodeGraphs`` (eager on the host, its static buffers allocated) with packed weights (``_fused``) and a
+    rope table, the released bytes are exactly pools + decode buffers + derived weights + rope table (no
+    model weight among them), and none of them is left alive after the sleep."""
+    cfg = load_config(["seed=2"])
+    engine = LLMEngine(build_model(cfg, HOST), build_tokenizer(cfg),
+                       EngineConfig(num_blocks=64, block_size=16, max_num_seqs=8, decode_graphs=True), device=HOST)
+    engine.generate_batch(PROMPTS, _params())
+    r = engine.runner
+    pools = r.cache_bytes
+    buffers = _storage_bytes([vars(b) for b in r.graphs._buckets.values()])
+    fused, rope = _storage_bytes(r._fused), _storage_bytes(r._rope_table)
+    assert buffers > 0 and fused > 0 and rope > 0
+    del r
+    engine.sleep()
+    assert engine.sleep_state.pool_bytes == pools + buffers + fused + rope
+    assert engine.kv_cache_bytes == 0
+    engine.wake_up()
+    assert engine.runner.graphs is not None and engine.kv_cache_bytes == engine.runner.cache_bytes

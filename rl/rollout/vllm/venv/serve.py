@@ -29,6 +29,9 @@ pause and resume the scheduler and free nothing; ``rl/preflight.py`` refuses col
 every request that arrives until ``wake``. A ``load`` while asleep first wakes the weights alone
 (``wake_up(tags=["weights"])``: level 2's come back as uninitialised memory the load overwrites), so the
 KV cache stays freed until ``wake`` (``wake_up`` of what still sleeps), which admits the held requests.
+A level-2 ``wake`` with no load since the sleep never serves the uninitialised weights: it reads the last
+loaded file (or the model's own checkpoint) into them first (``apply_wake``). After a failed load the
+weights served are undefined (the owner's push raised).
 The prefix cache is emptied by the sleep itself. Control messages (load, sleep, wake) run in the order
 they arrived, each once nothing is running.
 """
@@ -50,10 +53,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the sibling w
 import wire  # noqa: E402
 
 
-def reload_from_file(worker, path: str) -> int:
+def reload_from_file(worker, path: str | None) -> int:
     """Run inside vLLM's worker (``collective_rpc``): load the checkpoint-format tensors of the
-    safetensors file ``path`` in place, through vLLM's own layerwise ``reload_weights`` (which
-    re-runs each layer's weight processing: packing, padding, fusing q/k/v and gate/up).
+    safetensors file ``path`` (None: the model's own checkpoint, ``opts["model"]``) in place, through
+    vLLM's own layerwise ``reload_weights`` (which re-runs each layer's weight processing: packing,
+    padding, fusing q/k/v and gate/up).
 
     Why the MoE kernels are reset first (the "off by up to 0.37" of issue 34). vLLM's unquantized
     fused-MoE method sets its kernel up on the first load only: on a later load (``moe_kernel`` not
@@ -81,7 +85,7 @@ def reload_from_file(worker, path: str) -> int:
         if kernel is not None and CPUUnquantizedExperts and isinstance(kernel.fused_experts, CPUUnquantizedExperts):
             method.moe_kernel = None
             reset += 1
-    worker.model_runner.reload_weights(weights_iterator=iter(load_file(path).items()))
+    worker.model_runner.reload_weights(weights_iterator=None if path is None else iter(load_file(path).items()))
     return reset
 
 
@@ -115,6 +119,8 @@ class Server:
         self.control: list[dict] = []  # load / sleep / wake, waiting for the running requests to finish
         self.asleep = False  # between sleep and wake: requests are held
         self.weights_asleep = False  # the weights are still offloaded / dropped (no load since the sleep)
+        self.sleep_level = 0  # the level of the sleep in force (2: the weights were dropped)
+        self.weights_path: str | None = None  # the file the last load read (None: the model's own checkpoint)
         self.running: set[str] = set()
         self.send_lock = threading.Lock()
 
@@ -207,6 +213,7 @@ class Server:
                 self.llm.wake_up(tags=["weights"])
                 self.weights_asleep = False
             self.llm.collective_rpc(reload_from_file, args=(msg["path"],))
+            self.weights_path = msg["path"]
             if not self.asleep:  # a sleep emptied the prefix cache already
                 self.llm.reset_prefix_cache()
         except Exception as e:  # noqa: BLE001  (reported to the owner, which raises it at the push)
@@ -221,20 +228,30 @@ class Server:
             if not self.asleep:
                 self.llm.sleep(level=msg["level"])
                 self.asleep = self.weights_asleep = True
+                self.sleep_level = msg["level"]
         except Exception as e:  # noqa: BLE001  (reported to the owner, which raises it)
             self.reply({"op": "slept", "error": f"{type(e).__name__}: {e}"})
         else:
             self.reply({"op": "slept"})
 
     def apply_wake(self, msg: dict) -> None:
+        """The KV cache back, and the weights if no load woke them: level 1 brings them back from host
+        memory; level 2 dropped them, so they are woken (uninitialised) and the last loaded file -- or the
+        model's own checkpoint if nothing was loaded -- is read into them before anything is served
+        (``reloaded`` in the reply says so)."""
+        reloaded = False
         try:
             if self.asleep:
+                if self.weights_asleep and self.sleep_level == 2:
+                    self.llm.wake_up(tags=["weights"])
+                    self.llm.collective_rpc(reload_from_file, args=(self.weights_path,))
+                    self.weights_asleep, reloaded = False, True
                 self.llm.wake_up(tags=None if self.weights_asleep else ["kv_cache"])
                 self.asleep = self.weights_asleep = False
         except Exception as e:  # noqa: BLE001  (reported to the owner, which raises it)
-            self.reply({"op": "woken", "error": f"{type(e).__name__}: {e}"})
+            self.reply({"op": "woken", "error": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}"})
         else:
-            self.reply({"op": "woken"})
+            self.reply({"op": "woken", "reloaded": reloaded})
 
 
 def main() -> None:
