@@ -9,7 +9,8 @@ the layer kind's own modules, weights and kernel choices; the runner hands it a 
 they attend, its pools and packer), so the runner holds no layer's internals and does not branch on kinds. All
 new tokens of a step -- one per decoding sequence, a chunk per prefilling one -- are flattened to N rows; the
 norms, FFN / MoE and head run once over all N. A token mixer with a ragged form (``StateSpec.ragged``: plain
-full attention) runs over all N too; any other kind (KDA, gated DSA, MLA, sinks, a new one) runs its own
+full attention, gpt-oss's with sinks and a window) runs over all N too; any other kind (KDA, gated DSA, MLA, a
+new one) runs its own
 ``forward`` per sequence group over the model's ``AttentionState`` hook (``_groups``: every decoding sequence
 in one ``DecodeBatchState``, each other chunk with its ``PagedState``; each kind brings its state, declared by
 its ``StateSpec``). On the ragged rows every projection and the MoE (tokens grouped by expert, one matmul per active
@@ -418,16 +419,18 @@ class ModelRunner:
             x_NH = x_NH[ends]
         return paged.decode_head(plan, x_NH), ends, torch.stack(routed, dim=1) if want_routed else None
 
-    def _attention(self, q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, chunks) -> torch.Tensor:
+    def _attention(self, q_NHD, kv_PCHD, sinks_H=None, window=None, *, n_dec, dec_slots_BS, ctx_B, chunks
+                   ) -> torch.Tensor:
         """The decoding rows in one paged-decode call, all prefill chunks -- ``chunks`` = (slots_CS, start_C,
         row0_C, count_C), or None -- in one paged-prefill call (each chunk's keys read in place; SDPA per chunk
-        where the kernel does not apply)."""
+        where the kernel does not apply); the layer's attention sinks and sliding window passed on."""
         if chunks is None:  # a pure decode step: the kernel's output is the whole output
-            return self.kernels.paged_decode(q_NHD, kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
+            return self.kernels.paged_decode(q_NHD, kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5, sinks_H, window)
         out_NHD = torch.empty_like(q_NHD)
         if n_dec:
-            out_NHD[:n_dec] = self.kernels.paged_decode(q_NHD[:n_dec], kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
-        return self.kernels.paged_prefill(q_NHD, kv_PCHD, *chunks, self.D ** -0.5, out_NHD)
+            out_NHD[:n_dec] = self.kernels.paged_decode(q_NHD[:n_dec], kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5,
+                                                        sinks_H, window)
+        return self.kernels.paged_prefill(q_NHD, kv_PCHD, *chunks, self.D ** -0.5, out_NHD, sinks_H, window)
 
     def _rows(self, fn, x_NH: torch.Tensor) -> torch.Tensor:
         """``fn`` (row-wise: [n, in] -> [n, out]) over the rows of ``x_NH``; batch-invariant: one call per
@@ -519,9 +522,9 @@ def _per_sequence(groups, mixer, h_NH: torch.Tensor) -> torch.Tensor:
     return y_NH
 
 
-def _paged_decode(op, slots_NS, ctx_N, scale, q_NHD, kv_PCHD) -> torch.Tensor:
+def _paged_decode(op, slots_NS, ctx_N, scale, q_NHD, kv_PCHD, sinks_H=None, window=None) -> torch.Tensor:
     """Every row a decode query over its keys 0..pos (``run``'s rows-as-decode steps)."""
-    return op(q_NHD, kv_PCHD, slots_NS, ctx_N, scale)
+    return op(q_NHD, kv_PCHD, slots_NS, ctx_N, scale, sinks_H, window)
 
 
 def _check_batch_invariant(hybrid: bool, dtype: torch.dtype, cpp: bool) -> None:
