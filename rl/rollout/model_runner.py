@@ -100,7 +100,9 @@ class ModelRunner:
         self.prefix_cacheable = not any(spec.fixed for spec in specs)  # a fixed-size state is not per block
         self.invariant = batch_invariant
         if batch_invariant:
-            _check_batch_invariant(self.hybrid, next(model.parameters()).dtype, model.kernels.cpp)
+            # sinks / a sliding window (gpt-oss) run the torch references, which promise no batch invariance
+            sinks = any(getattr(m, "sinks", None) is not None or getattr(m, "window", None) is not None for m in mixers)
+            _check_batch_invariant(self.hybrid, next(model.parameters()).dtype, model.kernels.cpp, sinks)
         self.model, self.bs = model, block_size
         self.kernels = model.kernels  # the model's kernel backend (model.kernels), chosen when it was built
         self.dtype = next(model.parameters()).dtype
@@ -527,11 +529,14 @@ def _paged_decode(op, slots_NS, ctx_N, scale, q_NHD, kv_PCHD, sinks_H=None, wind
     return op(q_NHD, kv_PCHD, slots_NS, ctx_N, scale, sinks_H, window)
 
 
-def _check_batch_invariant(hybrid: bool, dtype: torch.dtype, cpp: bool) -> None:
+def _check_batch_invariant(hybrid: bool, dtype: torch.dtype, cpp: bool, sinks: bool = False) -> None:
     """A clear error where batch-invariant decoding cannot hold (``ModelRunner`` docstring)."""
     if hybrid:
         raise ValueError("rollout.batch_invariant supports full-attention models only (this model has kda / "
                          "gated_dsa layers, whose chunked prefill sums depend on the chunk)")
+    if sinks:
+        raise ValueError("rollout.batch_invariant needs the C++ paged attention kernels, which have no attention "
+                         "sinks or sliding window (this model's, e.g. gpt-oss's, run the torch reference)")
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"rollout.batch_invariant needs a float32 or float64 model (the C++ kernels), got {dtype}")
     if not cpp:

@@ -12,6 +12,7 @@ import torch
 
 from jointrl.model.hf import load_hf
 from jointrl.rl.rollout.llm_engine import EngineConfig, LLMEngine
+from jointrl.rl.rollout.model_runner import ModelRunner
 from jointrl.rl.types import SamplingParams
 
 
@@ -51,3 +52,10 @@ def test_gpt_oss_runs_the_ragged_loop_and_equals_a_full_recompute(gpt_oss_dir, k
         assert out.logprobs == pytest.approx(want_lps, abs=1e-10)
     assert {(True, 4), (True, None)} <= set(seen)  # both layers' sinks, the sliding layer's window
     assert engine.stats.steps > len(prompts) + 1  # chunked prefill and batched decode steps both ran
+
+
+def test_batch_invariant_mode_refuses_sinks_and_windows(gpt_oss_dir):
+    """Batch invariance rests on the C++ paged kernels, which have no sinks or window: a clear error."""
+    model = load_hf(gpt_oss_dir, dtype=torch.float32)
+    with pytest.raises(ValueError, match="sinks or sliding window"):
+        ModelRunner(model, num_blocks=8, block_size=4, batch_invariant=True)
