@@ -149,6 +149,10 @@ class ModelRunner:
         self._plan_refs: list[tuple[dict, str]] | None = None  # _plan_params' lookups ([]: no plan for this model)
         if decode_graphs and (self.hybrid or self.invariant):
             raise ValueError("decode graphs need a model whose layers all run on a ragged batch, without batch_invariant")
+        if decode_graphs and not all(getattr(getattr(layer.mlp, "experts", None), "plain_swiglu", True)
+                                     for layer in model.model.layers):  # the static step gathers plain SwiGLU experts
+            raise ValueError("decode graphs need plain SwiGLU experts (model.paged.experts_gathered); this model's "
+                             "are not (e.g. gpt-oss's clamped, biased experts)")
         self.graphs = DecodeGraphs(self, max_blocks=num_blocks) if decode_graphs else None
 
     def derived(self, ws: tuple[torch.Tensor, ...], fn) -> torch.Tensor:

@@ -54,8 +54,11 @@ def test_gpt_oss_runs_the_ragged_loop_and_equals_a_full_recompute(gpt_oss_dir, k
     assert engine.stats.steps > len(prompts) + 1  # chunked prefill and batched decode steps both ran
 
 
-def test_batch_invariant_mode_refuses_sinks_and_windows(gpt_oss_dir):
-    """Batch invariance rests on the C++ paged kernels, which have no sinks or window: a clear error."""
+def test_batch_invariant_and_decode_graphs_are_refused_with_a_reason(gpt_oss_dir):
+    """Batch invariance rests on the C++ paged kernels, which have no sinks or window; the static decode step
+    gathers plain SwiGLU experts, not gpt-oss's clamped ones: clear errors at construction."""
     model = load_hf(gpt_oss_dir, dtype=torch.float32)
     with pytest.raises(ValueError, match="sinks or sliding window"):
         ModelRunner(model, num_blocks=8, block_size=4, batch_invariant=True)
+    with pytest.raises(ValueError, match="plain SwiGLU experts"):
+        ModelRunner(model, num_blocks=8, block_size=4, decode_graphs=True)
