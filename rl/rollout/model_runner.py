@@ -10,10 +10,9 @@ they attend, its pools and packer), so the runner holds no layer's internals and
 new tokens of a step -- one per decoding sequence, a chunk per prefilling one -- are flattened to N rows; the
 norms, FFN / MoE and head run once over all N. A token mixer with a ragged form (``StateSpec.ragged``: plain
 full attention, gpt-oss's with sinks and a window) runs over all N too; any other kind (KDA, gated DSA, MLA, a
-new one) runs its own
-``forward`` per sequence group over the model's ``AttentionState`` hook (``_groups``: every decoding sequence
-in one ``DecodeBatchState``, each other chunk with its ``PagedState``; each kind brings its state, declared by
-its ``StateSpec``). On the ragged rows every projection and the MoE (tokens grouped by expert, one matmul per active
+new one) runs its own ``forward`` per sequence group over the model's ``AttentionState`` hook (``_groups``:
+every decoding sequence in one ``DecodeBatchState``, each other chunk with its ``PagedState``; each kind brings
+its state, declared by its ``StateSpec``). On the ragged rows every projection and the MoE (tokens grouped by expert, one matmul per active
 expert) run once over all N; at any row count the dense projections -- q|k|v, o, router, head -- through
 ``kernels/linear_cpu`` against weights packed once per weights version (faster than MKL's sgemm here at
 every row count measured, a decode step's 16 to a prefill chunk's 2048), and the routed experts through
