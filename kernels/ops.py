@@ -48,6 +48,10 @@ the routed experts) run only then, their torch references otherwise.
 
 Shapes as in the op modules: paged_decode q [B, Hq, D], kv [P, 2, Hkv, D] (the engine's cache: slot p's
 key and value), slots [B, S] int64, ctx [B] int64 → [B, Hq, D].
+
+``paged_decode`` and ``paged_prefill`` take optional ``sinks_H`` [Hq] (attention sinks) and ``window`` (a
+sliding window), gpt-oss's attention (``paged_attention_cpu``'s docstring): the references and the Triton
+kernels implement both; the C++ kernels do not, so on ``cpu`` a call with either runs the reference.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ class Kernels:
     rms_norm: Callable[[Tensor, Tensor, float], Tensor]
     kda_recurrent: Callable[..., tuple[Tensor, Tensor]]
     kda_chunk: Callable[..., tuple[Tensor, Tensor]]
-    paged_decode: Callable[[Tensor, Tensor, Tensor, Tensor, float], Tensor]
+    paged_decode: Callable[..., Tensor]
     paged_prefill: Callable[..., Tensor]
     moe_experts: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
     moe_experts_mxfp4: Callable[..., Tensor]
@@ -83,17 +87,20 @@ class Kernels:
     dsa_attend: Callable[..., tuple[Tensor, Tensor | None]]
 
 
-def paged_decode_triton(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B: Tensor, scale: float) -> Tensor:
+def paged_decode_triton(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B: Tensor, scale: float,
+                        sinks_H: Tensor | None = None, window: int | None = None) -> Tensor:
     """``paged_attention_cpu.paged_decode``'s contract on ``paged_attention``'s Triton decode kernel: the
     [P, 2, Hkv, D] pool read as key and value caches of P one-slot blocks (strided views, no copy), each
-    sequence's slots its block table. Float64 queries take the reference (the kernels work in fp32)."""
+    sequence's slots its block table; ``sinks_H`` / ``window`` as the reference's. Float64 queries take the
+    reference (the kernels work in fp32)."""
     if q_BHD.dtype == torch.float64:
-        return paged_attention_cpu.paged_decode_torch(q_BHD, kv_PCHD, slots_BS, ctx_B, scale)
+        return paged_attention_cpu.paged_decode_torch(q_BHD, kv_PCHD, slots_BS, ctx_B, scale, sinks_H, window)
     P, _, Hkv, D = kv_PCHD.shape
     k_cache, v_cache = (kv_PCHD[:, i].view(P, 1, Hkv, D) for i in (0, 1))
     if kv_PCHD.dtype != q_BHD.dtype:
         k_cache, v_cache = k_cache.to(q_BHD.dtype), v_cache.to(q_BHD.dtype)
-    return paged_attention._paged_attention_triton(q_BHD.contiguous(), k_cache, v_cache, slots_BS, ctx_B, scale)
+    return paged_attention._paged_attention_triton(q_BHD.contiguous(), k_cache, v_cache, slots_BS, ctx_B, scale,
+                                                   sinks_H=sinks_H, window=window)
 
 
 @functools.cache

@@ -37,6 +37,13 @@ without reading ``count_C`` on the host: no device sync); each program finds its
 sum of the chunks' tile counts, and the spare ones return at once. Rows of ``out`` outside the chunks
 (the step's decode rows) are not written.
 
+Attention sinks and a sliding window (gpt-oss; ``paged_attention_cpu``'s references define them): with
+``sinks_H`` [Hq] each head's sink s_h joins the denominator once the keys are walked (the running max m taken
+over it: ``l ← l·2^(m - m') + 2^(s_h·log2 e - m')``, the accumulator rescaled alike); with ``window`` the
+query at position i sees keys j > i - window, and the walk starts at the first key any row of the program
+sees (decode: ``ctx - window``; prefill: the tile's first row's), so tiles wholly outside the window are
+never read. Both are constexpr switches: without them the kernels are today's.
+
 Layout (kernels/ convention): torch reference, Triton kernels, launchers, public functions (the prefill's
 reference is ``paged_attention_cpu.paged_prefill_torch``, the one the C++ kernel is tested against too).
 Forward only (the engine does not differentiate).
@@ -109,16 +116,18 @@ def _paged_attention_torch(q_BHD: Tensor, k_cache: Tensor, v_cache: Tensor, bloc
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, o_ptr,
-    qk_scale, G, D, block_size,
+    q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, o_ptr, sinks_ptr,
+    qk_scale, G, D, block_size, window,
     stride_qb, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_tb,
     stride_ob, stride_oh,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_FP32: tl.constexpr,
+    SINKS: tl.constexpr, WINDOW: tl.constexpr,
 ):
-    """Program (b, kv head): o[b, kvh·G:(kvh+1)·G] over context_lens[b] paged tokens.
+    """Program (b, kv head): o[b, kvh·G:(kvh+1)·G] over context_lens[b] paged tokens (with WINDOW only the
+    last ``window`` of them: the walk starts there; with SINKS each head's sink joins the denominator).
 
     qk_scale = scale · log2(e) (the softmax runs in base 2).
     """
@@ -137,7 +146,10 @@ def _paged_decode_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for t0 in range(0, ctx, BLOCK_N):
+    lo = 0
+    if WINDOW:
+        lo = tl.maximum(ctx - window, 0)  # keys ctx - window .. ctx - 1
+    for t0 in range(lo, ctx, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
         t_ok = t < ctx
         phys = tl.load(table_ptr + b * stride_tb + t // block_size, mask=t_ok, other=0).to(tl.int64)
@@ -158,6 +170,12 @@ def _paged_decode_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
+    if SINKS:  # the sink's exp(sink - m) joins the denominator (the running max taken over it too)
+        sink = tl.load(sinks_ptr + heads, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_new = tl.maximum(m_i, sink)
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.exp2(sink - m_new)
+        acc = acc * alpha[:, None]
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # no context: acc = 0, out = 0
     tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(o_ptr.dtype.element_ty),
              mask=g_ok[:, None] & d_ok[None, :])
@@ -165,17 +183,18 @@ def _paged_decode_kernel(
 
 @triton.jit
 def _paged_prefill_kernel(
-    q_ptr, kv_ptr, slots_ptr, start_ptr, row0_ptr, count_ptr, o_ptr,
-    qk_scale, C, G, D,
+    q_ptr, kv_ptr, slots_ptr, start_ptr, row0_ptr, count_ptr, o_ptr, sinks_ptr,
+    qk_scale, C, G, D, window,
     stride_qn, stride_qh,
     stride_kvp, stride_kvc, stride_kvh,
     stride_sc,
     stride_on, stride_oh,
     BLOCK_C: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT_FP32: tl.constexpr, SINKS: tl.constexpr, WINDOW: tl.constexpr,
 ):
     """Program (row tile, kv head): rows ``tile·BLOCK_M ..`` of the chunk the tile falls in (module
-    docstring). qk_scale = scale · log2(e)."""
+    docstring). qk_scale = scale · log2(e). WINDOW: row at position i sees keys j > i - window, the walk
+    starting at the tile's first row's first key; SINKS: each row's head's sink joins its denominator."""
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     cs = tl.arange(0, BLOCK_C)
@@ -204,7 +223,10 @@ def _paged_prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     kv_end = start + tl.minimum((tile * BLOCK_M + BLOCK_M - 1) // G, count - 1) + 1  # the tile's keys
-    for t0 in range(0, kv_end, BLOCK_N):
+    lo = 0
+    if WINDOW:
+        lo = tl.maximum(start + (tile * BLOCK_M) // G - window + 1, 0)  # the first row's first visible key
+    for t0 in range(lo, kv_end, BLOCK_N):
         t = t0 + tl.arange(0, BLOCK_N)
         t_ok = t < kv_end
         slot = tl.load(slots_ptr + c * stride_sc + t, mask=t_ok, other=0).to(tl.int64)
@@ -219,13 +241,21 @@ def _paged_prefill_kernel(
             k = k.to(q.dtype)
             v = v.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-        s = tl.where(t[None, :] <= pos[:, None], s, float("-inf"))  # causal; key 0 is always visible
+        s = tl.where(t[None, :] <= pos[:, None], s, float("-inf"))  # causal; the row's own key is always visible
+        if WINDOW:
+            s = tl.where(t[None, :] > pos[:, None] - window, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
+    if SINKS:  # as in decode
+        sink = tl.load(sinks_ptr + heads).to(tl.float32) * 1.4426950408889634
+        m_new = tl.maximum(m_i, sink)
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.exp2(sink - m_new)
+        acc = acc * alpha[:, None]
     out = acc / l_i[:, None]
     tl.store(o_ptr + (row0 + i)[:, None] * stride_on + heads[:, None] * stride_oh + d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=q_mask)
@@ -243,7 +273,8 @@ def decode_tiles(num_q_heads: int, num_kv_heads: int, head_dim: int) -> tuple[in
 
 
 def _paged_attention_triton(q_BHD: Tensor, k_cache: Tensor, v_cache: Tensor, block_table_BM: Tensor,
-                            context_lens_B: Tensor, scale: float, config: DecodeConfig = DECODE_CONFIG) -> Tensor:
+                            context_lens_B: Tensor, scale: float, config: DecodeConfig = DECODE_CONFIG,
+                            sinks_H: Tensor | None = None, window: int | None = None) -> Tensor:
     B, Hq, D = q_BHD.shape
     block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
     out_BHD = torch.empty_like(q_BHD)
@@ -253,9 +284,10 @@ def _paged_attention_triton(q_BHD: Tensor, k_cache: Tensor, v_cache: Tensor, blo
     q_BHD = q_BHD if q_BHD.stride(-1) == 1 else q_BHD.contiguous()
     table = block_table_BM.to(torch.int32)
     kernel = launcher(_paged_decode_kernel, q_BHD.device)
+    sinks = q_BHD if sinks_H is None else sinks_H.to(torch.float32).contiguous()  # unread without SINKS
     kernel[(B, Hkv)](
-        q_BHD, k_cache, v_cache, table, context_lens_B.to(torch.int32), out_BHD,
-        scale * math.log2(math.e), Hq // Hkv, D, block_size,
+        q_BHD, k_cache, v_cache, table, context_lens_B.to(torch.int32), out_BHD, sinks,
+        scale * math.log2(math.e), Hq // Hkv, D, block_size, window or 0,
         q_BHD.stride(0), q_BHD.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -263,6 +295,7 @@ def _paged_attention_triton(q_BHD: Tensor, k_cache: Tensor, v_cache: Tensor, blo
         out_BHD.stride(0), out_BHD.stride(1),
         BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_N=config.block_n,
         DOT_FP32=interpreting(kernel) or q_BHD.dtype == torch.float32,
+        SINKS=sinks_H is not None, WINDOW=window is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out_BHD
@@ -275,7 +308,8 @@ def prefill_tiles(num_chunks: int, head_dim: int) -> tuple[int, int]:
 
 def _paged_prefill_triton(q_NHD: Tensor, kv_PCHD: Tensor, slots_CS: Tensor, start_C: Tensor, row0_C: Tensor,
                           count_C: Tensor, scale: float, out_NHD: Tensor,
-                          config: PrefillConfig = PREFILL_CONFIG) -> Tensor:
+                          config: PrefillConfig = PREFILL_CONFIG, sinks_H: Tensor | None = None,
+                          window: int | None = None) -> Tensor:
     N, Hq, D = q_NHD.shape
     C, Hkv = slots_CS.shape[0], kv_PCHD.shape[2]
     if C == 0 or N == 0:
@@ -284,15 +318,17 @@ def _paged_prefill_triton(q_NHD: Tensor, kv_PCHD: Tensor, slots_CS: Tensor, star
     block_c, block_d = prefill_tiles(C, D)
     q_NHD = q_NHD if q_NHD.stride(-1) == 1 else q_NHD.contiguous()
     kernel = launcher(_paged_prefill_kernel, q_NHD.device)
+    sinks = q_NHD if sinks_H is None else sinks_H.to(torch.float32).contiguous()  # unread without SINKS
     kernel[(triton.cdiv(N * G, config.block_m) + C, Hkv)](
-        q_NHD, kv_PCHD, slots_CS, start_C, row0_C, count_C, out_NHD,
-        scale * math.log2(math.e), C, G, D,
+        q_NHD, kv_PCHD, slots_CS, start_C, row0_C, count_C, out_NHD, sinks,
+        scale * math.log2(math.e), C, G, D, window or 0,
         q_NHD.stride(0), q_NHD.stride(1),
         kv_PCHD.stride(0), kv_PCHD.stride(1), kv_PCHD.stride(2),
         slots_CS.stride(0),
         out_NHD.stride(0), out_NHD.stride(1),
         BLOCK_C=block_c, BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_D=block_d,
         DOT_FP32=interpreting(kernel) or q_NHD.dtype == torch.float32,
+        SINKS=sinks_H is not None, WINDOW=window is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out_NHD
@@ -339,7 +375,8 @@ def paged_attention_decode(q_BHD: Tensor, k_cache: Tensor, v_cache: Tensor, bloc
 
 
 def paged_prefill_triton(q_NHD: Tensor, kv_PCHD: Tensor, slots_CS: Tensor, start_C: Tensor, row0_C: Tensor,
-                         count_C: Tensor, scale: float, out_NHD: Tensor) -> Tensor:
+                         count_C: Tensor, scale: float, out_NHD: Tensor, sinks_H: Tensor | None = None,
+                         window: int | None = None) -> Tensor:
     """Causal attention of C prefill chunks over the engine's paged pool, written into ``out_NHD``
     (``paged_attention_cpu.paged_prefill``'s contract, the triton op table's ``paged_prefill``).
 
@@ -353,6 +390,8 @@ def paged_prefill_triton(q_NHD: Tensor, kv_PCHD: Tensor, slots_CS: Tensor, start
             (any strides: the engine passes the columns of one [C, 3] tensor).
         scale: softmax scale.
         out_NHD: ``[N, Hq, D]`` (D contiguous): the chunks' rows are written, the others left as they are.
+        sinks_H: optional ``[Hq]`` per-head sink logits (join the softmax denominator, attend to nothing).
+        window: optional sliding window: the query at position i sees keys j with ``i - window < j <= i``.
 
     Returns:
         ``out_NHD``. Float64 queries run the reference (the kernel works in fp32).
@@ -372,6 +411,6 @@ def paged_prefill_triton(q_NHD: Tensor, kv_PCHD: Tensor, slots_CS: Tensor, start
         raise ValueError("paged_prefill: kv and out need a contiguous last (head_dim) dim")
     if q_NHD.dtype == torch.float64:
         return paged_attention_cpu.paged_prefill_torch(q_NHD, kv_PCHD, slots_CS, start_C, row0_C, count_C, scale,
-                                                       out_NHD)
+                                                       out_NHD, sinks_H, window)
     return _paged_prefill_triton(q_NHD, kv_PCHD, slots_CS.contiguous(), start_C.contiguous(), row0_C.contiguous(),
-                                 count_C.contiguous(), scale, out_NHD)
+                                 count_C.contiguous(), scale, out_NHD, sinks_H=sinks_H, window=window)

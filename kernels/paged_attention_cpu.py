@@ -56,6 +56,11 @@ time). Each lane's arithmetic is the same whatever the vector width (the same bi
 Each tile of keys is read once for all the rows that see it, in blocks of 3 vectors of rows while it sits
 in L1.
 
+Attention sinks and a sliding window (gpt-oss, ``model/gpt_oss.py``): both ops take optional ``sinks_H`` [Hq]
+(head h's logit joins every query's softmax denominator and attends to nothing:
+``p_s = exp(s_s) / (Σ_s' exp(s_s') + exp(sinks_H[h]))``) and ``window`` (the query at position i sees keys j with
+``i - window < j <= i``). The C++ kernels have neither: such calls run the torch references.
+
 Shapes: B sequences, Hq/Hkv heads, D head_dim, P cache slots, S the longest context; C prefill chunks.
 """
 
@@ -77,28 +82,41 @@ def load_kernel():
     return load_ops(["paged_decode", "paged_prefill", "prefill_supported"])
 
 
-def paged_decode_torch(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B: Tensor, scale: float) -> Tensor:
-    """The reference: gather every sequence's keys/values (padded to S, masked), then softmax attention."""
+def paged_decode_torch(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B: Tensor, scale: float,
+                       sinks_H: Tensor | None = None, window: int | None = None) -> Tensor:
+    """The reference: gather every sequence's keys/values (padded to S, masked), then softmax attention.
+    ``sinks_H`` [Hq] (optional): a per-head logit that joins the softmax's denominator and attends to nothing;
+    ``window`` (optional): the query at position ctx - 1 sees only keys j > ctx - 1 - window (module docstring)."""
     B, Hq, D = q_BHD.shape
     Hkv, S = kv_PCHD.shape[2], slots_BS.shape[1]
     kv_BSCHD = kv_PCHD.index_select(0, slots_BS.reshape(-1)).view(B, S, 2, Hkv, D).to(q_BHD.dtype)
     q_BHgD = q_BHD.view(B, Hkv, Hq // Hkv, D)
     scores_BHgS = torch.einsum("bhgd,bshd->bhgs", q_BHgD, kv_BSCHD[:, :, 0]) * scale
-    pad_B11S = (torch.arange(S, device=ctx_B.device)[None, :] >= ctx_B[:, None])[:, None, None, :]
-    p_BHgS = torch.softmax(scores_BHgS.masked_fill(pad_B11S, -torch.inf), dim=-1).nan_to_num(0.0)
+    s_1S = torch.arange(S, device=ctx_B.device)[None, :]
+    pad_B11S = (s_1S >= ctx_B[:, None])[:, None, None, :]
+    if window is not None:
+        pad_B11S = pad_B11S | (s_1S <= (ctx_B - 1 - window)[:, None])[:, None, None, :]
+    scores_BHgS = scores_BHgS.masked_fill(pad_B11S, -torch.inf)
+    if sinks_H is None:
+        p_BHgS = torch.softmax(scores_BHgS, dim=-1).nan_to_num(0.0)
+    else:
+        sink_BHg1 = sinks_H.to(scores_BHgS.dtype).view(1, Hkv, Hq // Hkv, 1).expand(B, -1, -1, 1)
+        p_BHgS = torch.softmax(torch.cat((scores_BHgS, sink_BHg1), dim=-1), dim=-1)[..., :-1]
     return torch.einsum("bhgs,bshd->bhgd", p_BHgS, kv_BSCHD[:, :, 1]).reshape(B, Hq, D)
 
 
-def paged_decode(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B: Tensor, scale: float) -> Tensor:
+def paged_decode(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B: Tensor, scale: float,
+                 sinks_H: Tensor | None = None, window: int | None = None) -> Tensor:
     """q [B, Hq, D], kv [P, 2, Hkv, D] (q's dtype, or bfloat16 under a float32 q; a bfloat16 q runs as float32), slots [B, S] int64
     (entries past ctx_B[b] unread), ctx [B] int64 → out [B, Hq, D]. The C++ kernel when it builds
-    here, else the torch reference."""
+    here, else the torch reference; with ``sinks_H`` or ``window`` (gpt-oss) always the reference (the C++
+    kernel has neither)."""
     if q_BHD.dim() != 3 or kv_PCHD.dim() != 4 or kv_PCHD.shape[1] != 2 or slots_BS.shape[0] != q_BHD.shape[0]:
         raise ValueError(f"paged_decode: q [B, Hq, D], kv [P, 2, Hkv, D], slots [B, S]; got {tuple(q_BHD.shape)}, "
                          f"{tuple(kv_PCHD.shape)}, {tuple(slots_BS.shape)}")
     kernel = load_kernel()
-    if kernel is None:
-        return paged_decode_torch(q_BHD, kv_PCHD, slots_BS, ctx_B, scale)
+    if kernel is None or sinks_H is not None or window is not None:
+        return paged_decode_torch(q_BHD, kv_PCHD, slots_BS, ctx_B, scale, sinks_H, window)
     if q_BHD.dtype == torch.bfloat16 and kv_PCHD.dtype == torch.bfloat16:  # a bfloat16 model: the kernel's
         # bfloat16-cache path under a float32 q (the query widened exactly), the output rounded back
         return kernel.paged_decode(q_BHD.float().contiguous(), kv_PCHD, slots_BS.contiguous(), ctx_B.contiguous(),
@@ -107,31 +125,49 @@ def paged_decode(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B: Tensor
 
 
 def paged_prefill_torch(q_NHD: Tensor, kv_PCHD: Tensor, slots_CS: Tensor, start_C: Tensor, row0_C: Tensor,
-                        count_C: Tensor, scale: float, out_NHD: Tensor) -> Tensor:
-    """The reference: per chunk, its keys/values gathered (in q's dtype), a causal mask, one SDPA call."""
+                        count_C: Tensor, scale: float, out_NHD: Tensor, sinks_H: Tensor | None = None,
+                        window: int | None = None) -> Tensor:
+    """The reference: per chunk, its keys/values gathered (in q's dtype), a causal mask (and the window's:
+    query at position i sees keys j > i - window), one SDPA call; with ``sinks_H`` [Hq] the softmax over the
+    scores and each head's sink logit (dropped: it attends to nothing), in q's dtype."""
     Hq, Hkv = q_NHD.shape[1], kv_PCHD.shape[2]
     for j, (r0, n, c) in enumerate(zip(row0_C.tolist(), count_C.tolist(), start_C.tolist())):
         kv_SCHD = kv_PCHD.index_select(0, slots_CS[j, :c + n]).to(q_NHD.dtype)
         dev = q_NHD.device  # the references run on a GPU too (the triton table's prefill)
-        mask_TS = torch.arange(c + n, device=dev)[None, :] <= torch.arange(c, c + n, device=dev)[:, None]
-        out_1HTD = F.scaled_dot_product_attention(
-            q_NHD[r0:r0 + n].transpose(0, 1)[None], kv_SCHD[None, :, 0].transpose(1, 2),
-            kv_SCHD[None, :, 1].transpose(1, 2), attn_mask=mask_TS, scale=scale, enable_gqa=Hq != Hkv)
+        s_1S, i_T1 = torch.arange(c + n, device=dev)[None, :], torch.arange(c, c + n, device=dev)[:, None]
+        mask_TS = s_1S <= i_T1
+        if window is not None:
+            mask_TS = mask_TS & (s_1S > i_T1 - window)
+        q_1HTD = q_NHD[r0:r0 + n].transpose(0, 1)[None]
+        k_1HSD, v_1HSD = kv_SCHD[None, :, 0].transpose(1, 2), kv_SCHD[None, :, 1].transpose(1, 2)
+        if sinks_H is None:
+            out_1HTD = F.scaled_dot_product_attention(q_1HTD, k_1HSD, v_1HSD, attn_mask=mask_TS, scale=scale,
+                                                      enable_gqa=Hq != Hkv)
+        else:
+            g = Hq // Hkv
+            s_1HTS = torch.matmul(q_1HTD, k_1HSD.repeat_interleave(g, dim=1).transpose(2, 3)) * scale
+            s_1HTS = s_1HTS.masked_fill(~mask_TS, -torch.inf)
+            sink_1HT1 = sinks_H.to(s_1HTS.dtype).view(1, Hq, 1, 1).expand(1, Hq, n, 1)
+            p_1HTS = torch.softmax(torch.cat((s_1HTS, sink_1HT1), dim=-1), dim=-1)[..., :-1]
+            out_1HTD = torch.matmul(p_1HTS, v_1HSD.repeat_interleave(g, dim=1))
         out_NHD[r0:r0 + n] = out_1HTD[0].transpose(0, 1)
     return out_NHD
 
 
 def paged_prefill(q_NHD: Tensor, kv_PCHD: Tensor, slots_CS: Tensor, start_C: Tensor, row0_C: Tensor,
-                  count_C: Tensor, scale: float, out_NHD: Tensor) -> Tensor:
+                  count_C: Tensor, scale: float, out_NHD: Tensor, sinks_H: Tensor | None = None,
+                  window: int | None = None) -> Tensor:
     """Causal attention of C prefill chunks over the paged cache, written into ``out_NHD``: chunk c's
     ``count_C[c]`` queries are rows ``row0_C[c] + i`` of q [N, Hq, D], at positions ``start_C[c] + i`` of a
     sequence whose token t sits in slot ``slots_CS[c, t]`` (int64, entries past start + count unread); query
     i sees keys 0 .. start + i. The C++ kernel for float32 queries (a float32 or bfloat16 cache, head_dim a
-    multiple of 8, AVX2 + FMA), else the torch reference (SDPA per chunk)."""
+    multiple of 8, AVX2 + FMA), else the torch reference (SDPA per chunk); with ``sinks_H`` [Hq] or ``window``
+    (``paged_prefill_torch``) always the reference."""
     kernel = load_kernel()
     if (kernel is None or not kernel.prefill_supported() or q_NHD.dtype != torch.float32
-            or out_NHD.dtype != torch.float32 or q_NHD.shape[2] % 8 or not out_NHD.is_contiguous()):
-        return paged_prefill_torch(q_NHD, kv_PCHD, slots_CS, start_C, row0_C, count_C, scale, out_NHD)
+            or out_NHD.dtype != torch.float32 or q_NHD.shape[2] % 8 or not out_NHD.is_contiguous()
+            or sinks_H is not None or window is not None):
+        return paged_prefill_torch(q_NHD, kv_PCHD, slots_CS, start_C, row0_C, count_C, scale, out_NHD, sinks_H, window)
     kernel.paged_prefill(q_NHD.contiguous(), kv_PCHD, slots_CS.contiguous(), start_C.contiguous(),
                          row0_C.contiguous(), count_C.contiguous(), scale, out_NHD)
     return out_NHD

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from jointrl.model import paged
 from jointrl.model.attention import Attention, AttentionBatch
 from jointrl.model.config import MoEConfig
 from jointrl.model.norm import compute_dtype
@@ -77,7 +78,14 @@ class SinkAttention(Attention):
         self.o_proj = nn.Linear(self.num_heads * D, H, bias=bias)
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if config.attention_sinks else None
         self.window = config.attention_window if config.kinds[layer_idx] == "sliding" else None
-        self.state_spec = StateSpec(keys_values=True)  # sinks and windows: per sequence in the engine (no ``paged``)
+        # the engine runs it on its ragged batch (``paged``): sinks and window go to the kernel table's paged ops
+        self.state_spec = StateSpec(keys_values=True, ragged=True)
+
+    def paged(self, h_NH: torch.Tensor, step: paged.PagedStep) -> torch.Tensor:
+        """``forward`` over the engine's flat, ragged batch [N, H], keys/values in its pools: the biased
+        projections, RoPE, the paged decode / prefill ops with this layer's sinks and window
+        (``model/paged.attention_forward``; ``kernels/paged_attention_cpu``'s references define them)."""
+        return paged.attention_forward(self, h_NH, step, self.sinks, self.window)
 
     def forward(self, x_BTH: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         q_BHTD, k_BHSD, v_BHSD = self.qkv(x_BTH, batch)
@@ -103,6 +111,8 @@ def clamped_swiglu(h_AO: torch.Tensor, alpha: float, limit: float) -> torch.Tens
 class ClampedSwiGLUExperts(nn.Module):
     """E experts y_e(x) = down_e(clamped_swiglu(gate_up_e x + b_e)) + c_e (module docstring), fused
     3-D tensors. Plain autograd: assignments sorted by expert, one matmul pair per active expert."""
+
+    plain_swiglu = False  # not what the engine's C++ MoE ops compute: the engine runs this forward
 
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()

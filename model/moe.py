@@ -45,6 +45,8 @@ MXFP4_BUFFERS = ("mxfp4_gate_up_blocks", "mxfp4_gate_up_scales", "mxfp4_down_blo
 class Experts(nn.Module):
     """E SwiGLU experts: y_e(x) = down_e(silu(gate_e x) ⊙ up_e x), stored fused as 3-D tensors."""
 
+    plain_swiglu = True  # what the engine's C++ MoE ops compute (model/paged.moe_forward's fast path)
+
     def __init__(self, config: MoEConfig) -> None:
         super().__init__()
         E, H, I = config.num_experts, config.hidden_size, config.moe_intermediate_size

@@ -86,8 +86,10 @@ class PagedStep(Protocol):
     def kv(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s key/value pool [P, 2, Hkv, D]."""
 
-    def attend(self, q_NHD: torch.Tensor, kv_PCHD: torch.Tensor) -> torch.Tensor:
-        """Every row's attention over its sequence's keys in ``kv_PCHD`` (written already) → [N, Hq, D]."""
+    def attend(self, q_NHD: torch.Tensor, kv_PCHD: torch.Tensor, sinks_H: torch.Tensor | None = None,
+               window: int | None = None) -> torch.Tensor:
+        """Every row's attention over its sequence's keys in ``kv_PCHD`` (written already) → [N, Hq, D]; with
+        attention sinks ``sinks_H`` [Hq] and a sliding ``window`` as the kernel table's paged ops take them."""
 
     def rows(self, fn: Callable[[torch.Tensor], torch.Tensor], x_NH: torch.Tensor) -> torch.Tensor:
         """``fn`` (row-wise) over the rows of x (batch-invariant mode: per fixed-size tile)."""
@@ -145,9 +147,11 @@ def layer_forward(layer, x_NH: torch.Tensor, step: PagedStep) -> tuple[torch.Ten
     return x_NH + y_NH, ids_Nk
 
 
-def attention_forward(attn, h_NH: torch.Tensor, step: PagedStep) -> torch.Tensor:
-    """``Attention.forward`` over the step's rows: q|k|v in one projection, q/k-norm + RoPE, the keys/values
-    written at ``step.slot_N``, attention through the pool (``step.attend``), the output gate and o_proj."""
+def attention_forward(attn, h_NH: torch.Tensor, step: PagedStep, sinks_H: torch.Tensor | None = None,
+                      window: int | None = None) -> torch.Tensor:
+    """``Attention.forward`` over the step's rows: q|k|v in one projection (plus their biases, if any), q/k-norm
+    + RoPE, the keys/values written at ``step.slot_N``, attention through the pool (``step.attend``, with the
+    layer's attention sinks ``sinks_H`` [Hq] and sliding ``window``, gpt-oss's), the output gate and o_proj."""
     N, Hq, Hkv, D = h_NH.shape[0], attn.num_heads, attn.num_kv_heads, attn.head_dim
     ws = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
     if step.packed_linear:
@@ -155,6 +159,8 @@ def attention_forward(attn, h_NH: torch.Tensor, step: PagedStep) -> torch.Tensor
     else:
         qkv_weight = step.derived(ws, lambda *w: torch.cat(w))  # one matmul instead of three
         qkv_NF = step.rows(lambda t: F.linear(t, qkv_weight), h_NH)
+    if attn.q_proj.bias is not None:  # biased projections (gpt-oss)
+        qkv_NF = qkv_NF + step.derived((attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias), lambda *b: torch.cat(b))
     kv_PCHD = step.kv(attn.layer_idx)
     qk_norm_HD = qk_norm_weight(attn, step)
     if step.fast and (qk_norm_HD is not None or no_qk_norm(attn)):  # norm, RoPE, KV write: one call
@@ -162,7 +168,7 @@ def attention_forward(attn, h_NH: torch.Tensor, step: PagedStep) -> torch.Tensor
                                               step.sin_ND, kv_PCHD, step.slot_N, Hq, Hkv)
     else:
         q_NHD = _qk_rope_store(attn, qkv_NF, qk_norm_HD, step, kv_PCHD)
-    out_NF = step.attend(q_NHD, kv_PCHD).reshape(N, Hq * D)
+    out_NF = step.attend(q_NHD, kv_PCHD, sinks_H, window).reshape(N, Hq * D)
     if getattr(attn, "gate_proj", None) is not None:  # sigmoid output gate
         out_NF = out_NF * torch.sigmoid(step.rows(attn.gate_proj, h_NH))
     if step.packed_linear and attn.o_proj.bias is None:

@@ -9,10 +9,10 @@ the layer kind's own modules, weights and kernel choices; the runner hands it a 
 they attend, its pools and packer), so the runner holds no layer's internals and does not branch on kinds. All
 new tokens of a step -- one per decoding sequence, a chunk per prefilling one -- are flattened to N rows; the
 norms, FFN / MoE and head run once over all N. A token mixer with a ragged form (``StateSpec.ragged``: plain
-full attention) runs over all N too; any other kind (KDA, gated DSA, MLA, sinks, a new one) runs its own
-``forward`` per sequence group over the model's ``AttentionState`` hook (``_groups``: every decoding sequence
-in one ``DecodeBatchState``, each other chunk with its ``PagedState``; each kind brings its state, declared by
-its ``StateSpec``). On the ragged rows every projection and the MoE (tokens grouped by expert, one matmul per active
+full attention, gpt-oss's with sinks and a window) runs over all N too; any other kind (KDA, gated DSA, MLA, a
+new one) runs its own ``forward`` per sequence group over the model's ``AttentionState`` hook (``_groups``:
+every decoding sequence in one ``DecodeBatchState``, each other chunk with its ``PagedState``; each kind brings
+its state, declared by its ``StateSpec``). On the ragged rows every projection and the MoE (tokens grouped by expert, one matmul per active
 expert) run once over all N; at any row count the dense projections -- q|k|v, o, router, head -- through
 ``kernels/linear_cpu`` against weights packed once per weights version (faster than MKL's sgemm here at
 every row count measured, a decode step's 16 to a prefill chunk's 2048), and the routed experts through
@@ -101,7 +101,9 @@ class ModelRunner:
         self.prefix_cacheable = not any(spec.fixed for spec in specs)  # a fixed-size state is not per block
         self.invariant = batch_invariant
         if batch_invariant:
-            _check_batch_invariant(self.hybrid, next(model.parameters()).dtype, model.kernels.cpp)
+            # sinks / a sliding window (gpt-oss) run the torch references, which promise no batch invariance
+            sinks = any(getattr(m, "sinks", None) is not None or getattr(m, "window", None) is not None for m in mixers)
+            _check_batch_invariant(self.hybrid, next(model.parameters()).dtype, model.kernels.cpp, sinks)
         self.model, self.bs = model, block_size
         self.kernels = model.kernels  # the model's kernel backend (model.kernels), chosen when it was built
         self.dtype = next(model.parameters()).dtype
@@ -151,6 +153,10 @@ class ModelRunner:
                                 if isinstance(ex := getattr(layer.mlp, "experts", None), torch.nn.Module)]
         if decode_graphs and (self.hybrid or self.invariant):
             raise ValueError("decode graphs need a model whose layers all run on a ragged batch, without batch_invariant")
+        if decode_graphs and not all(getattr(getattr(layer.mlp, "experts", None), "plain_swiglu", True)
+                                     for layer in model.model.layers):  # capturable: the table's sync-free MoE op
+            raise ValueError("decode graphs need plain SwiGLU experts (model.moe.Experts: the kernel table's sync-free "
+                             "moe_experts); this model's are not (e.g. gpt-oss's clamped, biased experts)")
         self.graphs = DecodeGraphs(self, max_blocks=num_blocks) if decode_graphs else None
         if decode_graphs:  # captured graphs index the table by address: built once, never rebuilt (_rope)
             self._rope_table = paged.rope_table(self.model, P, self.dtype, self.device)
@@ -431,16 +437,18 @@ class ModelRunner:
             x_NH = x_NH[ends]
         return paged.decode_head(plan, x_NH), ends, torch.stack(routed, dim=1) if want_routed else None
 
-    def _attention(self, q_NHD, kv_PCHD, n_dec, dec_slots_BS, ctx_B, chunks) -> torch.Tensor:
+    def _attention(self, q_NHD, kv_PCHD, sinks_H=None, window=None, *, n_dec, dec_slots_BS, ctx_B, chunks
+                   ) -> torch.Tensor:
         """The decoding rows in one paged-decode call, all prefill chunks -- ``chunks`` = (slots_CS, start_C,
         row0_C, count_C), or None -- in one paged-prefill call (each chunk's keys read in place; SDPA per chunk
-        where the kernel does not apply)."""
+        where the kernel does not apply); the layer's attention sinks and sliding window passed on."""
         if chunks is None:  # a pure decode step: the kernel's output is the whole output
-            return self.kernels.paged_decode(q_NHD, kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
+            return self.kernels.paged_decode(q_NHD, kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5, sinks_H, window)
         out_NHD = torch.empty_like(q_NHD)
         if n_dec:
-            out_NHD[:n_dec] = self.kernels.paged_decode(q_NHD[:n_dec], kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5)
-        return self.kernels.paged_prefill(q_NHD, kv_PCHD, *chunks, self.D ** -0.5, out_NHD)
+            out_NHD[:n_dec] = self.kernels.paged_decode(q_NHD[:n_dec], kv_PCHD, dec_slots_BS, ctx_B, self.D ** -0.5,
+                                                        sinks_H, window)
+        return self.kernels.paged_prefill(q_NHD, kv_PCHD, *chunks, self.D ** -0.5, out_NHD, sinks_H, window)
 
     def _rows(self, fn, x_NH: torch.Tensor) -> torch.Tensor:
         """``fn`` (row-wise: [n, in] -> [n, out]) over the rows of ``x_NH``; batch-invariant: one call per
@@ -530,16 +538,19 @@ def _per_sequence(groups, mixer, h_NH: torch.Tensor) -> torch.Tensor:
     return y_NH
 
 
-def _paged_decode(op, slots_NS, ctx_N, scale, q_NHD, kv_PCHD) -> torch.Tensor:
+def _paged_decode(op, slots_NS, ctx_N, scale, q_NHD, kv_PCHD, sinks_H=None, window=None) -> torch.Tensor:
     """Every row a decode query over its keys 0..pos (``run``'s rows-as-decode steps)."""
-    return op(q_NHD, kv_PCHD, slots_NS, ctx_N, scale)
+    return op(q_NHD, kv_PCHD, slots_NS, ctx_N, scale, sinks_H, window)
 
 
-def _check_batch_invariant(hybrid: bool, dtype: torch.dtype, cpp: bool) -> None:
+def _check_batch_invariant(hybrid: bool, dtype: torch.dtype, cpp: bool, sinks: bool = False) -> None:
     """A clear error where batch-invariant decoding cannot hold (``ModelRunner`` docstring)."""
     if hybrid:
         raise ValueError("rollout.batch_invariant supports full-attention models only (this model has kda / "
                          "gated_dsa layers, whose chunked prefill sums depend on the chunk)")
+    if sinks:
+        raise ValueError("rollout.batch_invariant needs the C++ paged attention kernels, which have no attention "
+                         "sinks or sliding window (this model's, e.g. gpt-oss's, run the torch reference)")
     if dtype not in (torch.float32, torch.float64):
         raise ValueError(f"rollout.batch_invariant needs a float32 or float64 model (the C++ kernels), got {dtype}")
     if not cpp:

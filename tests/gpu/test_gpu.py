@@ -83,3 +83,38 @@ def test_paged_prefill_kernel_on_the_gpu_equals_the_reference(dtype, kv_dtype, b
     assert torch.equal(out[:2], torch.zeros_like(out[:2]))
     err = ((out[2:].double() - want[2:]).norm() / want[2:].norm()).item()
     assert err < bound, err
+
+
+@pytest.mark.parametrize("window", [None, 128])
+def test_paged_kernels_with_sinks_and_window_on_the_gpu_equal_the_reference(window):
+    """The compiled decode and prefill kernels with gpt-oss's attention sinks and sliding window (its 120b
+    shape: 64 query heads on 8 kv heads, head_dim 64, window 128) against the float64 references: contexts
+    and chunks longer than the window, bfloat16."""
+    from jointrl.kernels import ops  # the triton table's decode launcher on the fused pool
+
+    device = rank_device()
+    g = torch.Generator(device=device).manual_seed(1)
+    Hq, Hkv, D, bs = 64, 8, 64, 16
+    chunks = [(0, 300), (517, 1), (1000, 64), (33, 129)]  # (cached, new)
+    P = 1024 * bs
+    kv = torch.randn(P, 2, Hkv, D, device=device, generator=g).to(torch.bfloat16)
+    slots = torch.zeros((len(chunks), max(c + n for c, n in chunks)), dtype=torch.long, device=device)
+    for j, (c, n) in enumerate(chunks):
+        blocks = torch.randperm(P // bs, device=device, generator=g)[:-(-(c + n) // bs)]
+        t = torch.arange(c + n, device=device)
+        slots[j, :c + n] = blocks[t // bs] * bs + t % bs
+    sinks = torch.randn(Hq, device=device, generator=g) * 2
+    count = torch.tensor([n for _, n in chunks], device=device)
+    row0 = torch.cumsum(count, 0) - count
+    start = torch.tensor([c for c, _ in chunks], device=device)
+    q = torch.randn(int(count.sum()), Hq, D, device=device, generator=g).to(torch.bfloat16)
+    out = paged_attention.paged_prefill_triton(q, kv, slots, start, row0, count, D ** -0.5, torch.zeros_like(q),
+                                               sinks_H=sinks, window=window)
+    want = paged_attention_cpu.paged_prefill_torch(q.double(), kv.double(), slots, start, row0, count, D ** -0.5,
+                                                   torch.zeros_like(q, dtype=torch.float64), sinks.double(), window)
+    err = ((out.double() - want).norm() / want.norm()).item()
+    assert err < 1e-2, err
+    ctx = start + count  # each chunk's last query as a decode row
+    dec = ops.paged_decode_triton(q[row0 + count - 1], kv, slots, ctx, D ** -0.5, sinks, window)
+    err = ((dec.double() - want[row0 + count - 1]).norm() / want[row0 + count - 1].norm()).item()
+    assert err < 1e-2, err

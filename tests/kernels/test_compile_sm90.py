@@ -58,38 +58,46 @@ def test_moe_matmul_compiles(sm90, config, dtype, which, mxfp4):
 
 def _paged_args(dtype):
     return {"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "table_ptr": torch.int32, "ctx_ptr": torch.int32,
-            "o_ptr": dtype, "qk_scale": "fp32", "G": "i32", "D": "i32", "block_size": "i32",
+            "o_ptr": dtype, "sinks_ptr": torch.float32, "qk_scale": "fp32", "G": "i32", "D": "i32",
+            "block_size": "i32", "window": "i32",
             **{name: "i32" for name in ("stride_qb", "stride_qh", "stride_kb", "stride_ks", "stride_kh",
                                         "stride_vb", "stride_vs", "stride_vh", "stride_tb", "stride_ob", "stride_oh")}}
 
 
-@pytest.mark.parametrize(("hq", "hkv", "d", "dtype"), [(32, 8, 128, torch.bfloat16), (64, 4, 128, torch.bfloat16),
-                                                       (16, 16, 64, torch.float32)])
-def test_paged_decode_compiles(sm90, hq, hkv, d, dtype):
+@pytest.mark.parametrize(("hq", "hkv", "d", "dtype", "sinks", "window"), [
+    (32, 8, 128, torch.bfloat16, False, False), (64, 4, 128, torch.bfloat16, False, False),
+    (16, 16, 64, torch.float32, False, False),
+    (64, 8, 64, torch.bfloat16, True, True),  # gpt-oss's attention (sinks, a sliding layer)
+    (64, 8, 64, torch.bfloat16, True, False),  # gpt-oss's full layers
+])
+def test_paged_decode_compiles(sm90, hq, hkv, d, dtype, sinks, window):
     cfg = paged_attention.DECODE_CONFIG
     block_g, block_d = paged_attention.decode_tiles(hq, hkv, d)
     c = sm90(paged_attention._paged_decode_kernel, _paged_args(dtype),
-             {"BLOCK_G": block_g, "BLOCK_D": block_d, "BLOCK_N": cfg.block_n, "DOT_FP32": dtype == torch.float32},
+             {"BLOCK_G": block_g, "BLOCK_D": block_d, "BLOCK_N": cfg.block_n, "DOT_FP32": dtype == torch.float32,
+              "SINKS": sinks, "WINDOW": window},
              num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     assert _has_sass_or_ptx(c)
 
 
-@pytest.mark.parametrize(("hq", "hkv", "d", "dtype", "kv_dtype", "chunks"), [
-    (32, 4, 128, torch.bfloat16, torch.bfloat16, 8),  # Qwen3-30B-A3B's attention
-    (64, 4, 128, torch.bfloat16, torch.bfloat16, 100),
-    (16, 16, 64, torch.float32, torch.bfloat16, 1),  # a float32 model over a bfloat16 pool
+@pytest.mark.parametrize(("hq", "hkv", "d", "dtype", "kv_dtype", "chunks", "sinks", "window"), [
+    (32, 4, 128, torch.bfloat16, torch.bfloat16, 8, False, False),  # Qwen3-30B-A3B's attention
+    (64, 4, 128, torch.bfloat16, torch.bfloat16, 100, False, False),
+    (16, 16, 64, torch.float32, torch.bfloat16, 1, False, False),  # a float32 model over a bfloat16 pool
+    (64, 8, 64, torch.bfloat16, torch.bfloat16, 8, True, True),  # gpt-oss: sinks, a sliding layer
+    (64, 8, 64, torch.bfloat16, torch.bfloat16, 8, True, False),  # gpt-oss's full layers
 ])
-def test_paged_prefill_compiles(sm90, hq, hkv, d, dtype, kv_dtype, chunks):
+def test_paged_prefill_compiles(sm90, hq, hkv, d, dtype, kv_dtype, chunks, sinks, window):
     cfg = paged_attention.PREFILL_CONFIG
     block_c, block_d = paged_attention.prefill_tiles(chunks, d)
     c = sm90(paged_attention._paged_prefill_kernel,
              {"q_ptr": dtype, "kv_ptr": kv_dtype, "slots_ptr": torch.int64, "start_ptr": torch.int64,
-              "row0_ptr": torch.int64, "count_ptr": torch.int64, "o_ptr": dtype, "qk_scale": "fp32",
-              "C": "i32", "G": "i32", "D": "i32",
+              "row0_ptr": torch.int64, "count_ptr": torch.int64, "o_ptr": dtype, "sinks_ptr": torch.float32,
+              "qk_scale": "fp32", "C": "i32", "G": "i32", "D": "i32", "window": "i32",
               **{name: "i32" for name in ("stride_qn", "stride_qh", "stride_kvp", "stride_kvc", "stride_kvh",
                                           "stride_sc", "stride_on", "stride_oh")}},
              {"BLOCK_C": block_c, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_D": block_d,
-              "DOT_FP32": dtype == torch.float32},
+              "DOT_FP32": dtype == torch.float32, "SINKS": sinks, "WINDOW": window},
              num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     assert _has_sass_or_ptx(c)
     assert c.metadata.shared <= 228 * 1024
@@ -172,4 +180,4 @@ def test_compiler_rejects_what_the_interpreter_accepts(sm90):
     # Why these tests exist: a dot over an 8-wide head_dim runs in the interpreter, not on sm_90.
     with pytest.raises(Exception, match="(?i)dot|shape|size|16"):
         sm90(paged_attention._paged_decode_kernel, _paged_args(torch.bfloat16),
-             {"BLOCK_G": 16, "BLOCK_D": 8, "BLOCK_N": 16, "DOT_FP32": False})
+             {"BLOCK_G": 16, "BLOCK_D": 8, "BLOCK_N": 16, "DOT_FP32": False, "SINKS": False, "WINDOW": False})

@@ -166,3 +166,52 @@ def test_paged_prefill_of_a_float64_model_is_the_reference():
     a = paged_prefill(q, kv, slots_CS, start_C, row0_C, count_C, 0.25, torch.zeros_like(q))
     b = paged_prefill_torch(q, kv, slots_CS, start_C, row0_C, count_C, 0.25, torch.zeros_like(q))
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("window", [None, 1, 6, 40])
+def test_sinks_and_window_equal_gpt_oss_attention_on_dense_keys(window):
+    """The references with ``sinks_H`` and ``window`` == gpt-oss's own attention (``model.gpt_oss.sink_attention``
+    with ``window_mask``) on each sequence's keys laid out densely, in float64: prefill chunks after a history
+    (the window crossing block boundaries), GQA 3:1; a decode row is the last query of its sequence. On the cpu
+    table the same calls route to the references (the C++ kernels have no sinks): the same bits."""
+    from jointrl.model.gpt_oss import sink_attention, window_mask  # the model's math, the oracle here
+
+    g = torch.Generator().manual_seed(4)
+    Hq, Hkv, D, bs, P = 6, 2, 16, 4, 1024
+    chunks = [(0, 9), (13, 30), (45, 1)]
+    kv = torch.randn(P, 2, Hkv, D, generator=g, dtype=torch.float64)
+    sinks_H = torch.randn(Hq, generator=g, dtype=torch.float64) * 3
+    slots_CS, start_C, row0_C, count_C = _chunks(g, chunks, P, bs)
+    q = torch.randn(3 + int(count_C.sum()), Hq, D, generator=g, dtype=torch.float64)
+    out = paged_prefill_torch(q, kv, slots_CS, start_C, row0_C, count_C, 0.3, torch.zeros_like(q), sinks_H, window)
+    assert torch.equal(paged_prefill(q, kv, slots_CS, start_C, row0_C, count_C, 0.3, torch.zeros_like(q), sinks_H,
+                                     window), out)
+    for j, (c, n) in enumerate(chunks):
+        r0 = int(row0_C[j])
+        kv_SCHD = kv[slots_CS[j, :c + n]]
+        mask = (torch.arange(c + n)[None, :] <= torch.arange(c, c + n)[:, None])[None, None]
+        if window is not None:
+            mask = mask & window_mask(c, n, c + n, window, q.device)
+        want_1HTD = sink_attention(q[r0:r0 + n].transpose(0, 1)[None], kv_SCHD[None, :, 0].transpose(1, 2),
+                                   kv_SCHD[None, :, 1].transpose(1, 2), mask, sinks_H, 0.3)
+        torch.testing.assert_close(out[r0:r0 + n], want_1HTD[0].transpose(0, 1), rtol=1e-12, atol=1e-12)
+        # the chunk's last query as a decode row over its c + n keys
+        ctx = torch.tensor([c + n])
+        dec = paged_decode_torch(q[r0 + n - 1][None], kv, slots_CS[j:j + 1, :c + n], ctx, 0.3, sinks_H, window)
+        assert torch.equal(paged_decode(q[r0 + n - 1][None], kv, slots_CS[j:j + 1, :c + n], ctx, 0.3, sinks_H,
+                                        window), dec)
+        torch.testing.assert_close(dec[0], want_1HTD[0, :, -1], rtol=1e-12, atol=1e-12)
+
+
+def test_sinks_and_window_none_keep_the_kernels_results():
+    """``sinks_H=None, window=None`` passed explicitly: the same bits as the calls without them (the C++ path)."""
+    g = torch.Generator().manual_seed(5)
+    kv = torch.randn(256, 2, 2, 16, generator=g)
+    slots_CS, start_C, row0_C, count_C = _chunks(g, [(9, 20), (0, 4)], 256, 16)
+    q = torch.randn(3 + 24, 4, 16, generator=g)
+    a = paged_prefill(q, kv, slots_CS, start_C, row0_C, count_C, 0.25, torch.zeros_like(q))
+    b = paged_prefill(q, kv, slots_CS, start_C, row0_C, count_C, 0.25, torch.zeros_like(q), None, None)
+    assert torch.equal(a, b)
+    ctx = torch.tensor([29, 4])
+    assert torch.equal(paged_decode(q[:2], kv, slots_CS, ctx, 0.25), paged_decode(q[:2], kv, slots_CS, ctx, 0.25,
+                                                                                   None, None))

@@ -118,3 +118,59 @@ def test_triton_table_prefill_runs_the_kernel(monkeypatch, rel):
     table = ops.kernels_for("triton")
     got = table.paged_prefill(q_view, kv, slots, start_s, row0_s, count_s, 0.3, torch.zeros_like(q))
     assert rel(got, want) < 1e-5
+
+
+def _sinks(hq: int, seed: int) -> torch.Tensor:
+    """Per-head sink logits around the scores' scale, one far above them (the sink takes almost all the mass)."""
+    sinks = torch.randn(hq, generator=torch.Generator().manual_seed(seed)) * 2
+    sinks[0] = 30.0
+    return sinks
+
+
+# (sinks, window): a window smaller than most contexts, crossing block boundaries and the kernels' 64-key tiles
+SINK_WINDOW = [(True, None), (False, 7), (True, 70), (True, 1)]
+
+
+@pytest.mark.parametrize(("sinks", "window"), SINK_WINDOW)
+@pytest.mark.parametrize(("hq", "hkv", "d", "block_size", "dtype"), [
+    (6, 2, 40, 16, torch.float32),  # GQA 3:1
+    (16, 1, 64, 5, torch.bfloat16),  # MQA, block size 5
+])
+def test_decode_sinks_window_match_reference(sinks, window, hq, hkv, d, block_size, dtype, rel):
+    """The triton table's decode with sinks and a window == the reference (``paged_decode_torch``, float64);
+    an empty context still gives zeros (the sink attends to nothing)."""
+    lens = [63, 0, 1, 65, 150, 8]
+    _, kv, slots, _, _, _ = _chunks([(0, n) for n in lens], hq, hkv, d, block_size, seed=hq + d, dtype=dtype)
+    q = torch.randn(len(lens), hq, d, generator=torch.Generator().manual_seed(3)).to(dtype)
+    slots, ctx = slots.clamp_min(0), torch.tensor(lens)  # the reference gathers every entry: none negative
+    sinks_H = _sinks(hq, hq) if sinks else None
+    out = ops.paged_decode_triton(q, kv, slots, ctx, d**-0.5, sinks_H=sinks_H, window=window)
+    want = paged_attention_cpu.paged_decode_torch(q.double(), kv.double(), slots, ctx, d**-0.5,
+                                                  None if sinks_H is None else sinks_H.double(), window)
+    assert out.dtype == dtype
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    for b in range(len(lens)):
+        if lens[b]:
+            assert rel(out[b], want[b]) < TOL[dtype], b
+
+
+@pytest.mark.parametrize(("sinks", "window"), SINK_WINDOW)
+@pytest.mark.parametrize(("hq", "hkv", "d", "block_size", "dtype", "kv_dtype"), [
+    (6, 2, 40, 16, torch.float32, torch.float32),  # GQA 3:1 (tiles straddle queries)
+    (8, 2, 16, 4, torch.bfloat16, torch.bfloat16),  # GQA 4:1, tiny blocks
+])
+def test_prefill_sinks_window_match_reference(sinks, window, hq, hkv, d, block_size, dtype, kv_dtype, rel):
+    """Ragged prefill chunks (long histories, mid-block starts) with sinks and a window == the reference
+    (float64); the decode rows stay unwritten."""
+    q, kv, slots, start, row0, count = _chunks(RAGGED, hq, hkv, d, block_size, seed=hq + d, dtype=dtype,
+                                               kv_dtype=kv_dtype)
+    sinks_H = _sinks(hq, d) if sinks else None
+    out = torch.full_like(q, 5.0)
+    pa.paged_prefill_triton(q, kv, slots, start, row0, count, d**-0.5, out, sinks_H=sinks_H, window=window)
+    want = paged_attention_cpu.paged_prefill_torch(q.double(), kv.double(), slots, start, row0, count, d**-0.5,
+                                                   torch.full_like(q, 5.0, dtype=torch.float64),
+                                                   None if sinks_H is None else sinks_H.double(), window)
+    assert torch.equal(out[:3], torch.full_like(out[:3], 5.0))
+    for j in range(len(RAGGED)):
+        rows = slice(int(row0[j]), int(row0[j] + count[j]))
+        assert rel(out[rows], want[rows]) < TOL[dtype], j
