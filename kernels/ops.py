@@ -90,14 +90,14 @@ class Kernels:
 def paged_decode_triton(q_BHD: Tensor, kv_PCHD: Tensor, slots_BS: Tensor, ctx_B: Tensor, scale: float,
                         sinks_H: Tensor | None = None, window: int | None = None) -> Tensor:
     """``paged_attention_cpu.paged_decode``'s contract on ``paged_attention``'s Triton decode kernel: the
-    [P, 2, Hkv, D] pool read as key and value caches of P one-slot blocks (strided views, no copy), each
-    sequence's slots its block table; ``sinks_H`` / ``window`` as the reference's. Float64 queries take the
+    [P, 2, Hkv, D] pool read as key and value caches of P one-slot blocks (strided views, no copy: a bfloat16
+    pool under float32 queries too, widened tile by tile in the kernel), each sequence's slots its block table; ``sinks_H`` / ``window`` as the reference's. Float64 queries take the
     reference (the kernels work in fp32)."""
     if q_BHD.dtype == torch.float64:
         return paged_attention_cpu.paged_decode_torch(q_BHD, kv_PCHD, slots_BS, ctx_B, scale, sinks_H, window)
     P, _, Hkv, D = kv_PCHD.shape
     k_cache, v_cache = (kv_PCHD[:, i].view(P, 1, Hkv, D) for i in (0, 1))
-    if kv_PCHD.dtype != q_BHD.dtype:
+    if kv_PCHD.dtype != q_BHD.dtype and q_BHD.dtype != torch.float32:  # fp32 queries: the kernel widens each tile
         k_cache, v_cache = k_cache.to(q_BHD.dtype), v_cache.to(q_BHD.dtype)
     return paged_attention._paged_attention_triton(q_BHD.contiguous(), k_cache, v_cache, slots_BS, ctx_B, scale,
                                                    sinks_H=sinks_H, window=window)

@@ -174,3 +174,21 @@ def test_prefill_sinks_window_match_reference(sinks, window, hq, hkv, d, block_s
     for j in range(len(RAGGED)):
         rows = slice(int(row0[j]), int(row0[j] + count[j]))
         assert rel(out[rows], want[rows]) < TOL[dtype], j
+
+
+def test_decode_reads_a_bfloat16_pool_under_float32_queries_in_place(monkeypatch, rel):
+    """``ops.paged_decode_triton`` hands a bfloat16 pool to the kernel as it is (strided views of the engine's
+    pool, widened tile by tile), not a float32 copy of the whole pool; the result is the reference's."""
+    lens = [63, 0, 17]
+    _, kv, slots, _, _, _ = _chunks([(0, n) for n in lens], 6, 2, 40, 16, seed=5, kv_dtype=torch.bfloat16)
+    q = torch.randn(len(lens), 6, 40, generator=torch.Generator().manual_seed(3))
+    seen = []
+    real = pa._paged_attention_triton
+    monkeypatch.setattr(pa, "_paged_attention_triton", lambda q_, k, v, *a, **kw: seen.append(
+        (k.dtype, k.data_ptr() == kv.data_ptr())) or real(q_, k, v, *a, **kw))
+    slots, ctx = slots.clamp_min(0), torch.tensor(lens)
+    out = ops.paged_decode_triton(q, kv, slots, ctx, 40**-0.5)
+    assert seen == [(torch.bfloat16, True)]  # the pool itself
+    want = paged_attention_cpu.paged_decode_torch(q.double(), kv.double(), slots, ctx, 40**-0.5)
+    for b in (0, 2):
+        assert rel(out[b], want[b]) < TOL[torch.float32], b
