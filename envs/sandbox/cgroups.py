@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import functools
 import os
+import secrets
+import threading
 import time
 from pathlib import Path
 
@@ -49,9 +51,18 @@ def _own_path(controller: str) -> str | None:
     return None
 
 
-@functools.cache
+_PROBE_LOCK = threading.Lock()
+
+
 def probe() -> tuple[str, dict[str, Path]] | tuple[None, str]:
-    """``("v1" | "v2", {"memory": parent dir, "pids": parent dir})``, or ``(None, why not)``."""
+    """``("v1" | "v2", {"memory": parent dir, "pids": parent dir})``, or ``(None, why not)``: found once per
+    process, under a lock (the first sandboxes of a process start in threads at once; the answer is kept)."""
+    with _PROBE_LOCK:
+        return _probe()
+
+
+@functools.cache
+def _probe() -> tuple[str, dict[str, Path]] | tuple[None, str]:
     v1 = {}
     for ctl in ("memory", "pids"):
         own = _own_path(ctl)
@@ -78,7 +89,10 @@ def probe() -> tuple[str, dict[str, Path]] | tuple[None, str]:
 
 
 def _can_create(parent: Path) -> bool:
-    test = parent / f"jointrl-probe-{os.getpid()}"
+    """Whether we may make a cgroup under ``parent``: one made and removed, under a name no other probe
+    uses at the same time (sandboxes of one process reset in threads at once; a shared name made one of
+    them see EEXIST and run without a cgroup)."""
+    test = parent / f"jointrl-probe-{os.getpid()}-{secrets.token_hex(6)}"
     try:
         test.mkdir()
         test.rmdir()
