@@ -16,21 +16,8 @@ from jointrl.rl.rollout.model_runner import ModelRunner
 from jointrl.rl.types import SamplingParams
 
 
-def _reference(model, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
-    """Greedy decode recomputing the whole sequence every token (no cache, no engine)."""
-    ids, out, lps = list(prompt), [], []
-    with torch.no_grad():
-        for _ in range(max_tokens):
-            logp_V = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1], -1)
-            t = int(logp_V.argmax())
-            out.append(t)
-            lps.append(float(logp_V[t]))
-            ids.append(t)
-    return out, lps
-
-
 @pytest.mark.parametrize("kernels", ["cpu", "torch"])
-def test_gpt_oss_runs_the_ragged_loop_and_equals_a_full_recompute(gpt_oss_dir, kernels):
+def test_gpt_oss_runs_the_ragged_loop_and_equals_a_full_recompute(gpt_oss_dir, kernels, greedy_reference):
     model = load_hf(gpt_oss_dir, dtype=torch.float64).eval()
     model.set_kernels(kernels)
     assert [layer.self_attn.window for layer in model.model.layers] == [4, None]  # sliding, full
@@ -47,7 +34,7 @@ def test_gpt_oss_runs_the_ragged_loop_and_equals_a_full_recompute(gpt_oss_dir, k
     params = SamplingParams(max_tokens=6, temperature=0)
     outs = engine.generate_batch(prompts, [params] * len(prompts))
     for prompt, out in zip(prompts, outs, strict=True):
-        want_ids, want_lps = _reference(model, prompt, params.max_tokens)
+        want_ids, want_lps = greedy_reference(model, prompt, params.max_tokens)
         assert out.token_ids == want_ids
         assert out.logprobs == pytest.approx(want_lps, abs=1e-10)
     assert {(True, 4), (True, None)} <= set(seen)  # both layers' sinks, the sliding layer's window

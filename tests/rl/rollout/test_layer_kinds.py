@@ -59,22 +59,7 @@ def toy_model(monkeypatch):
     return MoETransformer.from_config(cfg, dtype=torch.float64, seed=2)
 
 
-def reference(model, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
-    """Greedy decode recomputing the whole sequence every token (no cache)."""
-    ids, out, lps = list(prompt), [], []
-    with torch.no_grad():
-        for _ in range(max_tokens):
-            logp_V = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1], -1)
-            t = int(logp_V.argmax())
-            out.append(t)
-            lps.append(float(logp_V[t]))
-            ids.append(t)
-            if t == IM_END:
-                break
-    return out, lps
-
-
-def test_a_new_layer_kind_runs_in_the_engine_unchanged(toy_model):
+def test_a_new_layer_kind_runs_in_the_engine_unchanged(toy_model, greedy_reference):
     engine = LLMEngine(toy_model, config=EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=16))
     assert not engine.runner.prefix_cacheable  # a fixed-size state is not shared by blocks
     g = torch.Generator().manual_seed(0)
@@ -82,7 +67,7 @@ def test_a_new_layer_kind_runs_in_the_engine_unchanged(toy_model):
     params = SamplingParams(max_tokens=6, temperature=0)
     outs = engine.generate_batch(prompts, [params] * len(prompts))
     for prompt, out in zip(prompts, outs, strict=True):
-        want_ids, want_lps = reference(toy_model, prompt, params.max_tokens)
+        want_ids, want_lps = greedy_reference(toy_model, prompt, params.max_tokens, IM_END)
         assert out.token_ids == want_ids
         assert out.logprobs == pytest.approx(want_lps, abs=1e-10)
     assert engine.stats.steps > len(prompts) + 1  # chunked prefill and batched decode steps both ran
@@ -120,7 +105,7 @@ class PlainAttention(nn.Module):
         return self.o_proj(step.attend(self.q_proj(h_NH).view(N, self.Hq, self.D), kv_PCHD).reshape(N, -1))
 
 
-def test_a_new_ragged_layer_kind_runs_on_the_engines_flat_batch(monkeypatch):
+def test_a_new_ragged_layer_kind_runs_on_the_engines_flat_batch(monkeypatch, greedy_reference):
     """A kind that declares a ragged form (``StateSpec.ragged``, its ``paged``) runs with plain full attention on
     the engine's flat batch -- all of a step's rows in one call, keys/values in the pools, prefix caching on --
     without a change to ``ModelRunner``; tokens and log-probs of a full recompute (float64)."""
@@ -134,6 +119,6 @@ def test_a_new_ragged_layer_kind_runs_on_the_engines_flat_batch(monkeypatch):
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 19, 9)]
     params = SamplingParams(max_tokens=6, temperature=0)
     for prompt, out in zip(prompts, engine.generate_batch(prompts, [params] * len(prompts)), strict=True):
-        want_ids, want_lps = reference(model, prompt, params.max_tokens)
+        want_ids, want_lps = greedy_reference(model, prompt, params.max_tokens, IM_END)
         assert out.token_ids == want_ids
         assert out.logprobs == pytest.approx(want_lps, abs=1e-10)

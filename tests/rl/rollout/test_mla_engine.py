@@ -22,22 +22,7 @@ def _kimi() -> MoETransformer:
     return MoETransformer.from_config(cfg, dtype=torch.float64, seed=5)
 
 
-def _reference(model, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
-    """Greedy decode recomputing the whole sequence every token (no cache)."""
-    ids, out, lps = list(prompt), [], []
-    with torch.no_grad():
-        for _ in range(max_tokens):
-            logp_V = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1], -1)
-            t = int(logp_V.argmax())
-            out.append(t)
-            lps.append(float(logp_V[t]))
-            ids.append(t)
-            if t == IM_END:  # the engine ends a request there
-                break
-    return out, lps
-
-
-def test_kimi_linear_decodes_in_the_engine_from_a_latent_pool():
+def test_kimi_linear_decodes_in_the_engine_from_a_latent_pool(greedy_reference):
     model = _kimi()
     engine = LLMEngine(model, config=EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=16))
     runner = engine.runner
@@ -48,7 +33,7 @@ def test_kimi_linear_decodes_in_the_engine_from_a_latent_pool():
     params = SamplingParams(max_tokens=6, temperature=0)
     outs = engine.generate_batch(prompts, [params] * len(prompts))
     for prompt, out in zip(prompts, outs, strict=True):
-        want_ids, want_lps = _reference(model, prompt, params.max_tokens)
+        want_ids, want_lps = greedy_reference(model, prompt, params.max_tokens, IM_END)
         assert out.token_ids == want_ids and len(want_ids) == params.max_tokens
         assert out.logprobs == pytest.approx(want_lps, abs=1e-10)
     assert engine.stats.steps > len(prompts) + 1  # chunked prefill and batched decode steps both ran
