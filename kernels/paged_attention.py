@@ -115,6 +115,28 @@ def _paged_attention_torch(q_BHD: Tensor, k_cache: Tensor, v_cache: Tensor, bloc
 
 
 @triton.jit
+def _softmax_tile(s, v, m_i, l_i, acc):
+    """One key tile of the online softmax in base 2 (flash attention's update): scores ``s`` [R, N] (masked
+    -inf), values ``v`` [N, D], running max ``m_i`` [R], denominator ``l_i`` [R], numerator ``acc`` [R, D]
+    -> the three after this tile."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _sink_column(sink, m_i, l_i, acc):
+    """A sink's column (base-2 logit ``sink`` [R], attending to nothing) joins the softmax: its exp joins the
+    denominator, the running max is taken over it too (an empty context still gives 0, not NaN)."""
+    m_new = tl.maximum(m_i, sink)
+    alpha = tl.exp2(m_i - m_new)
+    return m_new, l_i * alpha + tl.exp2(sink - m_new), acc * alpha[:, None]
+
+
+@triton.jit
 def _paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, ctx_ptr, o_ptr, sinks_ptr,
     qk_scale, G, D, block_size, window,
@@ -164,18 +186,10 @@ def _paged_decode_kernel(
             v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         s = tl.where(t_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m_i = m_new
+        m_i, l_i, acc = _softmax_tile(s, v, m_i, l_i, acc)
     if SINKS:  # the sink's exp(sink - m) joins the denominator (the running max taken over it too)
         sink = tl.load(sinks_ptr + heads, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-        m_new = tl.maximum(m_i, sink)
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.exp2(sink - m_new)
-        acc = acc * alpha[:, None]
+        m_i, l_i, acc = _sink_column(sink, m_i, l_i, acc)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # no context: acc = 0, out = 0
     tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(o_ptr.dtype.element_ty),
              mask=g_ok[:, None] & d_ok[None, :])
@@ -244,18 +258,10 @@ def _paged_prefill_kernel(
         s = tl.where(t[None, :] <= pos[:, None], s, float("-inf"))  # causal; the row's own key is always visible
         if WINDOW:
             s = tl.where(t[None, :] > pos[:, None] - window, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m_i = m_new
+        m_i, l_i, acc = _softmax_tile(s, v, m_i, l_i, acc)
     if SINKS:  # as in decode
         sink = tl.load(sinks_ptr + heads).to(tl.float32) * 1.4426950408889634
-        m_new = tl.maximum(m_i, sink)
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.exp2(sink - m_new)
-        acc = acc * alpha[:, None]
+        m_i, l_i, acc = _sink_column(sink, m_i, l_i, acc)
     out = acc / l_i[:, None]
     tl.store(o_ptr + (row0 + i)[:, None] * stride_on + heads[:, None] * stride_oh + d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=q_mask)
