@@ -34,7 +34,6 @@ import torch.nn.functional as F
 
 from jointrl.kernels import decode_cpu, linear_cpu, moe_cpu
 from jointrl.kernels.norm_rope_cpu import rms_norm_torch
-from jointrl.model.moe import Experts
 from jointrl.model.norm import RMSNorm
 from jointrl.model.rope import rotate_half
 
@@ -241,11 +240,12 @@ def head(model, x_RH: torch.Tensor, step: PagedStep) -> torch.Tensor:
 
 def cpp_moe(mlp) -> bool:
     """Whether the C++ MoE calls compute this block: a softmax router without a logit bias
-    (``decode_cpu.route_softmax_topk``), plain SwiGLU experts (``model.moe.Experts``: ``moe_cpu``), no shared
-    experts. gpt-oss's biased router and clamped experts, sigmoid routers and shared experts run the module."""
+    (``decode_cpu.route_softmax_topk``), experts that declare ``plain_swiglu`` (``model.moe.Experts``: what
+    ``moe_cpu`` computes), no shared experts. gpt-oss's biased router and clamped experts, sigmoid routers
+    and shared experts run the module."""
     gate = mlp.gate
     return (mlp.shared_experts is None and not gate.sigmoid and gate.bias is None
-            and type(getattr(mlp, "experts", None)) is Experts)
+            and getattr(getattr(mlp, "experts", None), "plain_swiglu", False))
 
 
 def plain_decode_shape(model) -> bool:

@@ -1,6 +1,6 @@
 import pytest
 from hydra.errors import ConfigCompositionException
-from omegaconf.errors import ConfigKeyError, ValidationError
+from omegaconf.errors import ConfigKeyError
 
 from jointrl.rl.config import Config, DomainConfig, EnvsConfig, load_config
 

@@ -118,7 +118,7 @@ def test_rope_table_built_once_for_every_slot_with_decode_graphs():
     runner = ModelRunner(model, num_blocks=300, block_size=BS, decode_graphs=True)
     table = runner._rope_table
     assert table is not None and table[0].shape[0] == 300 * BS
-    B, width = 1, 1100 // BS + 1
+    width = 1100 // BS + 1
     table_BM = torch.arange(width)[None]
     pos_B = torch.tensor([1100])
     runner.graphs(torch.tensor([7]), pos_B, table_BM[:, -1] * BS, table_BM, pos_B + 1)
