@@ -609,12 +609,15 @@ class RecipeConfig:
     # another run's output_dir: this run's SFT takes the steps that run's SFT + GRPO CPU seconds buy at
     # that SFT's CPU seconds per step (its curves.json): the oracle-only SFT baseline at equal CPU
     match_cpu_of: str | None = None
+    # the SFT and GRPO stages also checkpoint every N steps (0: SFT at its end only, GRPO at the eval
+    # steps only), so a run stopped mid-stage resumes from its last checkpoint instead of the stage's start
+    checkpoint_every: int = 0
 
     def __post_init__(self) -> None:
         _coerce_choices(self, "recipe")
         for k in ("sft_steps", "sft_prompts_per_step", "sft_lr", "eval_k"):
             _check_positive(f"recipe.{k}", getattr(self, k))
-        for k in ("eval_limit", "eval_every", "sft_heldout_every", "sft_heldout_limit"):
+        for k in ("eval_limit", "eval_every", "sft_heldout_every", "sft_heldout_limit", "checkpoint_every"):
             _check_positive(f"recipe.{k}", getattr(self, k), allow_zero=True)
         if not self.sft_demos or "oracle" not in self.sft_demos:
             raise ValueError(f"recipe.sft_demos must give the oracle a weight, got {dict(self.sft_demos)}")

@@ -20,7 +20,8 @@ Each stage is its command's own function (``rl/sft.py``, ``rl/eval.py``, ``rl/tr
 process, with the same config, so a stage can be rerun by hand with the command it names; Ray is
 started by a stage that needs it and shut down after it. A stage whose output is complete (the
 SFT / GRPO run's ``latest`` checkpoint at its last step, an eval's ``eval.json``) is reused, so a
-rerun after a crash or with other plot settings continues where the last one stopped.
+rerun after a crash or with other plot settings continues where the last one stopped; with
+``recipe.checkpoint_every`` the SFT and GRPO stages also resume mid-stage from their last checkpoint.
 Every eval plays the same episodes (seeds from ``seed``, domain, task, tier and sample), so the
 points of the held-out curve differ only by the policy.
 
@@ -28,15 +29,19 @@ CPU seconds per stage are those of this process and its descendants (Ray's proce
 sandboxes), taken before the stage shuts Ray down: on a shared machine the wall time overstates
 the cost, this does not. They come from a cpuacct cgroup of the recipe's own (``rl/cpu_clock.py``),
 joined before the first stage starts anything; without one (no cgroup v1, not root) sandboxed
-commands that have ended are missed and ``curves.json`` says ``cpu_exact: false``.
+commands that have ended are missed and ``curves.json`` says ``cpu_exact: false``. Each stage's
+seconds are summed over the invocations that ran it (``StageLedger``, ``<out>/stages.json``), a
+killed one's included.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -63,6 +68,52 @@ def _cpu_s() -> float:
     if _CLOCK is None:
         _CLOCK = CpuClock("jointrl-recipe")
     return _CLOCK()
+
+
+class StageLedger:
+    """Each stage's wall and CPU seconds summed over every invocation that ran it, kept in ``path``
+    (``<output_dir>/stages.json``: ``{stage: {wall_s, cpu_s, runs, done}}``). While a stage runs, its
+    running totals are written every ``tick_s`` seconds with ``done: false``, so a run killed mid-stage
+    (a session's end, a preemption) still counts what it spent, to within ``tick_s``, once it is resumed:
+    ``recipe.match_cpu_of`` reads these totals. A stage reused from its finished output adds the
+    seconds it took to find that out."""
+
+    def __init__(self, path: Path, tick_s: float = 30.0) -> None:
+        self.path, self.tick_s = path, tick_s
+        self.entries: dict[str, dict] = json.loads(path.read_text()) if path.is_file() else {}
+        self._lock = threading.Lock()
+
+    def run(self, name: str, fn, *args) -> dict:
+        """``fn(*args)``, timed into ``name``'s entry → ``{wall_s, cpu_s}`` of this invocation and ``result``."""
+        base = self.entries.get(name, {"wall_s": 0.0, "cpu_s": 0.0, "runs": 0})
+        t0, c0 = time.perf_counter(), _cpu_s()
+        stop = threading.Event()
+
+        def record(done: bool) -> dict:
+            spent = {"wall_s": time.perf_counter() - t0, "cpu_s": _cpu_s() - c0}  # before Ray's processes end
+            with self._lock:
+                self.entries[name] = {"wall_s": base["wall_s"] + spent["wall_s"], "cpu_s": base["cpu_s"] + spent["cpu_s"],
+                                      "runs": base["runs"] + 1, "done": done}
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(self.entries, indent=1) + "\n")
+                tmp.replace(self.path)
+            return spent
+
+        def tick() -> None:
+            while not stop.wait(self.tick_s):
+                record(False)
+
+        ticker = threading.Thread(target=tick, name=f"ledger-{name}", daemon=True)
+        ticker.start()
+        done = False
+        try:
+            result = fn(*args)
+            done = True
+        finally:
+            stop.set()
+            ticker.join()
+            spent = record(done)
+        return {**spent, "result": result}
 
 
 def _finished(ckpt_dir: Path, step: int) -> bool:
@@ -185,6 +236,16 @@ def grpo_steps(cfg: Config) -> int:
     return max(1, round(cfg.algo.total_steps * share))
 
 
+def grpo_checkpoint_every(eval_every: int, every: int) -> int:
+    """The GRPO stage's checkpoint interval: every eval step's checkpoint and, with ``recipe.checkpoint_every``,
+    one at least that often (their gcd, so both sets of steps are saved).
+
+    >>> grpo_checkpoint_every(45, 0), grpo_checkpoint_every(45, 5), grpo_checkpoint_every(15, 10)
+    (45, 5, 5)
+    """
+    return math.gcd(eval_every, every) if every else eval_every
+
+
 def matched_sft_steps(cfg: Config) -> int:
     """``recipe.sft_steps``, or with ``recipe.match_cpu_of`` the SFT steps that run's SFT + GRPO CPU
     seconds buy at its SFT's CPU seconds per step (its ``curves.json`` ``stages``)."""
@@ -198,7 +259,7 @@ def matched_sft_steps(cfg: Config) -> int:
     stages = done["stages"]
     if "sft" not in stages or "grpo" not in stages:
         raise ValueError(f"recipe.match_cpu_of={ref}: its curves.json lacks the sft or grpo stage's CPU seconds "
-                         f"(a rerun that reused them does not count them; has: {sorted(stages)})")
+                         f"(has: {sorted(stages)})")
     return round(done["sft_steps"] * (stages["sft"]["cpu_s"] + stages["grpo"]["cpu_s"]) / stages["sft"]["cpu_s"])
 
 
@@ -220,24 +281,24 @@ def recipe(cfg: Config) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.structured(cfg), out / "config.yaml")
     spec = EvalSpec(tiers=tuple(rc.eval_tiers), k=rc.eval_k, split="heldout", limit=rc.eval_limit)
-    stages: dict[str, dict[str, float]] = {}
+    ledger = StageLedger(out / "stages.json")
 
     def stage(name: str, fn, *args):
-        t0, c0 = time.perf_counter(), _cpu_s()
         try:
-            result = fn(*args)
-            stages[name] = {"wall_s": time.perf_counter() - t0, "cpu_s": _cpu_s() - c0}  # before Ray's processes end
+            spent = ledger.run(name, fn, *args)
         finally:
             ray.shutdown()
-        print(f"recipe: {name} done in {stages[name]['wall_s'] / 60:.1f} min wall, "
-              f"{stages[name]['cpu_s'] / 60:.1f} CPU min", flush=True)
-        return result
+        print(f"recipe: {name} done in {spent['wall_s'] / 60:.1f} min wall, {spent['cpu_s'] / 60:.1f} CPU min"
+              + (f" ({ledger.entries[name]['cpu_s'] / 60:.1f} over {ledger.entries[name]['runs']} runs)"
+                 if ledger.entries[name]["runs"] > 1 else ""), flush=True)
+        return spent["result"]
 
     init = stage("eval_init", _eval, cfg, spec, None, out / "eval" / "init", "eval-init") if rc.eval_init else None
     sft_steps = matched_sft_steps(cfg)
     sft_dir = Path(rc.sft_from).resolve() / "sft" if rc.sft_from else out / "sft"
     sft_cfg = dataclasses.replace(
-        cfg, output_dir=str(sft_dir), run_name=f"{cfg.run_name}-sft", checkpoint=None, checkpoint_every=0, resume=False,
+        cfg, output_dir=str(sft_dir), run_name=f"{cfg.run_name}-sft", checkpoint=None,
+        checkpoint_every=rc.checkpoint_every, resume=(sft_dir / "checkpoints" / "latest").is_file(),
         algo=dataclasses.replace(cfg.algo, total_steps=sft_steps, prompts_per_step=rc.sft_prompts_per_step),
         learner=dataclasses.replace(cfg.learner, lr=rc.sft_lr, lr_schedule=rc.sft_lr_schedule))
     if rc.sft_from:  # another run's SFT: its checkpoint, and its step-0 eval as this run's (the same episodes)
@@ -255,7 +316,8 @@ def recipe(cfg: Config) -> dict:
     grpo_cfg = dataclasses.replace(cfg, envs=grpo_envs(cfg), rollout=grpo_rollout(cfg),
                                    algo=dataclasses.replace(cfg.algo, total_steps=max(total, 1)),
                                    output_dir=str(grpo_dir), run_name=f"{cfg.run_name}-grpo",
-                                   checkpoint=str(sft_dir / "checkpoints"), checkpoint_every=rc.eval_every or total,
+                                   checkpoint=str(sft_dir / "checkpoints"),
+                                   checkpoint_every=grpo_checkpoint_every(rc.eval_every or total, rc.checkpoint_every),
                                    resume=(grpo_dir / "checkpoints" / "latest").is_file(),
                                    # every eval step's checkpoint is evaluated after training: keep them all
                                    learner=dataclasses.replace(cfg.learner, checkpoint_keep=0))
@@ -270,7 +332,7 @@ def recipe(cfg: Config) -> dict:
     result = {"run_name": cfg.run_name, "seed": cfg.seed, "domains": list(eval_envs(cfg).domains), "eval_k": rc.eval_k,
               "grpo_steps": total, "sft_steps": sft_steps, "sft_from": rc.sft_from, "summary": summary(curves["heldout"], init),
               "cpu_exact": bool(_CLOCK and _CLOCK.exact),
-              "stages": stages, **curves}
+              "stages": ledger.entries, **curves}
     (out / "curves.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(curves, out / "curves.png", f"{cfg.run_name}: seed {cfg.seed}, {sft_steps} SFT + {total} GRPO steps, "
                                      f"{cfg.model.name}, held-out k={rc.eval_k}")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import pickle
 import random
 import zlib
 from collections.abc import Iterator
@@ -145,17 +146,28 @@ def sft_batch(trajs: list[Trajectory]) -> TrainBatch:
 
 
 def sft(cfg: Config) -> dict[str, float]:
-    """``cfg.algo.total_steps`` SFT steps on the oracle transcripts; returns the last step's metrics."""
+    """``cfg.algo.total_steps`` SFT steps on the oracle transcripts; returns the last step's metrics.
+
+    A checkpoint every ``checkpoint_every`` steps and at the last. With ``resume=true`` the run continues
+    after ``<output_dir>/checkpoints``' latest step (weights, optimizer, the lr schedule's clock) on the
+    demonstrations it played before (``<output_dir>/demos.pkl``), drawing the rows the uninterrupted run
+    would have drawn."""
     cfg = dataclasses.replace(cfg, algo=dataclasses.replace(cfg.algo, name=Algorithm.sft))
     out_dir = Path(cfg.output_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.structured(cfg), out_dir / "config.yaml")
-    if cfg.recipe.sft_data:
+    cache = out_dir / "demos.pkl"  # the played demonstrations, so that a resumed run does not play them again
+    if cfg.resume and cache.is_file():
+        demos, unsolved = pickle.loads(cache.read_bytes())
+    elif cfg.recipe.sft_data:
         demos, unsolved = read_transcripts(cfg.recipe.sft_data, build_template(cfg), cfg.recipe.sft_data_split), 0
         if not demos:
             raise ValueError(f"recipe.sft_data={cfg.recipe.sft_data}: the file holds no transcripts")
     else:
         demos, unsolved = oracle_transcripts(cfg)
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps((demos, unsolved)))
+        tmp.replace(cache)
     if not demos:
         raise ValueError(f"no oracle transcript solved its task within rollout.max_context={cfg.rollout.max_context} "
                          f"and rollout.max_tokens_per_turn={cfg.rollout.max_tokens_per_turn}; raise them")
@@ -168,9 +180,15 @@ def sft(cfg: Config) -> dict[str, float]:
     _start_ray(cfg)
     learner = LearnerGroup(cfg)
     tracker = RunTracker(cfg, out_dir)
+    per_step = min(cfg.algo.prompts_per_step, len(demos))
+    start = (learner.load_checkpoint(str(out_dir / "checkpoints")) or 0) if cfg.resume else 0
+    if start:  # the draws the finished steps took, skipped: the resumed run sees the rows the whole run would
+        print(f"sft: resuming after step {start} from {out_dir / 'checkpoints'}", flush=True)
+        for _ in range(start * per_step):
+            next(draws)
     metrics: dict[str, float] = {}
-    for step in range(1, cfg.algo.total_steps + 1):
-        batch = [next(draws) for _ in range(min(cfg.algo.prompts_per_step, len(demos)))]
+    for step in range(start + 1, cfg.algo.total_steps + 1):
+        batch = [next(draws) for _ in range(per_step)]
         # By domain, then shortest first: the learner cuts consecutive micro-batches, each padded
         # to its longest row and forwarding the system prompt its rows share once (batch.
         # collate_shared), so one domain's transcripts of like lengths share one (terminal ~1 K

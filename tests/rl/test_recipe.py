@@ -108,6 +108,41 @@ def test_comparison_runs_size_and_share_their_stages(tmp_path):
     assert matched_sft_steps(matched) == 1800 and matched_sft_steps(load_config(["+experiment=cpu_joint"])) == 1200
 
 
+def test_stage_ledger_sums_a_killed_invocation_and_its_resume(tmp_path):
+    """A stage's seconds are summed over the invocations that ran it; while it runs, its running total
+    is on disk, so a run killed mid-stage still counts what it spent once resumed."""
+    import time
+
+    from jointrl.rl.recipe import StageLedger, grpo_checkpoint_every
+
+    path = tmp_path / "stages.json"
+    seen = []
+
+    def busy(seconds):
+        end = time.process_time() + seconds
+        while time.process_time() < end:
+            pass
+        seen.append(json.loads(path.read_text())["grpo"])  # written by the ticker while the stage ran
+        return "ok"
+
+    first = StageLedger(path, tick_s=0.05).run("grpo", busy, 0.3)
+    assert first["result"] == "ok" and first["cpu_s"] >= 0.3 and seen[0]["done"] is False and seen[0]["cpu_s"] > 0.1
+    killed = json.loads(path.read_text())
+    assert killed["grpo"]["done"] is True and killed["grpo"]["runs"] == 1
+    killed["grpo"]["done"] = False  # as the ticker leaves it when the process is killed
+    path.write_text(json.dumps(killed))
+    ledger = StageLedger(path, tick_s=0.05)
+    second = ledger.run("grpo", busy, 0.2)
+    with pytest.raises(RuntimeError):
+        ledger.run("eval_sft", lambda: (_ for _ in ()).throw(RuntimeError("env")))
+    saved = json.loads(path.read_text())
+    assert saved == ledger.entries and saved["grpo"]["runs"] == 2 and saved["grpo"]["done"] is True
+    assert saved["grpo"]["cpu_s"] == pytest.approx(killed["grpo"]["cpu_s"] + second["cpu_s"])
+    assert saved["eval_sft"]["done"] is False and saved["eval_sft"]["runs"] == 1  # a failed stage counts, undone
+    # GRPO checkpoints: every eval step's, and with recipe.checkpoint_every at least that often
+    assert [grpo_checkpoint_every(e, c) for e, c in ((45, 0), (45, 5), (15, 10), (45, 45))] == [45, 5, 5, 45]
+
+
 def test_grpo_temperature_changes_only_the_grpo_stage():
     from jointrl.rl.recipe import grpo_rollout
 
@@ -184,7 +219,9 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
     finally:
         ray.shutdown()
         wandb.teardown()
-    assert "sft" not in again["stages"] and "grpo" not in again["stages"] and again["heldout"] == result["heldout"]
+    assert again["heldout"] == result["heldout"]
+    assert {k: v["runs"] for k, v in again["stages"].items()} == {"sft": 1, "eval_sft": 2, "grpo": 1, "eval_step_1": 2}
+    assert again["stages"]["sft"] == result["stages"]["sft"] and again["stages"]["grpo"] == result["stages"]["grpo"]
     # a run on this one's SFT (recipe.sft_from) without GRPO: nothing trained, its step-0 eval reused
     other = tmp_path / "mini_oracle_s0"
     try:

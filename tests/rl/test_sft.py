@@ -3,6 +3,8 @@ through the agent loop and bwrap sandboxes, trained on by the DeepSpeed learner.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -124,6 +126,44 @@ def test_jointrl_sft_writes_a_checkpoint_that_eval_loads(tmp_path):
     saved = read_policy(grpo, tmp_path / "checkpoints")[0].state_dict()
     assert any(not torch.equal(v, saved[k]) for k, v in build_model(load_config(["seed=1"])).state_dict().items())
     assert all(torch.equal(v, saved[k]) for k, v in lw.engine.module.state_dict().items())
+
+
+@pytest.mark.slow  # ~60 s here: two SFT driver runs (Ray learner group)
+def test_sft_resumed_after_a_kill_ends_with_the_uninterrupted_runs_weights(tmp_path, monkeypatch):
+    """A run stopped after step 1 of 3 (its later checkpoints gone) resumes from step 1 on the
+    demonstrations it played before -- none played again -- and ends bit for bit where the
+    uninterrupted run ended: the same rows drawn, the same optimizer state and cosine lr."""
+    import shutil
+
+    import ray
+
+    import jointrl.rl.sft as sft_module
+    from jointrl.rl.checkpoint_format import read_policy
+
+    ckpts = tmp_path / "checkpoints"
+    cfg = load_config([f"output_dir={tmp_path}", "algo.total_steps=3", "algo.prompts_per_step=2", "checkpoint_every=1",
+                       "learner.lr_schedule=cosine", "learner.checkpoint_keep=0", "logger.wandb_mode=disabled",
+                       *LONG_TURNS])
+    try:
+        whole = sft_module.sft(cfg)
+    finally:
+        ray.shutdown()
+    reference = read_policy(cfg, ckpts / "step_3")[0].state_dict()
+    for step in (2, 3):  # killed after step 1's checkpoint
+        shutil.rmtree(ckpts / f"step_{step}")
+    (ckpts / "latest").write_text("step_1")
+
+    def no_replay(*args, **kwargs):
+        raise AssertionError("a resumed run played its demonstrations again")
+
+    monkeypatch.setattr(sft_module, "oracle_transcripts", no_replay)
+    try:
+        resumed = sft_module.sft(dataclasses.replace(cfg, resume=True))
+    finally:
+        ray.shutdown()
+    assert (ckpts / "latest").read_text().strip() == "step_3" and resumed["sft/loss"] == whole["sft/loss"]
+    again = read_policy(cfg, ckpts / "step_3")[0].state_dict()
+    assert all(torch.equal(v, reference[k]) for k, v in again.items())
 
 
 def test_heldout_fit_scores_only_the_assistant_tokens():
