@@ -15,7 +15,8 @@ position) is printed as missing and makes the verdict ``incomplete``: nothing is
 ``conf/experiment/cpu_joint5.yaml``'s commands give them (``--joint``, ``--oracle``, ``--single``
 templates with ``{seed}`` and ``{domain}``, under ``--runs``). Also per run: the GRPO episodes scored
 per domain, the held-out episodes per row, and the CPU seconds of each stage the run itself executed
-(``curves.json`` ``stages``: a stage reused from an earlier invocation or another run is not counted).
+(``curves.json`` ``stages``, summed over the invocations of that run that spent them; a stage taken
+from another run, ``recipe.sft_from``'s SFT, is not counted).
 
 The PNG has a column per domain: the training reward (top) and held-out pass@1 (bottom, trained
 families solid markers, unseen hollow) against the GRPO episodes of that domain, joint runs solid
