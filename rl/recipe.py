@@ -51,6 +51,7 @@ import ray
 from omegaconf import DictConfig, OmegaConf
 
 from jointrl.rewards.base import succeeded
+from jointrl.rl.checkpoint_format import write_atomic
 from jointrl.rl.config import Config, register_schemas, to_config
 from jointrl.rl.cpu_clock import CpuClock
 from jointrl.rl.eval import EvalSpec, evaluate, row_name
@@ -94,9 +95,8 @@ class StageLedger:
             with self._lock:
                 self.entries[name] = {"wall_s": base["wall_s"] + spent["wall_s"], "cpu_s": base["cpu_s"] + spent["cpu_s"],
                                       "runs": base["runs"] + 1, "done": done}
-                tmp = self.path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(self.entries, indent=1) + "\n")
-                tmp.replace(self.path)
+                text = json.dumps(self.entries, indent=1) + "\n"
+                write_atomic(self.path, lambda f: f.write(text.encode()))
             return spent
 
         def tick() -> None:

@@ -45,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from jointrl.envs.registry import scripted_policy
 from jointrl.rewards.base import succeeded
 from jointrl.rl.build import build_template
+from jointrl.rl.checkpoint_format import write_atomic
 from jointrl.rl.config import Algorithm, Config, register_schemas, to_config
 from jointrl.rl.eval import EvalSpec, eval_tasks, play
 from jointrl.rl.learner.batch import TrainBatch
@@ -165,9 +166,7 @@ def sft(cfg: Config) -> dict[str, float]:
             raise ValueError(f"recipe.sft_data={cfg.recipe.sft_data}: the file holds no transcripts")
     else:
         demos, unsolved = oracle_transcripts(cfg)
-        tmp = cache.with_suffix(".tmp")
-        tmp.write_bytes(pickle.dumps((demos, unsolved)))
-        tmp.replace(cache)
+        write_atomic(cache, lambda f: pickle.dump((demos, unsolved), f))
     if not demos:
         raise ValueError(f"no oracle transcript solved its task within rollout.max_context={cfg.rollout.max_context} "
                          f"and rollout.max_tokens_per_turn={cfg.rollout.max_tokens_per_turn}; raise them")
