@@ -1,4 +1,4 @@
-"""``jointrl eval checkpoint=<dir>|null envs=<group> tier=low,high,max k=4 [split=heldout] [limit=N] [out=<dir>]``.
+"""``jointrl eval checkpoint=<dir>|null envs=<group> tier=low,high,max k=4 [split=heldout] [unseen=true] [limit=N] [out=<dir>]``.
 
 How often a policy solves tasks it was not trained on. Every task of the chosen domains'
 ``split`` (``heldout`` by default, ``envs/splits.py``) is played ``k`` times at each thinking
@@ -14,6 +14,8 @@ run's (its ``config.yaml`` beside ``checkpoints/``) when there is one, else ``mo
 (``registry.scripted_policy``) instead of a model, through the same episodes: the ceiling every
 held-out task must reach. It lifts the model's token limits (``scripted_limits``), so with the
 defaults the oracle scores 1.0. Other ``key=value``s are config overrides (``envs=joint``, ...).
+With held-out families (``envs.domains.<d>.heldout_families``), ``split=heldout`` also plays every
+task of those families (rows ``split: unseen``); ``unseen=false`` plays the held-out seeds alone.
 
 A task is solved when every outcome reward module reaches its success threshold
 (``rewards.base.succeeded``): 1 for the pass/fail modules (tests, checks, answers, app state),
@@ -51,9 +53,9 @@ from jointrl.rl.rollout.engine import RolloutEngine
 from jointrl.rl.rollout.scripted import ScriptedEngine
 from jointrl.rl.types import FinishReason, Trajectory
 
-ARGS = ("tier", "k", "split", "limit", "out", "policy")  # the command's own; every other key=value overrides the config
+ARGS = ("tier", "k", "split", "unseen", "limit", "out", "policy")  # the command's own; every other key=value overrides the config
 USAGE = ("usage: jointrl eval checkpoint=<run>/checkpoints|null [envs=<group>] [tier=low,high,max] [k=4] "
-         "[split=heldout] [limit=0] [out=<dir>] [policy=model|oracle|noop|wrong] [key=value ...]")
+         "[split=heldout] [unseen=true|false] [limit=0] [out=<dir>] [policy=model|oracle|noop|wrong] [key=value ...]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +64,7 @@ class EvalSpec:
     k: int = 4  # samples per (task, tier)
     split: str = "heldout"
     limit: int = 0  # tasks per domain, the first by id (0: all)
+    unseen: bool = True  # split=heldout: also play every task of the held-out families (rows split=unseen)
 
     def __post_init__(self) -> None:
         for tier in self.tiers:
@@ -184,10 +187,10 @@ def evaluate(cfg: Config, spec: EvalSpec, out: Path,
 
     ``split=heldout`` with held-out families configured (``envs.domains.<d>.heldout_families``) also
     plays every task of those families, in the same run: their rows say ``split: unseen``, apart from
-    the held-out seeds of the trained families (``split: heldout``)."""
+    the held-out seeds of the trained families (``split: heldout``); ``spec.unseen`` False leaves them out."""
     tasks = eval_tasks(cfg, spec)
     unseen = []
-    if spec.split == "heldout" and any(dc.heldout_families for dc in cfg.envs.domains.values()):
+    if spec.split == "heldout" and spec.unseen and any(dc.heldout_families for dc in cfg.envs.domains.values()):
         unseen = eval_tasks(cfg, dataclasses.replace(spec, split="unseen"))
     engine = None
     if engine_for is None:
@@ -246,8 +249,11 @@ def main(argv: list[str] | None = None) -> dict:
     mine = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.split("=", 1)[0] in ARGS}
     overrides = [a for a in args if a.split("=", 1)[0] not in ARGS]
     try:
+        if mine.get("unseen", "true") not in ("true", "false"):
+            raise ValueError(f"jointrl eval: unseen={mine['unseen']!r} is not allowed; allowed values: ['true', 'false']")
         spec = EvalSpec(tiers=tuple(mine.get("tier", ",".join(TIERS)).split(",")), k=int(mine.get("k", 4)),
-                        split=mine.get("split", "heldout"), limit=int(mine.get("limit", 0)))
+                        split=mine.get("split", "heldout"), limit=int(mine.get("limit", 0)),
+                        unseen=mine.get("unseen", "true") == "true")
     except ValueError as e:
         raise SystemExit(f"{e}\n{USAGE}") from None
     cfg = eval_config(overrides)

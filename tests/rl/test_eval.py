@@ -34,6 +34,8 @@ def test_bad_arguments_name_the_allowed_values(tmp_path):
         main(["checkpoint=null", "tier=low,medium", f"out={tmp_path}"])
     with pytest.raises(SystemExit, match="split='test' is not allowed"):
         main(["checkpoint=null", "split=test", f"out={tmp_path}"])
+    with pytest.raises(SystemExit, match="unseen='no' is not allowed; allowed values: \\['true', 'false'\\]"):
+        main(["checkpoint=null", "unseen=no", f"out={tmp_path}"])
     with pytest.raises(SystemExit, match="usage: jointrl eval"):
         main(["checkpoint=null", "heldout", f"out={tmp_path}"])
     # a Hydra deletion (one domain of a joint experiment) is an override, not a usage error
@@ -121,6 +123,9 @@ def test_heldout_families_are_reported_apart_from_heldout_seeds(tmp_path):
     assert {e["task_id"] for e in result["episodes"] if e["split"] == "unseen"} == set(held)
     assert not {e["task_id"] for e in result["episodes"] if e["split"] == "heldout"} & set(held)
     assert row_name(unseen) == "terminal/unseen" and row_name(seeds) == "terminal"
+    # unseen=false: the held-out seeds alone, the same episodes (sampling seeds depend on the task, not the set)
+    alone = evaluate(scripted_limits(cfg), EvalSpec(tiers=("low",), k=1, limit=2, unseen=False), tmp_path / "alone", engine_for)
+    assert alone["rows"] == [seeds] and {e["split"] for e in alone["episodes"]} == {"heldout"}
 
 
 def test_jointrl_eval_policy_oracle_with_the_defaults_scores_one(tmp_path):
