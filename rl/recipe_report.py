@@ -18,6 +18,12 @@ per domain, the held-out episodes per row, and the CPU seconds of each stage the
 (``curves.json`` ``stages``, summed over the invocations of that run that spent them; a stage taken
 from another run, ``recipe.sft_from``'s SFT, is not counted).
 
+Amendment 2 (docs/recipe.md): where a joint run's trained-family eval of a domain has fewer than
+``MIN_EPISODES`` (100) episodes, the C1 verdict and bar for that domain read its k = 2 evals instead,
+``<joint run>/eval_k2/step_<S>/eval.json`` at step 0 and the last GRPO step (``jointrl eval ... k=2
+unseen=false``, the same held-out tasks, sample 0 at the k = 1 eval's sampling seeds); its own table
+prints them beside the pre-registered k = 1 C1 table, which is unchanged.
+
 The PNG has a column per domain: the training reward (top) and held-out pass@1 (bottom, trained
 families solid markers, unseen hollow) against the GRPO episodes of that domain, joint runs solid
 lines, single-domain runs dashed, one colour per seed.
@@ -33,6 +39,7 @@ from enum import StrEnum
 from pathlib import Path
 
 JOINT, ORACLE, SINGLE = "cpu_joint5_s{seed}", "cpu_joint5_oracle_s{seed}", "cpu_joint5_single_{domain}_s{seed}"
+MIN_EPISODES = 100  # #40: >= 100 held-out episodes per domain on trained families (amendment 2 below it)
 
 
 class Verdict(StrEnum):
@@ -92,6 +99,15 @@ class Run:
         without GRPO, the oracle-only SFT): None when that step was not evaluated (an unfinished run)."""
         return self.pass1(row, (self.curves or {}).get("grpo_steps"))
 
+    def k2(self, domain: str, step: int | None) -> tuple[float | None, int | None]:
+        """Amendment 2: ``domain``'s trained-family pass@1 and episode count in the k = 2 eval of the
+        checkpoint at GRPO step ``step`` (0: SFT; ``<run>/eval_k2/step_<step>/eval.json``); (None, None)
+        when that eval or its row is absent."""
+        f = self.path / "eval_k2" / f"step_{step}" / "eval.json"
+        rows = json.loads(f.read_text())["rows"] if step is not None and f.is_file() else []
+        row = next((r for r in rows if r["domain"] == domain and r["split"] == "heldout"), None)
+        return (row["pass@1"], row["episodes"]) if row else (None, None)
+
     def eval_episodes(self, row: str) -> int | None:
         c = (self.curves or {}).get("heldout", {}).get(row)
         return c["episodes"][-1] if c and c["episodes"] else None
@@ -119,10 +135,11 @@ class Runs:
     joint: list[Run]
     oracle: list[Run]
     single: dict[str, list[Run]]
+    min_episodes: int = MIN_EPISODES  # amendment 2's threshold
 
     @classmethod
     def find(cls, root: Path, seeds: list[int], domains: list[str] | None = None,
-             joint: str = JOINT, oracle: str = ORACLE, single: str = SINGLE) -> Runs:
+             joint: str = JOINT, oracle: str = ORACLE, single: str = SINGLE, min_episodes: int = MIN_EPISODES) -> Runs:
         """The runs under ``root`` named by the templates; ``domains`` None: the joint (else oracle) runs'
         own, else the five-domain experiment's."""
         j = [Run.load("joint", s, root / joint.format(seed=s)) for s in seeds]
@@ -137,7 +154,21 @@ class Runs:
                 domains = list(load_config(["+experiment=cpu_joint5"]).envs.domains)
         singles = {d: [Run.load(f"single {d}", s, root / single.format(seed=s, domain=d)) for s in seeds]
                    for d in domains}
-        return cls(seeds, list(domains), j, o, singles)
+        return cls(seeds, list(domains), j, o, singles, min_episodes)
+
+    def amended(self) -> list[str]:
+        """The domains amendment 2 evaluates at k = 2: a joint run's trained-family eval of it has fewer
+        than ``min_episodes`` episodes."""
+        return [d for d in self.domains if any((n := r.eval_episodes(d)) is not None and n < self.min_episodes
+                                               for r in self.joint)]
+
+    def c1_pair(self, domain: str) -> tuple[list[float | None], list[float | None]]:
+        """C1 on ``domain``'s trained families, per seed: (SFT, GRPO) pass@1, from the k = 2 evals for an
+        amended domain (amendment 2), else the pre-registered k = 1 evals."""
+        if domain in self.amended():
+            return ([r.k2(domain, 0)[0] for r in self.joint],
+                    [r.k2(domain, (r.curves or {}).get("grpo_steps"))[0] for r in self.joint])
+        return [r.sft(domain) for r in self.joint], [r.final(domain) for r in self.joint]
 
     def all(self) -> list[Run]:
         return self.joint + self.oracle + [r for d in self.domains for r in self.single[d]]
@@ -174,10 +205,31 @@ def comparison(runs: Runs, title: str, a_name: str, b_name: str, a_of, b_of, win
 
 
 def c1_bar(runs: Runs) -> tuple[int, bool]:
-    """Domains whose GRPO gain over SFT on trained families is outside the seed spread (#40's bar: >= 3),
-    and whether any domain's verdict is incomplete (a run, a row or a step missing: the count is a floor)."""
-    verdicts = [verdict([r.sft(d) for r in runs.joint], [r.final(d) for r in runs.joint]) for d in runs.domains]
+    """Domains whose GRPO gain over SFT on trained families is outside the seed spread (#40's bar: >= 3;
+    amended domains at k = 2), and whether any domain's verdict is incomplete (a run, a row or a step
+    missing: the count is a floor)."""
+    verdicts = [verdict(*runs.c1_pair(d)) for d in runs.domains]
     return sum(v is Verdict.b_wins for v in verdicts), Verdict.incomplete in verdicts
+
+
+C1_WINS = {Verdict.b_wins: "GRPO gain outside the spread", Verdict.a_wins: "GRPO loss outside the spread",
+           Verdict.within: "within the spread", Verdict.incomplete: "incomplete"}
+
+
+def amended_table(runs: Runs) -> list[str]:
+    """C1 on the trained families of the domains amendment 2 evaluates at k = 2: episodes, both seeds'
+    SFT and GRPO pass@1 from the k = 2 evals, the verdict."""
+    seeds, amended = runs.seeds, runs.amended()
+    if not amended:
+        return []
+    head = ["domain", "eval episodes (k = 2)"] + [f"SFT s{s}" for s in seeds] + [f"GRPO s{s}" for s in seeds] + ["verdict"]
+    lines = [f"### C1 at >= {runs.min_episodes} episodes (amendment 2): k = 2 evals of the trained families", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for d in amended:
+        a, b = runs.c1_pair(d)
+        eps = "/".join(_n(r.k2(d, 0)[1]) for r in runs.joint)
+        lines.append("| " + " | ".join([d, eps, *map(_p, a), *map(_p, b), C1_WINS[verdict(a, b)]]) + " |")
+    return lines + [""]
 
 
 def run_table(runs: Runs) -> list[str]:
@@ -209,11 +261,11 @@ def report(runs: Runs) -> str:
              f"Missing runs: {'; '.join(missing) if missing else 'none'}.", "",
              f"C1 bar (#40: GRPO's gain outside the seed spread on >= 3 of {len(runs.domains)} domains, trained "
              f"families): {bar} of {len(runs.domains)}"
+             + (f" ({', '.join(runs.amended())} at k = 2, amendment 2)" if runs.amended() else "")
              + (" (incomplete: a run, row or step missing)" if bar_incomplete else "") + ".", ""]
     lines += comparison(runs, "C1: SFT vs GRPO (joint)", "SFT", "GRPO", lambda d, i, row: j[i].sft(row),
-                        lambda d, i, row: j[i].final(row),
-                        {Verdict.b_wins: "GRPO gain outside the spread", Verdict.a_wins: "GRPO loss outside the spread",
-                         Verdict.within: "within the spread", Verdict.incomplete: "incomplete"})
+                        lambda d, i, row: j[i].final(row), C1_WINS)
+    lines += amended_table(runs)
     lines += comparison(runs, "C2: oracle-only SFT at equal CPU (A) vs SFT(mixed) + GRPO (B)", "oracle-only",
                         "SFT(mixed)+GRPO", lambda d, i, row: o[i].final(row), lambda d, i, row: j[i].final(row),
                         {Verdict.b_wins: "SFT(mixed)+GRPO wins", Verdict.a_wins: "oracle-only wins",
@@ -272,9 +324,11 @@ def main(argv: list[str] | None = None) -> Runs:
     ap.add_argument("--joint", default=JOINT)
     ap.add_argument("--oracle", default=ORACLE)
     ap.add_argument("--single", default=SINGLE)
+    ap.add_argument("--min-episodes", type=int, default=MIN_EPISODES,
+                    help="amendment 2: C1 reads the k = 2 evals of a domain whose trained-family eval has fewer")
     ap.add_argument("--out", type=Path, default=None, help="default: <runs>/cpu_joint5_report")
     args = ap.parse_args(argv)
-    runs = Runs.find(args.runs, args.seeds, args.domains, args.joint, args.oracle, args.single)
+    runs = Runs.find(args.runs, args.seeds, args.domains, args.joint, args.oracle, args.single, args.min_episodes)
     out = args.out or args.runs / "cpu_joint5_report"
     out.mkdir(parents=True, exist_ok=True)
     text = report(runs)

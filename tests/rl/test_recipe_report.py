@@ -39,8 +39,8 @@ def test_report_tables_take_each_number_from_its_run_and_count_the_c1_bar(tmp_pa
     write("cpu_joint5_oracle_s0", _curves(["cad"], {"cad": {"step": [0], "pass@1": [0.6], "episodes": [10]}},
                                           grpo_steps=0))  # SFT only: its final number is step 0's
     write("cpu_joint5_single_cad_s1", _curves(["cad"], {"cad": h(0.2, 0.3)}, sft_from="runs/cpu_joint5_s1"))
-    runs = Runs.find(tmp_path, [0, 1])
-    assert runs.domains == ["cad"] and runs.joint[0].grpo_episodes("cad") == 8 and runs.joint[0].episodes_at("cad")(1) == 3
+    runs = Runs.find(tmp_path, [0, 1], min_episodes=10)  # 10 episodes: no domain amended (amendment 2's test below)
+    assert runs.amended() == [] and runs.domains == ["cad"] and runs.joint[0].grpo_episodes("cad") == 8 and runs.joint[0].episodes_at("cad")(1) == 3
     text = report(runs)
     rows = {c: [line for line in text.split("### " + c)[1].split("###")[0].splitlines() if line.startswith("| cad |")] for c in ("C1", "C2", "C3")}
     assert rows["C1"] == ["| cad | trained | 10/10 | 0.100 | 0.200 | 0.500 | 0.400 | GRPO gain outside the spread |",
@@ -68,7 +68,7 @@ def test_numbers_are_read_by_step_and_a_missing_step_makes_the_bar_incomplete(tm
     write("cpu_joint5_s1", _curves(["cad"], {"cad": row([1, 2], [0.8, 0.7])}))  # no SFT (step 0) row
     write("cpu_joint5_oracle_s0", _curves(["cad"], {"cad": row([0], [0.6])}, grpo_steps=0))
     write("cpu_joint5_oracle_s1", _curves(["cad"], {"cad": row([0], [0.5])}, grpo_steps=0))
-    runs = Runs.find(tmp_path, [0, 1], domains=["cad"])
+    runs = Runs.find(tmp_path, [0, 1], domains=["cad"], min_episodes=10)
     j = runs.joint
     assert (j[0].sft("cad"), j[0].final("cad"), j[1].sft("cad"), j[1].final("cad")) == (0.1, None, None, 0.7)
     assert runs.oracle[1].final("cad") == 0.5 and j[0].pass1("cad", 1) == 0.9
@@ -76,6 +76,40 @@ def test_numbers_are_read_by_step_and_a_missing_step_makes_the_bar_incomplete(tm
     c1 = [line for line in text.split("### C1")[1].split("###")[0].splitlines() if line.startswith("| cad | trained")]
     assert c1 == ["| cad | trained | 10/10 | 0.100 | missing | missing | 0.700 | incomplete |"]
     assert "on >= 3 of 1 domains, trained families): 0 of 1 (incomplete: a run, row or step missing)." in text
+
+
+def test_amendment_2_reads_the_k2_evals_of_a_domain_under_100_trained_episodes(tmp_path):
+    """A domain whose trained-family eval has fewer than 100 episodes: C1's bar and its own table read the
+    k = 2 evals (``eval_k2/step_<S>/eval.json``, at step 0 and the last GRPO step); the pre-registered
+    k = 1 table keeps its numbers; a missing k = 2 eval makes the verdict incomplete, nothing filled in."""
+    h = lambda n, sft, grpo: {"step": [0, 2], "pass@1": [sft, grpo], "episodes": [n, n]}  # noqa: E731
+    k2 = {0: {0: 0.20, 2: 0.30}, 1: {0: 0.25, 2: 0.35}}  # seed -> step -> code_repo pass@1 at k = 2
+    for s in (0, 1):
+        run = tmp_path / f"cpu_joint5_s{s}"
+        run.mkdir()
+        (run / "curves.json").write_text(json.dumps(_curves(["code_repo", "cad"], {
+            "code_repo": h(94, 0.2, 0.2), "cad": h(128, 0.1 + s / 10, 0.5)})))
+        for step, p in k2[s].items():
+            if (s, step) == (1, 2):
+                continue  # written below, after the incomplete report
+            (run / "eval_k2" / f"step_{step}").mkdir(parents=True)
+            (run / "eval_k2" / f"step_{step}" / "eval.json").write_text(json.dumps({"rows": [
+                {"domain": "code_repo", "split": "heldout", "pass@1": p, "episodes": 188},
+                {"domain": "code_repo", "split": "unseen", "pass@1": 0.9, "episodes": 120}]}))
+    runs = Runs.find(tmp_path, [0, 1])
+    assert runs.amended() == ["code_repo"] and runs.joint[0].k2("code_repo", 2) == (0.30, 188)
+    text = report(runs)
+    assert "trained families): 1 of 2 (code_repo at k = 2, amendment 2) (incomplete" in text  # cad wins; code_repo lacks s1's step 2
+    k2_section = text.split("### C1 at >= 100 episodes (amendment 2)")[1].split("###")[0]
+    assert "| code_repo | 188/188 | 0.200 | 0.250 | 0.300 | missing | incomplete |" in k2_section and "| cad |" not in k2_section
+    c1 = text.split("### C1: SFT vs GRPO")[1].split("###")[0]
+    assert "| code_repo | trained | 94/94 | 0.200 | 0.200 | 0.200 | 0.200 | within the spread |" in c1  # k = 1, unchanged
+    (tmp_path / "cpu_joint5_s1" / "eval_k2" / "step_2").mkdir()
+    (tmp_path / "cpu_joint5_s1" / "eval_k2" / "step_2" / "eval.json").write_text(json.dumps({"rows": [
+        {"domain": "code_repo", "split": "heldout", "pass@1": 0.35, "episodes": 188}]}))
+    text = report(Runs.find(tmp_path, [0, 1]))
+    assert "trained families): 2 of 2 (code_repo at k = 2, amendment 2)." in text
+    assert "| code_repo | 188/188 | 0.200 | 0.250 | 0.300 | 0.350 | GRPO gain outside the spread |" in text
 
 
 @pytest.mark.slow
