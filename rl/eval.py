@@ -49,11 +49,12 @@ from jointrl.rl.agent_loop import run_episode_with_retries
 from jointrl.rl.build import build_template
 from jointrl.rl.config import Config, load_config
 from jointrl.rl.env_worker import episode_setup, sampling_params
+from jointrl.rl.preflight import EVAL_ARGS
 from jointrl.rl.rollout.engine import RolloutEngine
 from jointrl.rl.rollout.scripted import ScriptedEngine
 from jointrl.rl.types import FinishReason, Trajectory
 
-ARGS = ("tier", "k", "split", "unseen", "limit", "out", "policy")  # the command's own; every other key=value overrides the config
+ARGS = EVAL_ARGS  # the command's own; every other key=value overrides the config
 USAGE = ("usage: jointrl eval checkpoint=<run>/checkpoints|null [envs=<group>] [tier=low,high,max] [k=4] "
          "[split=heldout] [unseen=true|false] [limit=0] [out=<dir>] [policy=model|oracle|noop|wrong] [key=value ...]")
 

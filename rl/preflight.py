@@ -23,7 +23,7 @@ from pathlib import Path
 
 EXIT_USAGE = 2
 CHECKED = ("train", "sft", "recipe", "eval", "serve")  # commands whose config is composed from conf/
-EVAL_ARGS = ("tier", "k", "split", "limit", "out", "policy")  # jointrl eval's own keys (rl/eval.ARGS)
+EVAL_ARGS = ("tier", "k", "split", "unseen", "limit", "out", "policy")  # jointrl eval's own keys, not config ones
 
 
 def check(overrides: list[str], split: str | None = None) -> None:

@@ -48,6 +48,7 @@ def test_debug_shows_the_exception_and_good_arguments_pass_through(monkeypatch):
     with pytest.raises(ValueError, match="does not exist"):
         guard("train", ["checkpoint=/nonexistent", "--debug"])
     assert guard("eval", ["k=1", "policy=oracle", "--debug"]) == ["k=1", "policy=oracle"]
+    assert guard("eval", ["k=2", "unseen=false", "tier=low"]) == ["k=2", "unseen=false", "tier=low"]  # eval's own keys
     assert guard("train", ["--cfg", "job"]) == ["--cfg", "job"]  # Hydra's own flags: left to Hydra
 
 
