@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import sys
 import threading
 import time
 from collections import deque
@@ -47,6 +48,7 @@ from jointrl.rl.weight_sync import apply_bundle, hold_mxfp4_experts
 
 LIVE_SESSION_POLICIES = ("keep", "reprefill")
 KV_DTYPES = {"auto": None, "bfloat16": torch.bfloat16}  # rollout.kv_dtype -> the cache dtype (None: the model's)
+PRESSURE_WARN_S = 60.0  # at most one KV-pressure warning a minute (the first at once)
 
 
 @dataclass(slots=True)
@@ -107,6 +109,7 @@ class LLMEngine:
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
         self._serving: asyncio.Event | None = None  # cleared from sleep_when_idle to wake_up_and_serve
+        self._warned: tuple[int, float] = (0, -PRESSURE_WARN_S)  # drops counted at the last warning, and when
 
     def _build_caches(self) -> None:
         """The block manager, the runner with its KV pool on the model's device, and the scheduler:
@@ -222,6 +225,7 @@ class LLMEngine:
             while self._inbox:
                 self.scheduler.add(self._inbox.popleft())
             batch = self.scheduler.schedule(time.monotonic())
+            self._warn_pressure()
             if not batch:
                 return []
             t1 = time.perf_counter()
@@ -241,6 +245,22 @@ class LLMEngine:
             self.stats.steps += 1
             self.stats.step_s += time.perf_counter() - t0
             return done
+
+    def _warn_pressure(self) -> None:
+        """One line on stderr when the KV pool ran out since the last warning (at most one a minute):
+        preempted sequences and evicted sessions recompute their context, so a pool too small for the
+        concurrent contexts turns each turn into a prefill from token 0 (it looks like a slow engine)."""
+        s, (seen, at) = self.scheduler, self._warned
+        now = time.monotonic()
+        if s.num_dropped == seen or now - at < PRESSURE_WARN_S:
+            return
+        self._warned = (s.num_dropped, now)
+        cfg, computed = self.config, max(self.stats.computed_tokens, 1)
+        print(f"engine: KV pool full ({cfg.num_blocks} blocks x {cfg.block_size} = {cfg.num_blocks * cfg.block_size} "
+              f"token slots): {s.num_dropped} caches dropped so far ({s.num_preempted} preempted, {s.num_evicted} idle "
+              f"sessions evicted), {s.dropped_tokens} computed tokens to recompute "
+              f"({100 * s.dropped_tokens / computed:.0f}% of the {self.stats.computed_tokens} computed); "
+              f"raise rollout.num_blocks (or lower envs.max_concurrent_episodes)", file=sys.stderr, flush=True)
 
     def _emit(self, seqs: list[Sequence], logits_RV: torch.Tensor) -> list[Sequence]:
         """Sample one token per sequence; end the turns that stop or reach ``max_tokens``."""

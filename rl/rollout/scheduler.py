@@ -11,6 +11,8 @@ Memory, in the order it is reclaimed when a step needs a block and none is free:
    the head of the queue; its full blocks stay in the prefix cache, so re-admission reuses
    whatever was not overwritten meanwhile.
 A request that could not fit even alone is rejected up front (``LLMEngine.add_request``).
+Both count in ``num_dropped`` / ``dropped_tokens`` (with the queued sessions unpinned for the head
+of the queue): caches released for memory, whose computed tokens run again (``LLMEngine`` warns).
 
 Sessions. A turn that ends leaves its sequence IDLE with its blocks held. A new prompt that
 starts with an idle session's tokens adopts the session (its block table and computed
@@ -42,7 +44,8 @@ class Scheduler:
         self._idle_index: dict[int, list[Sequence]] = {}  # chain hash of its last full block -> sessions
         self._inflight: set[int] = set()  # prefix keys of blocks that admitted sequences will compute
         self.version = 0  # weights version (the prefix-cache key's root)
-        self.num_preempted = self.num_evicted = 0
+        self.num_preempted = self.num_evicted = 0  # evicted: idle sessions dropped, for memory or past their TTL
+        self.num_dropped = self.dropped_tokens = 0  # caches released for memory, and their computed tokens
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -122,8 +125,13 @@ class Scheduler:
         pinned = [s for s in list(self.waiting)[1:] if s.block_table]
         assert pinned, "the head of the queue fits alone (checked in add_request) but got no blocks"
         for s in pinned:
+            self._count_drop(s)
             self.bm.release(s.block_table)
             s.block_table, s.num_computed, s.num_registered = [], 0, 0
+
+    def _count_drop(self, seq: Sequence) -> None:
+        self.num_dropped += 1
+        self.dropped_tokens += seq.num_computed
 
     def _reserve(self, seq: Sequence, n: int) -> bool:
         need = self.bm.blocks_for(seq.num_computed + n) - len(seq.block_table)
@@ -182,6 +190,7 @@ class Scheduler:
         self._idle_index.setdefault(seq.chain[full - 1], []).append(seq)
 
     def _preempt(self, seq: Sequence) -> None:
+        self._count_drop(seq)
         self._forget_inflight(seq)
         self.bm.release(seq.block_table)
         seq.block_table, seq.num_computed, seq.num_registered = [], 0, 0
@@ -215,7 +224,9 @@ class Scheduler:
     def _evict_lru_session(self) -> bool:
         if not self.idle:
             return False
-        self._drop_idle(next(iter(self.idle.values())), release=True)
+        lru = next(iter(self.idle.values()))
+        self._count_drop(lru)
+        self._drop_idle(lru, release=True)
         self.num_evicted += 1
         return True
 

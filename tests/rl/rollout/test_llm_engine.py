@@ -173,16 +173,20 @@ def test_fork_shares_the_prompt_prefill(model):
     # the other 3 recompute only the tail after the last full shared block (30 = 7·4 + 2: 2 tokens, or
     # 4 + 2 when the whole prompt would be shared, since the last prompt token must run for its logits)
     assert eng.stats.computed_tokens == first + 3 * (2 + GREEDY.max_tokens - 1)
+    assert eng.scheduler.num_dropped == 0
 
 
-def test_preemption_under_a_tiny_budget_keeps_outputs_exact(model):
+def test_preemption_under_a_tiny_budget_keeps_outputs_exact(model, capsys):
     eng = engine(model, num_blocks=14, session_ttl_s=0)
     ps = prompts(10, 20, 15, 9, 12)
     outs = eng.generate_batch(ps, [GREEDY] * len(ps))
-    assert eng.scheduler.num_preempted > 0
+    assert eng.scheduler.num_preempted > 1 and eng.scheduler.num_dropped >= eng.scheduler.num_preempted
     for p, out in zip(ps, outs):
         assert_matches(model, p, out)
     assert eng.block_manager.num_free == 14
+    # the pool ran out: one line says so (at most one a minute, however many preemptions), with what to raise
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("engine: KV pool full (14 blocks x 4 = 56 token slots)") and "raise rollout.num_blocks" in line
 
 
 def test_idle_sessions_evicted_by_memory_pressure_and_ttl_are_reprefilled(model):
@@ -191,7 +195,8 @@ def test_idle_sessions_evicted_by_memory_pressure_and_ttl_are_reprefilled(model)
     outs = eng.generate_batch([a, b], [GREEDY] * 2)
     assert len(eng.scheduler.idle) == 2
     eng.generate_batch([c], [GREEDY])  # needs blocks the idle sessions hold
-    assert eng.scheduler.num_evicted >= 1
+    assert eng.scheduler.num_evicted >= 1 and eng.scheduler.num_dropped == eng.scheduler.num_evicted
+    assert eng.scheduler.dropped_tokens >= 20 + GREEDY.max_tokens - 1  # an evicted session's computed tokens
     turn2 = a + outs[0].token_ids + [257, 1, 2]
     assert_matches(model, turn2, eng.generate_batch([turn2], [GREEDY])[0])
     eng.scheduler.session_ttl_s = 1e-9  # every idle session is now past its TTL
