@@ -250,11 +250,11 @@ def main(argv: list[str] | None = None) -> dict:
     mine = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.split("=", 1)[0] in ARGS}
     overrides = [a for a in args if a.split("=", 1)[0] not in ARGS]
     try:
-        if mine.get("unseen", "true") not in ("true", "false"):
-            raise ValueError(f"jointrl eval: unseen={mine['unseen']!r} is not allowed; allowed values: ['true', 'false']")
+        unseen = mine.get("unseen", "true")
+        if unseen not in ("true", "false"):
+            raise ValueError(f"jointrl eval: unseen={unseen!r} is not allowed; allowed values: ['true', 'false']")
         spec = EvalSpec(tiers=tuple(mine.get("tier", ",".join(TIERS)).split(",")), k=int(mine.get("k", 4)),
-                        split=mine.get("split", "heldout"), limit=int(mine.get("limit", 0)),
-                        unseen=mine.get("unseen", "true") == "true")
+                        split=mine.get("split", "heldout"), limit=int(mine.get("limit", 0)), unseen=unseen == "true")
     except ValueError as e:
         raise SystemExit(f"{e}\n{USAGE}") from None
     cfg = eval_config(overrides)

@@ -251,14 +251,13 @@ class LLMEngine:
         preempted sequences and evicted sessions recompute their context, so a pool too small for the
         concurrent contexts turns each turn into a prefill from token 0 (it looks like a slow engine)."""
         s, (seen, at) = self.scheduler, self._warned
-        now = time.monotonic()
-        if s.num_dropped == seen or now - at < PRESSURE_WARN_S:
+        if s.num_dropped == seen or (now := time.monotonic()) - at < PRESSURE_WARN_S:
             return
         self._warned = (s.num_dropped, now)
         cfg, computed = self.config, max(self.stats.computed_tokens, 1)
         print(f"engine: KV pool full ({cfg.num_blocks} blocks x {cfg.block_size} = {cfg.num_blocks * cfg.block_size} "
-              f"token slots): {s.num_dropped} caches dropped so far ({s.num_preempted} preempted, {s.num_evicted} idle "
-              f"sessions evicted), {s.dropped_tokens} computed tokens to recompute "
+              f"token slots): {s.num_dropped} caches dropped so far ({s.num_preempted} running sequences preempted, "
+              f"the rest idle or queued sessions), {s.dropped_tokens} computed tokens to recompute "
               f"({100 * s.dropped_tokens / computed:.0f}% of the {self.stats.computed_tokens} computed); "
               f"raise rollout.num_blocks (or lower envs.max_concurrent_episodes)", file=sys.stderr, flush=True)
 
