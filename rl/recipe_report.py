@@ -204,12 +204,12 @@ def comparison(runs: Runs, title: str, a_name: str, b_name: str, a_of, b_of, win
     return lines + [""]
 
 
-def c1_bar(runs: Runs) -> tuple[int, bool]:
-    """Domains whose GRPO gain over SFT on trained families is outside the seed spread (#40's bar: >= 3;
-    amended domains at k = 2), and whether any domain's verdict is incomplete (a run, a row or a step
-    missing: the count is a floor)."""
-    verdicts = [verdict(*runs.c1_pair(d)) for d in runs.domains]
-    return sum(v is Verdict.b_wins for v in verdicts), Verdict.incomplete in verdicts
+def c1_bar(runs: Runs) -> tuple[list[str], bool]:
+    """The domains whose GRPO gain over SFT on trained families is outside the seed spread (#40's bar:
+    >= 3 of them; amended domains read at k = 2), and whether any domain's verdict is incomplete (a run,
+    a row or a step missing: the count is a floor)."""
+    verdicts = {d: verdict(*runs.c1_pair(d)) for d in runs.domains}
+    return [d for d, v in verdicts.items() if v is Verdict.b_wins], Verdict.incomplete in verdicts.values()
 
 
 C1_WINS = {Verdict.b_wins: "GRPO gain outside the spread", Verdict.a_wins: "GRPO loss outside the spread",
@@ -260,8 +260,8 @@ def report(runs: Runs) -> str:
              "of one side above both of the other). Eval episodes: the joint runs' (seed order).", "",
              f"Missing runs: {'; '.join(missing) if missing else 'none'}.", "",
              f"C1 bar (#40: GRPO's gain outside the seed spread on >= 3 of {len(runs.domains)} domains, trained "
-             f"families): {bar} of {len(runs.domains)}"
-             + (f" ({', '.join(runs.amended())} at k = 2, amendment 2)" if runs.amended() else "")
+             f"families): {len(bar)} of {len(runs.domains)}" + (f" ({', '.join(bar)})" if bar else "")
+             + (f"; {', '.join(runs.amended())} read at k = 2 (amendment 2)" if runs.amended() else "")
              + (" (incomplete: a run, row or step missing)" if bar_incomplete else "") + ".", ""]
     lines += comparison(runs, "C1: SFT vs GRPO (joint)", "SFT", "GRPO", lambda d, i, row: j[i].sft(row),
                         lambda d, i, row: j[i].final(row), C1_WINS)

@@ -47,7 +47,7 @@ def test_report_tables_take_each_number_from_its_run_and_count_the_c1_bar(tmp_pa
                           "| cad | unseen | 10/10 | 0.000 | 0.050 | 0.100 | 0.000 | within the spread |"]
     assert rows["C2"][0] == "| cad | trained | 10/10 | 0.600 | missing | 0.500 | 0.400 | incomplete |"
     assert rows["C3"][0] == "| cad | trained | 10/10 | missing | 0.300 | 0.500 | 0.400 | - / 8, - / 8 | incomplete |"
-    assert "C1 bar (#40: GRPO's gain outside the seed spread on >= 3 of 1 domains, trained families): 1 of 1." in text
+    assert "C1 bar (#40: GRPO's gain outside the seed spread on >= 3 of 1 domains, trained families): 1 of 1 (cad)." in text
     assert f"| joint | 0 | {tmp_path / 'cpu_joint5_s0'} | 4 | 2 | sft 60.0, grpo 30.0 | 1.50 | 2.00 | True |" in text
     assert f"| oracle | 1 | {tmp_path / 'cpu_joint5_oracle_s1'} | missing" in text
     assert "4 (from runs/cpu_joint5_s1)" in text
@@ -99,7 +99,7 @@ def test_amendment_2_reads_the_k2_evals_of_a_domain_under_100_trained_episodes(t
     runs = Runs.find(tmp_path, [0, 1])
     assert runs.amended() == ["code_repo"] and runs.joint[0].k2("code_repo", 2) == (0.30, 188)
     text = report(runs)
-    assert "trained families): 1 of 2 (code_repo at k = 2, amendment 2) (incomplete" in text  # cad wins; code_repo lacks s1's step 2
+    assert "trained families): 1 of 2 (cad); code_repo read at k = 2 (amendment 2) (incomplete" in text  # cad wins; code_repo lacks s1's step 2
     k2_section = text.split("### C1 at >= 100 episodes (amendment 2)")[1].split("###")[0]
     assert "| code_repo | 188/188 | 0.200 | 0.250 | 0.300 | missing | incomplete |" in k2_section and "| cad |" not in k2_section
     c1 = text.split("### C1: SFT vs GRPO")[1].split("###")[0]
@@ -108,7 +108,7 @@ def test_amendment_2_reads_the_k2_evals_of_a_domain_under_100_trained_episodes(t
     (tmp_path / "cpu_joint5_s1" / "eval_k2" / "step_2" / "eval.json").write_text(json.dumps({"rows": [
         {"domain": "code_repo", "split": "heldout", "pass@1": 0.35, "episodes": 188}]}))
     text = report(Runs.find(tmp_path, [0, 1]))
-    assert "trained families): 2 of 2 (code_repo at k = 2, amendment 2)." in text
+    assert "trained families): 2 of 2 (code_repo, cad); code_repo read at k = 2 (amendment 2)." in text
     assert "| code_repo | 188/188 | 0.200 | 0.250 | 0.300 | 0.350 | GRPO gain outside the spread |" in text
 
 
