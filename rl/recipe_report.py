@@ -26,7 +26,7 @@ prints them beside the pre-registered k = 1 C1 table, which is unchanged.
 
 The PNG has a column per domain: the training reward (top) and held-out pass@1 (bottom, trained
 families solid markers, unseen hollow) against the GRPO episodes of that domain, joint runs solid
-lines, single-domain runs dashed, one colour per seed.
+lines, single-domain runs dashed, the oracle-only SFT's trained-family pass@1 dotted, one colour per seed.
 """
 
 from __future__ import annotations
@@ -280,38 +280,48 @@ def report(runs: Runs) -> str:
 
 def plot(runs: Runs, path: Path) -> None:
     """Per domain (a column): training reward and held-out pass@1 against the domain's GRPO episodes
-    (the GRPO step where a run did not record its episodes); joint solid, single dashed."""
+    (the GRPO step where a run did not record its episodes); joint solid, single dashed, seeds by colour,
+    trained families filled markers and unseen hollow; the oracle-only SFT run's trained-family pass@1
+    (C2: it has no GRPO episodes) a dotted horizontal line. One legend for the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     n = max(len(runs.domains), 1)
-    fig, axes = plt.subplots(2, n, figsize=(3.4 * n, 6.4), squeeze=False)
+    fig, axes = plt.subplots(2, n, figsize=(3.4 * n, 6.8), squeeze=False)
     for col, d in enumerate(runs.domains):
         ax_r, ax_h = axes[0][col], axes[1][col]
-        for i, s in enumerate(runs.seeds):
+        for i in range(len(runs.seeds)):
             for run, style in ((runs.joint[i], "-"), (runs.single[d][i], "--")):
                 if run.curves is None:
                     continue
                 x_of = run.episodes_at(d)
-                label = f"{run.kind.split()[0]} s{s}"
                 tr = run.curves.get("train", {}).get(d)
                 if tr:
-                    ax_r.plot([x_of(t) for t in tr["step"]], tr["reward"], style, color=f"C{i}", marker=".", label=label)
+                    ax_r.plot([x_of(t) for t in tr["step"]], tr["reward"], style, color=f"C{i}", marker=".")
                 for row, fill in ((d, None), (f"{d}/unseen", "none")):
                     c = run.curves.get("heldout", {}).get(row)
                     if c:
                         ax_h.plot([x_of(t) for t in c["step"]], c["pass@1"], style, color=f"C{i}", marker="o",
-                                  markerfacecolor=fill, label=f"{label} {'unseen' if fill else 'trained'}")
+                                  markerfacecolor=fill)
+            oracle = runs.oracle[i].final(d) if runs.oracle[i].curves is not None else None
+            if oracle is not None:
+                ax_h.axhline(oracle, linestyle=":", color=f"C{i}")
         ax_r.set(title=d, ylabel="training reward" if col == 0 else None)
         ax_h.set(xlabel="GRPO episodes of the domain", ylabel="held-out pass@1" if col == 0 else None, ylim=(-0.02, 1.02))
         for ax in (ax_r, ax_h):
             ax.grid(alpha=0.3)
-            if ax.lines:
-                ax.legend(fontsize=6)
-    fig.suptitle("five-domain recipe: joint (solid) vs single-domain (dashed) GRPO; seeds by colour", fontsize=10)
-    fig.tight_layout()
+    key = [Line2D([], [], color=f"C{i}", label=f"seed {s}") for i, s in enumerate(runs.seeds)]
+    key += [Line2D([], [], color="k", linestyle="-", label="joint GRPO"),
+            Line2D([], [], color="k", linestyle="--", label="single-domain GRPO"),
+            Line2D([], [], color="k", linestyle=":", label="oracle-only SFT (trained families)"),
+            Line2D([], [], color="k", marker="o", linestyle="", label="trained families"),
+            Line2D([], [], color="k", marker="o", markerfacecolor="none", linestyle="", label="unseen families")]
+    fig.legend(handles=key, loc="lower center", ncol=len(key), fontsize=8, frameon=False)
+    fig.suptitle("five-domain recipe: joint vs single-domain GRPO vs oracle-only SFT", fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from jointrl.rl.recipe_report import Runs, Verdict, report, verdict
+from jointrl.rl.recipe_report import Runs, Verdict, plot, report, verdict
 
 
 def test_verdict_is_outside_the_spread_only_when_every_seed_of_one_side_beats_every_seed_of_the_other():
@@ -53,6 +53,8 @@ def test_report_tables_take_each_number_from_its_run_and_count_the_c1_bar(tmp_pa
     assert "4 (from runs/cpu_joint5_s1)" in text
     with pytest.raises(KeyError):  # a domain no run has is not invented: it has no single runs to read
         runs.single["terminal"]
+    plot(runs, tmp_path / "curves.png")  # oracle seed 0's line drawn, seed 1's (missing) and the absent runs skipped
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
 
 
 def test_numbers_are_read_by_step_and_a_missing_step_makes_the_bar_incomplete(tmp_path):
