@@ -63,7 +63,9 @@ class Placement:
     """The run's placement groups; ``learner(i)`` / ``rollout(i)`` / ``env_worker(i)`` are the
     ``.options(...)`` of each actor."""
 
-    def __init__(self, cfg: Config, timeout_s: float = 300.0) -> None:
+    def __init__(self, cfg: Config, timeout_s: float = 300.0, learner_only: bool = False) -> None:
+        """``learner_only`` (SFT: no rollouts): only the learner group, each rank its whole
+        ``cluster.learner_bundle`` (no GPU shared with a rollout worker, nothing reserved for one)."""
         cc = cfg.cluster
         gpus = ray.cluster_resources().get("GPU", 0.0)
         self.env_cpus, self.env_nodes = cc.env_worker_cpus, cpu_only_nodes()
@@ -73,8 +75,10 @@ class Placement:
             raise ValueError(f"cluster.rollout_bundle has GPU: {self.rollout_bundle['GPU']:g}, but one vLLM instance spans "
                              f"rollout.vllm.tensor_parallel_size x data_parallel_size = {rollout_gpus(cfg)} GPUs "
                              "(GPU: auto sizes it)")
-        self.colocate = cc.colocate
-        if self.colocate:
+        self.colocate = cc.colocate and not learner_only
+        if learner_only:
+            specs = {"learner": [self.learner_bundle] * cfg.learner.num_ranks}
+        elif self.colocate:
             if cfg.rollout.num_workers > cfg.learner.num_ranks:
                 raise ValueError(f"cluster.colocate=true puts rollout worker i beside learner rank i: rollout.num_workers "
                                  f"({cfg.rollout.num_workers}) must be <= learner.num_ranks ({cfg.learner.num_ranks})")

@@ -50,6 +50,7 @@ from jointrl.rl.config import Algorithm, Config, register_schemas, to_config
 from jointrl.rl.eval import EvalSpec, eval_tasks, play
 from jointrl.rl.learner.batch import TrainBatch
 from jointrl.rl.learner.group import LearnerGroup
+from jointrl.rl.placement import Placement
 from jointrl.rl.sft_data import read_transcripts
 from jointrl.rl.rollout.scripted import ScriptedEngine
 from jointrl.rl.tracking import RunTracker
@@ -177,7 +178,9 @@ def sft(cfg: Config) -> dict[str, float]:
     draws = demo_draws(demos, rc.sft_domain_weights, cfg.seed)
     held = oracle_transcripts(cfg, rc.sft_heldout_limit, "heldout", mixed=False)[0] if rc.sft_heldout_every else []
     _start_ray(cfg)
-    learner = LearnerGroup(cfg)
+    # the learner ranks hold cluster.learner_bundle, as in GRPO (its GPU on a GPU cluster, its CPUs as torch threads)
+    placement = Placement(cfg, learner_only=True)
+    learner = LearnerGroup(cfg, [placement.learner(r) for r in range(cfg.learner.num_ranks)])
     tracker = RunTracker(cfg, out_dir)
     per_step = min(cfg.algo.prompts_per_step, len(demos))
     start = (learner.load_checkpoint(str(out_dir / "checkpoints")) or 0) if cfg.resume else 0

@@ -74,6 +74,24 @@ def test_colocated_rollout_worker_shares_its_learner_ranks_gpu(gpu_cluster):
     placement.remove()
 
 
+def test_sft_placement_gives_each_learner_rank_its_whole_bundle(gpu_cluster):
+    """``learner_only`` (``jointrl sft``): one group, a learner bundle per rank, nothing reserved for
+    rollout workers and no GPU split with one even where the run colocates them."""
+    cfg = load_config(["learner.num_ranks=2", "rollout.num_workers=2", "run_name=sftplaced", "cluster.colocate=true",
+                       "cluster.learner_bundle={CPU: 2, GPU: auto}", "cluster.rollout_bundle={CPU: 1, GPU: auto}"])
+    placement = Placement(cfg, learner_only=True)
+    assert list(placement.groups) == ["learner"]
+    assert ray.util.placement_group_table(placement.groups["learner"])["bundles"] == {0: {"CPU": 2.0, "GPU": 1.0},
+                                                                                       1: {"CPU": 2.0, "GPU": 1.0}}
+    learners = [ray.remote(LearnerWorker).options(**placement.learner(r)).remote(cfg, r, 2) for r in range(2)]
+    placed = ray.get([w.resources.remote() for w in learners])
+    assert [(r.cpus, r.threads, len(r.gpu_ids)) for r in placed] == [(2, 2, 1), (2, 2, 1)]
+    assert placed[0].gpu_ids != placed[1].gpu_ids
+    for w in learners:
+        ray.kill(w)
+    placement.remove()
+
+
 def test_colocate_needs_a_learner_rank_per_rollout_worker(gpu_cluster):
     cfg = load_config(["learner.num_ranks=1", "rollout.num_workers=2", "cluster.colocate=true"])
     with pytest.raises(ValueError, match="rollout.num_workers"):
