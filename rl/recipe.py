@@ -302,8 +302,10 @@ def recipe(cfg: Config) -> dict:
         algo=dataclasses.replace(cfg.algo, total_steps=sft_steps, prompts_per_step=rc.sft_prompts_per_step),
         learner=dataclasses.replace(cfg.learner, lr=rc.sft_lr, lr_schedule=rc.sft_lr_schedule))
     if rc.sft_from:  # another run's SFT: its checkpoint, and its step-0 eval as this run's (the same episodes)
-        if not (Path(rc.sft_from) / "eval" / "step_0" / "eval.json").is_file() or not (sft_dir / "checkpoints").is_dir():
+        if not (Path(rc.sft_from) / "eval" / "step_0" / "eval.json").is_file() or not (sft_dir / "checkpoints" / "latest").is_file():
             raise ValueError(f"recipe.sft_from={rc.sft_from}: needs that run's sft/checkpoints and eval/step_0 (run it first)")
+        # the steps that checkpoint was trained for (its ``latest``), not this config's recipe.sft_steps
+        sft_steps = int((sft_dir / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
         (out / "eval" / "step_0").mkdir(parents=True, exist_ok=True)
         if not (out / "eval" / "step_0" / "eval.json").is_file():
             shutil.copyfile(Path(rc.sft_from) / "eval" / "step_0" / "eval.json", out / "eval" / "step_0" / "eval.json")

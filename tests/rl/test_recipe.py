@@ -226,11 +226,12 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
     other = tmp_path / "mini_oracle_s0"
     try:
         sft_only = recipe(dataclasses.replace(cfg, output_dir=str(other), recipe=dataclasses.replace(
-            cfg.recipe, sft_from=str(out), grpo=False)))
+            cfg.recipe, sft_from=str(out), grpo=False, sft_steps=cfg.recipe.sft_steps + 5)))
     finally:
         ray.shutdown()
         wandb.teardown()
     assert set(sft_only["stages"]) == {"eval_sft"} and sft_only["grpo_steps"] == 0 and sft_only["sft_from"] == str(out)
+    assert sft_only["sft_steps"] == result["sft_steps"]  # the reused checkpoint's steps, not its own config's
     assert sft_only["heldout"]["terminal"]["pass@1"] == result["heldout"]["terminal"]["pass@1"][:1]
     # the report of the comparisons reads these runs' outputs: this seed's numbers, seed 1 and the
     # single-domain runs reported missing, not filled in
