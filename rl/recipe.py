@@ -116,9 +116,14 @@ class StageLedger:
         return {**spent, "result": result}
 
 
-def _finished(ckpt_dir: Path, step: int) -> bool:
+def _latest_step(ckpt_dir: Path) -> int | None:
+    """The step ``ckpt_dir/latest`` names (the newest complete checkpoint), None without one."""
     latest = ckpt_dir / "latest"
-    return latest.is_file() and latest.read_text().strip() == f"step_{step}"
+    return int(latest.read_text().strip().removeprefix("step_")) if latest.is_file() else None
+
+
+def _finished(ckpt_dir: Path, step: int) -> bool:
+    return _latest_step(ckpt_dir) == step
 
 
 def eval_steps(total_steps: int, every: int) -> list[int]:
@@ -302,10 +307,10 @@ def recipe(cfg: Config) -> dict:
         algo=dataclasses.replace(cfg.algo, total_steps=sft_steps, prompts_per_step=rc.sft_prompts_per_step),
         learner=dataclasses.replace(cfg.learner, lr=rc.sft_lr, lr_schedule=rc.sft_lr_schedule))
     if rc.sft_from:  # another run's SFT: its checkpoint, and its step-0 eval as this run's (the same episodes)
-        if not (Path(rc.sft_from) / "eval" / "step_0" / "eval.json").is_file() or not (sft_dir / "checkpoints" / "latest").is_file():
-            raise ValueError(f"recipe.sft_from={rc.sft_from}: needs that run's sft/checkpoints and eval/step_0 (run it first)")
         # the steps that checkpoint was trained for (its ``latest``), not this config's recipe.sft_steps
-        sft_steps = int((sft_dir / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
+        sft_steps = _latest_step(sft_dir / "checkpoints")
+        if not (Path(rc.sft_from) / "eval" / "step_0" / "eval.json").is_file() or sft_steps is None:
+            raise ValueError(f"recipe.sft_from={rc.sft_from}: needs that run's sft/checkpoints and eval/step_0 (run it first)")
         (out / "eval" / "step_0").mkdir(parents=True, exist_ok=True)
         if not (out / "eval" / "step_0" / "eval.json").is_file():
             shutil.copyfile(Path(rc.sft_from) / "eval" / "step_0" / "eval.json", out / "eval" / "step_0" / "eval.json")
