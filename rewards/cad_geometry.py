@@ -22,10 +22,14 @@ solved (pass@k, ``<domain>/success``) when ``cad_iou`` >= ``IOU_SUCCESS`` (0.995
 target's size), thresholds measured below. No submission, an
 empty one, code that fails, or a result that is not one closed solid scores 0 on both.
 
-Integrity: the submitted code is rebuilt in a fresh verification sandbox (``Episode.verify_sandbox``,
-``CadEnv.verify_sandbox``) from the text the env recorded at ``submit``; nothing the episode's
-interpreter printed or exported is read. That code may write any STL it likes -- which is
-just another way of answering, checked like any other (closed, compared to the target).
+Integrity: the submitted code is rebuilt from the text the env recorded at ``submit``, read from a
+fresh verification sandbox (``Episode.verify_sandbox``, ``CadEnv.verify_sandbox``); nothing the
+episode's interpreter printed or exported is read. The rebuild is a fork of this process's warm
+builder (``envs/cad/builder.py``: a sandbox of its own where CadQuery is imported once and no model
+code runs; its docstring says what a build can and cannot reach), else -- ``JOINTRL_CAD_BUILD=cold``,
+or when the builder fails -- one-shot in the verification sandbox; both give the same mesh. That
+code may write any STL it likes -- which is just another way of answering, checked like any other
+(closed, compared to the target).
 The target is built from the task's reference program in a sandbox of its own, and cached: in
 memory and on disk (``target_cache_dir``, keyed by the program, the runner and the venv), so each
 reference part is built once per machine, not once per process.
@@ -38,12 +42,14 @@ import functools
 import hashlib
 import io
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from jointrl.envs.base import EnvError, Task
+from jointrl.envs.cad.builder import shared_builder
 from jointrl.envs.cad.env import SUBMISSION
 from jointrl.envs.cad.interpreter import RUNNER, CadConfig, build_stl
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
@@ -211,7 +217,7 @@ def _candidate(episode: Episode) -> Built:
             return Built(None, "the submitted code is empty")
         if _key(code) in _CANDIDATES:
             return _CANDIDATES[_key(code)]
-        stl, summary = build_stl(sandbox, code, CadConfig())
+        stl, summary = _build(sandbox, code)
     except OSError as e:
         raise EnvError(f"the CAD verification sandbox failed: {e}") from e
     finally:
@@ -221,6 +227,19 @@ def _candidate(episode: Episode) -> Built:
         _CANDIDATES.pop(next(iter(_CANDIDATES)))
     _CANDIDATES[_key(code)] = built
     return built
+
+
+def _build(sandbox: BwrapSandbox, code: str):
+    """The submission's (STL, summary): from the warm builder, or one-shot in ``sandbox`` (the
+    verification sandbox) without one or when it fails (``EnvError``: it restarts on its next build)."""
+    builder = shared_builder()
+    if builder is not None:
+        try:
+            return builder.build(code)
+        except (EnvError, OSError) as e:
+            print(f"cad reward: the warm builder failed ({e}); this submission is rebuilt one-shot",
+                  file=sys.stderr, flush=True)
+    return build_stl(sandbox, code, CadConfig())
 
 
 def _pair(task: Task, episode: Episode):

@@ -213,15 +213,28 @@ def build_stl(sandbox: BwrapSandbox, code: str, cad: CadConfig) -> tuple[bytes |
 
     Returns ``(binary STL, summary)``; the STL is None when the code fails or yields no solid
     (the summary's ``error`` says why). Raises ``EnvError`` when the sandbox itself fails.
+    ``builder.CadBuilder.build`` gives the same from a fork of a warm process.
     """
     sandbox.write_file("part.py", code)
     result = sandbox.exec(f"{cad.python} -I {RUNNER_MOUNT} build part.py part.stl", timeout=cad.build_timeout_s)
     if result.timed_out:
-        return None, {"ok": False, "error": f"building the part timed out after {cad.build_timeout_s:g} s"}
+        return None, timed_out_summary(cad)
     try:
         summary = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return None, {"ok": False, "error": f"the build died (exit {result.exit_code}): {result.stderr[-500:]}"}
+        summary = None
+    return built_part(sandbox, summary, f"the build died (exit {result.exit_code}): {result.stderr[-500:]}")
+
+
+def timed_out_summary(cad: CadConfig) -> dict[str, Any]:
+    return {"ok": False, "error": f"building the part timed out after {cad.build_timeout_s:g} s"}
+
+
+def built_part(sandbox: BwrapSandbox, summary: Any, died: str) -> tuple[bytes | None, dict[str, Any]]:
+    """A finished build's ``(STL, summary)``: ``/work/part.stl`` when the runner's ``summary`` says ok;
+    ``died`` is the error when there is no summary (a dict) at all."""
+    if not isinstance(summary, dict):
+        return None, {"ok": False, "error": died}
     if not summary.get("ok"):
         return None, summary
     try:

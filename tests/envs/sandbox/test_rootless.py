@@ -31,9 +31,10 @@ WHY = ("needs root to drop to another uid" if os.geteuid() != 0 else
 needs_rootless = pytest.mark.skipif(WHY is not None, reason=f"rootless tests: {WHY}")
 
 
-def _pytest_as_user(u, path: str, delegate: bool, timeout: int = 900) -> str:
-    """Run one test file as the uid; assert every collected test passed (none skipped) and return the output."""
-    argv = u.argv([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", "not docker",
+def _pytest_as_user(u, path: str, delegate: bool, timeout: int = 900, select: str = "not docker") -> str:
+    """Run one test file (its tests matching ``select``) as the uid; assert every collected test passed
+    (none skipped) and return the output."""
+    argv = u.argv([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", select,
                    str(WORKTREE / path)], delegate=delegate)
     r = subprocess.run(argv, env=u.env(JOINTRL_TEST_DELEGATED="1" if delegate else "0"), cwd=u.home,
                        capture_output=True, text=True, timeout=timeout)
@@ -165,3 +166,15 @@ def test_a_run_whose_episodes_cannot_start_stops_at_its_first_step(tmp_path):
     assert r.returncode != 0, out[-4000:]
     assert "step 1: all 4 episodes ended in env_error, so no learner step can run" in out, out[-4000:]
     assert not re.search(r"^step +\d+ \|", out, re.M), out[-4000:]  # no step was logged
+
+
+@needs_rootless
+def test_the_cad_reward_builder_holds_as_an_ordinary_user(unprivileged):
+    """The warm CAD builder's isolation checks (a forked build leaves nothing, cannot reach the server)
+    in a rootless sandbox, as on a Slurm node: cleaning and seccomp must not lean on root's uid per
+    sandbox. The whole file as that uid: slow tier (test_builder.py's docstring)."""
+    if not os.path.exists("/opt/jointrl/venvs/cad/bin/python"):
+        pytest.skip("needs the CAD tool venv (.ci/setup.d/cad.sh)")
+    out = _pytest_as_user(unprivileged, "tests/envs/cad/test_builder.py", delegate=True,
+                          select="leaves_nothing or cannot_reach")
+    assert "2 passed" in out, out[-2000:]
