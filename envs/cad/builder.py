@@ -1,35 +1,46 @@
 """One warm CadQuery builder per env-worker process: the reward's rebuild without an import per part.
 
 ``cad_iou`` / ``cad_chamfer`` rebuild each submission in a fresh process (``build_stl``), and 2 of
-its ~2.3 s go to importing CadQuery (OCP and VTK). A :class:`CadBuilder` keeps one process that
+its ~2.3 CPU-s go to importing CadQuery (OCP and VTK). A :class:`CadBuilder` keeps one process that
 has imported it, in a bwrap sandbox of its own that no policy gets a command in
-(``sandbox_runner.py forkserve``), and forks it once per build: ~0.1-0.3 s a part.
+(``sandbox_runner.py forkserve``), and forks it once per build: ~0.2 CPU-s a part.
 
 Reward integrity (docs/architecture.md) -- what a fork of a warm process may and may not carry:
 
-- **The server never runs or reads model code.** The host writes the submission to
-  ``/work/part.py``; the forked build reads it, and writes ``/work/part.stl`` and
-  ``/work/summary.json``, which the host reads. The server only forks, waits and cleans, so its
-  memory -- what every build is a copy of -- holds no earlier submission, output or mesh.
-- **No build can reach the server or a later build.** One build at a time (a lock). Before each,
-  the server SIGKILLs every other process of its sandbox and empties ``/work`` and ``/tmp`` (the
-  only writable dirs); after each, it SIGKILLs every process the build left. The build closes
-  every inherited fd (the server's request and reply pipes) before it reads the code, and the
-  server is not dumpable, so a build cannot ptrace it or open its ``/proc`` files.
-- **What a build can still do**, and what follows: signal or stop the server (same uid), exhaust
-  the sandbox's memory or pids, or write any STL or summary of its own. A dead, stopped or
-  misbehaving server raises ``EnvError`` and :func:`rewards.cad_geometry` rebuilds that submission
-  one-shot in its fresh verification sandbox, as without the builder, so the outcome is the one-shot
-  outcome; the builder starts afresh on its next build. A self-written STL is an answer like any
-  other: the host compares it with the target (the one-shot ``build`` allows the same).
+- **Each build gets namespaces of its own** (user, mount, pid, IPC, network, UTS), entered by the
+  fork before any model code runs: its own job folder as ``/work`` (the host writes ``part.py``
+  there and reads ``part.stl`` and ``summary.json`` back), fresh tmpfs on ``/tmp`` and ``/dev/shm``,
+  ``/dev`` read-only, a ``/proc`` showing only its own processes (it is pid 1 of its pid namespace:
+  everything it starts dies with it), no capabilities, no new namespaces and no keyring or IPC
+  objects (seccomp), no inherited fd. It cannot name, signal, ptrace or ``prlimit`` the server or
+  another build, nor see another build's files, sockets or kernel objects.
+- **The server carries nothing from one build to the next.** It never reads a submission, its
+  output, its mesh or a file name a build chose (a short-lived fork removes earlier job folders),
+  so every build is forked from the memory the import left; it is not dumpable; one build at a
+  time (a lock), and after each it SIGKILLs every process left in its sandbox.
+- **What is still shared**, and why it does not matter for a score: the read-only view and the
+  sandbox's memory and pids cgroups (a build that exhausts them fails, as it would one-shot), the
+  inode counter of the tmpfs holding the job folders (a few bits of timing-like information, no
+  content), and CPU time.
+- **Any failure falls back to the one-shot path**: a build that kills the server or cannot be set
+  up, a server that dies, times out or answers out of turn raises ``EnvError``, and
+  ``rewards.cad_geometry`` rebuilds that submission in its fresh verification sandbox, so the outcome
+  is the one-shot outcome; the builder starts afresh on its next build. A self-written STL is an
+  answer like any other (the one-shot ``build`` allows the same): the host compares it with the target.
+- **One difference from one-shot builds**: ``build_timeout_s`` bounds the build alone, where a
+  one-shot build spends 2-13 s of it importing CadQuery.
 - **Bounded lifetime**: the sandbox is replaced after ``max_builds`` builds, any failure, and ``close``.
 
-``JOINTRL_CAD_BUILD=cold`` turns it off (:func:`shared_builder` returns None: every reward build is
-one-shot in the verification sandbox, the old path; ``tests/bench/bench_cad.py`` compares both).
+The server's sandbox allows nested user namespaces (``SandboxConfig.nested_userns``; every other
+sandbox has ``--disable-userns``): the server needs them for its builds, and the builds' seccomp
+filter refuses them to model code. Where they are unavailable the server refuses to start and every
+build is one-shot. ``JOINTRL_CAD_BUILD=cold`` turns the builder off (:func:`shared_builder` returns
+None); ``tests/bench/bench_cad.py`` compares both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -45,8 +56,7 @@ from jointrl.envs.cad.sandbox_runner import SETUP_FAILED
 from jointrl.envs.sandbox.bwrap import BwrapSandbox
 from jointrl.envs.sandbox.bwrap_proc import read_json_line
 
-_RESET_TIMEOUT_S = 60.0  # ending a build's processes and emptying /work and /tmp
-_GRACE_S = 30.0  # past a build's own timeout, before the server counts as stuck
+_GRACE_S = 90.0  # past a build's own timeout (removing earlier job folders first), before the server counts as stuck
 
 
 class CadBuilder:
@@ -73,10 +83,12 @@ class CadBuilder:
                 self._restart()
             sandbox = self._sandbox
             assert sandbox is not None
-            self._request({"op": "reset"}, _RESET_TIMEOUT_S)
-            sandbox.write_file("part.py", code)
+            job = f"job-{secrets.token_hex(8)}"
+            sandbox.write_file(f"{job}/part.py", code)
             self.builds += 1
-            done = self._request({"op": "build", "timeout": self.cad.build_timeout_s},
+            limits = sandbox.config
+            done = self._request({"op": "build", "job": job, "timeout": self.cad.build_timeout_s,
+                                  "nproc": limits.max_processes, "disk": limits.max_disk_bytes or 1 << 30},
                                  self.cad.build_timeout_s + _GRACE_S)
             if done.get("timed_out"):
                 return None, timed_out_summary(self.cad)
@@ -85,11 +97,11 @@ class CadBuilder:
                 raise EnvError("the warm CAD builder could not set up a build")
             try:
                 try:  # past the one-shot path's stdout cap it has no summary either
-                    too_big = done.get("summary_bytes", 0) > self.cad.sandbox_config().max_output_bytes
-                    summary = None if too_big else json.loads(sandbox.read_file("summary.json"))
-                except (FileNotFoundError, ValueError):
+                    text = sandbox.read_file(f"{job}/summary.json")
+                    summary = json.loads(text) if len(text) <= limits.max_output_bytes else None
+                except (FileNotFoundError, ValueError, RecursionError):
                     summary = None
-                return built_part(sandbox, summary, f"the build died (exit {done.get('exit')})")
+                return built_part(sandbox, summary, f"the build died (exit {done.get('exit')})", f"{job}/part.stl")
             except OSError as e:  # e.g. a file the build made unreadable: let the one-shot path judge it
                 self._stop()
                 raise EnvError(f"the warm CAD builder's output is unreadable: {e}") from e
@@ -111,7 +123,8 @@ class CadBuilder:
 
     def _restart(self) -> None:
         self._stop()
-        self._sandbox = BwrapSandbox(self.cad.sandbox_config(), env=self.cad.env, shell=False)
+        config = dataclasses.replace(self.cad.sandbox_config(), nested_userns=True)
+        self._sandbox = BwrapSandbox(config, env=self.cad.env, shell=False)
         reply_r, reply_w = os.pipe()
         try:
             self._proc, status_r = self._sandbox.start_process(

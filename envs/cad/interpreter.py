@@ -221,7 +221,7 @@ def build_stl(sandbox: BwrapSandbox, code: str, cad: CadConfig) -> tuple[bytes |
         return None, timed_out_summary(cad)
     try:
         summary = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
+    except (ValueError, IndexError, RecursionError):  # RecursionError: a summary nested past the parser's depth
         summary = None
     return built_part(sandbox, summary, f"the build died (exit {result.exit_code}): {result.stderr[-500:]}")
 
@@ -230,14 +230,15 @@ def timed_out_summary(cad: CadConfig) -> dict[str, Any]:
     return {"ok": False, "error": f"building the part timed out after {cad.build_timeout_s:g} s"}
 
 
-def built_part(sandbox: BwrapSandbox, summary: Any, died: str) -> tuple[bytes | None, dict[str, Any]]:
-    """A finished build's ``(STL, summary)``: ``/work/part.stl`` when the runner's ``summary`` says ok;
-    ``died`` is the error when there is no summary (a dict) at all."""
+def built_part(sandbox: BwrapSandbox, summary: Any, died: str,
+               stl: str = "part.stl") -> tuple[bytes | None, dict[str, Any]]:
+    """A finished build's ``(STL, summary)``: ``stl`` (under /work) when the runner's ``summary`` says
+    ok; ``died`` is the error when there is no summary (a dict) at all."""
     if not isinstance(summary, dict):
         return None, {"ok": False, "error": died}
     if not summary.get("ok"):
         return None, summary
     try:
-        return sandbox.read_file("part.stl"), summary
+        return sandbox.read_file(stl), summary
     except (FileNotFoundError, ValueError):
         return None, {**summary, "ok": False, "error": "the build wrote no mesh"}

@@ -10,23 +10,19 @@ imports nothing of jointrl: the tool venv has only CadQuery. Two modes:
 - ``build CODE_FILE STL_FILE``: one-shot, for the reward: run the code in a fresh process,
   export the result as binary STL, print the JSON summary on stdout.
 - ``forkserve FD``: the reward's warm builder (``envs/cad/builder.py``). CadQuery is imported once
-  and no model code ever runs in this process; each build is a ``fork`` of it that reads
-  ``/work/part.py`` and writes ``/work/part.stl`` and ``/work/summary.json`` (what ``build``
-  writes), so a build costs its geometry, not a CadQuery import. Requests (JSON lines on stdin):
-  ``{"op": "reset"}`` ends every other process of the sandbox and empties ``/work`` and ``/tmp``;
-  ``{"op": "build", "timeout": s}`` forks the build, SIGKILLs it at ``timeout`` s, then ends every
-  process it left. Each reply is one JSON line on fd ``FD`` that echoes the request's ``nonce``;
-  the build process closes that fd (and every other inherited one) before reading the code.
-  The server reads no model code, output or mesh itself, so nothing of one build is in the
-  memory the next one is forked from; it is not dumpable (a build cannot ptrace it or read its
-  ``/proc`` files). What could outlive a build in the namespaces it shares with the next one is
-  closed or cleaned: its processes (SIGKILLed), its files (``/work``, ``/tmp`` and ``/dev/shm``
-  emptied, ``/dev`` checked against its state at start), and the kernel objects a process can leave
-  behind -- keyrings, SysV IPC, POSIX message queues -- whose syscalls a build's seccomp filter
-  refuses (EPERM). The server refuses to start (an ``error`` reply) where that cannot hold: a
-  second thread or a writable shared mapping after the import (a fork would copy it), another
-  process beside the sandbox's init, a writable mount it does not clean, or an architecture
-  without a syscall table below.
+  and no model code ever runs in this process; each build (``{"op": "build", "job": NAME, ...}`` on
+  stdin) is a ``fork`` of it that enters namespaces of its own -- user, mount, pid, IPC, network,
+  UTS -- sees the job folder ``/work/NAME`` (``part.py``, written by the host) as its ``/work``,
+  fresh tmpfs on ``/tmp`` and ``/dev/shm``, ``/dev`` read-only and a ``/proc`` of its own pid
+  namespace (it is pid 1 there: its processes die with it), drops its capabilities, refuses new
+  namespaces and kernel keyrings / IPC objects by seccomp, closes every inherited fd, then writes
+  ``part.stl`` and ``summary.json`` (what ``build`` writes) into its folder. So a build cannot name
+  the server or any process of another build, and shares with the next one only the read-only
+  view and the server's memory as it was after the import: the server reads no model code, output,
+  mesh or file name (a short-lived fork removes earlier job folders), and it is not dumpable. The
+  reply (one JSON line on fd ``FD``) echoes the request's ``nonce``. The server refuses to start (an
+  ``error`` reply) where that cannot hold: a second thread or a writable shared mapping after the
+  import, no nested user namespaces, or an architecture without a syscall table below.
 
 The code's result is the variable ``result`` (a ``cq.Workplane``, ``cq.Shape`` or
 ``cq.Assembly``), else the last object passed to ``show_object``. Its printed output (Python
@@ -40,9 +36,10 @@ import ctypes
 import json
 import os
 import platform
+import resource
 import select
+import shutil
 import signal
-import stat
 import struct
 import sys
 import tempfile
@@ -184,37 +181,58 @@ def build(code_file: str, stl_file: str) -> None:
 
 # -- forkserve: the reward's warm builder ------------------------------------------------------
 
-SCRATCH = ("/work", "/tmp", "/dev/shm")  # emptied before each build
-RW_MOUNTS = {"/work", "/tmp", "/dev", "/dev/pts", "/proc"}  # with bwrap's device binds: the rest is read-only
-_PR_SET_DUMPABLE = 4
-_PR_SET_SECCOMP = 22
-_PR_SET_CHILD_SUBREAPER = 36
-_PR_SET_NO_NEW_PRIVS = 38
-# Syscalls a build may not make: those creating kernel objects that would outlive it in the server's
-# namespaces. (AUDIT_ARCH, numbers of shmget, semget, msgget, mq_open, add_key, request_key, keyctl.)
-_DENIED_SYSCALLS = {
-    "x86_64": (0xC000003E, (29, 64, 68, 240, 248, 249, 250)),
-    "aarch64": (0xC00000B7, (194, 190, 186, 180, 217, 218, 219)),
+SETUP_FAILED = 71  # a build's exit code when it could not be set up (the host then builds one-shot)
+_CLONE_NEW = {"NS": 0x20000, "UTS": 0x04000000, "IPC": 0x08000000, "USER": 0x10000000, "PID": 0x20000000,
+              "NET": 0x40000000}
+_NAMESPACE_FLAGS = 0x02000000 | sum(_CLONE_NEW.values())  # with CLONE_NEWCGROUP (clone cannot take NEWTIME)
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_SECCOMP = 1, 4, 22
+_PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 36, 38
+_MS = {"ro": 1, "nosuid": 2, "nodev": 4, "noexec": 8, "relatime": 1 << 21, "noatime": 1024, "nodiratime": 2048,
+       "strictatime": 1 << 24}
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+# Per architecture: AUDIT_ARCH and the numbers of the syscalls a build may not make -- a namespace of
+# its own (unshare, setns; clone with a CLONE_NEW* flag is checked apart, clone3 answers ENOSYS so
+# that libc falls back to clone) and kernel objects (shmget, semget, msgget, mq_open, add_key,
+# request_key, keyctl: private to its namespaces anyway, refused as a second wall).
+_SYSCALLS = {
+    "x86_64": (0xC000003E, {"clone": 56, "clone3": 435, "deny": (272, 308, 29, 64, 68, 240, 248, 249, 250)}),
+    "aarch64": (0xC00000B7, {"clone": 220, "clone3": 435, "deny": (97, 268, 194, 190, 186, 180, 217, 218, 219)}),
 }
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        raise OSError(ctypes.get_errno(), f"{what} failed")
 
 
 def _prctl(option: int, value: int, arg: int = 0) -> None:
     args = (ctypes.c_ulong(option), ctypes.c_ulong(value), ctypes.c_ulong(arg), ctypes.c_ulong(0), ctypes.c_ulong(0))
-    if ctypes.CDLL(None, use_errno=True).prctl(*args) != 0:
-        raise OSError(ctypes.get_errno(), f"prctl({option}, {value}) failed")
+    _check(_libc().prctl(*args), f"prctl({option}, {value})")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = lambda v: None if v is None else v.encode()  # noqa: E731
+    _check(_libc().mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
 
 
 def _seccomp_filter() -> bytes:
-    """A classic-BPF seccomp program: EPERM for ``_DENIED_SYSCALLS`` of this architecture, for any
-    other architecture's calling convention (i386 on x86_64) and for x32 numbers; the rest allowed."""
-    arch, numbers = _DENIED_SYSCALLS[platform.machine()]
-    eperm, allow = 0x00050000 | 1, 0x7FFF0000  # SECCOMP_RET_ERRNO | EPERM, SECCOMP_RET_ALLOW
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    """A classic-BPF seccomp program for builds: EPERM for the ``deny`` syscalls, for ``clone`` with a
+    CLONE_NEW* flag, for any other architecture's calling convention (i386 on x86_64) and x32 numbers;
+    ENOSYS for ``clone3``; everything else allowed."""
+    arch, calls = _SYSCALLS[platform.machine()]
+    eperm, enosys, allow = 0x00050000 | 1, 0x00050000 | 38, 0x7FFF0000  # SECCOMP_RET_ERRNO | errno, RET_ALLOW
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|JGE|JSET|K, BPF_RET|K
     prog = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, eperm),  # seccomp_data.arch
-            (ld, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]  # seccomp_data.nr; x32
-    for number in numbers:
+            (ld, 0, 0, 0), (jge, 0, 1, 0x40000000), (ret, 0, 0, eperm),  # seccomp_data.nr; x32
+            (jeq, 0, 1, calls["clone3"]), (ret, 0, 0, enosys)]
+    for number in calls["deny"]:
         prog += [(jeq, 0, 1, number), (ret, 0, 0, eperm)]
-    prog.append((ret, 0, 0, allow))
+    prog += [(jeq, 0, 3, calls["clone"]), (ld, 0, 0, 16),  # clone's flags: the low word of args[0]
+             (jset, 0, 1, _NAMESPACE_FLAGS), (ret, 0, 0, eperm), (ret, 0, 0, allow)]
     return b"".join(struct.pack("HBBI", *op) for op in prog)
 
 
@@ -227,68 +245,96 @@ def _install_seccomp(program: bytes) -> None:
     _prctl(_PR_SET_SECCOMP, 2, ctypes.addressof(fprog))  # SECCOMP_MODE_FILTER
 
 
-def _others() -> list[int]:
-    """Processes of this pid namespace but its init (bwrap's, pid 1) and this one."""
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
+def _drop_capabilities() -> None:
+    """Clear the effective, permitted and inheritable sets (those of the build's own user namespace)."""
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    data = (ctypes.c_uint32 * 6)()  # two __user_cap_data_struct of three words, all zero
+    _check(_libc().capset(ctypes.byref(Header(0x20080522, 0)), data), "capset")  # _LINUX_CAPABILITY_VERSION_3
+    with open("/proc/self/status") as status:
+        if any(line.startswith(("CapEff:", "CapPrm:")) and int(line.split()[1], 16) for line in status):
+            raise RuntimeError("capabilities left after capset")
 
 
-def _fork_hazard() -> str:
-    """Why forking this process could hand a build more than a copy of it ("" when nothing)."""
-    if len(os.listdir("/proc/self/task")) != 1:
-        return "more than one thread after importing CadQuery"
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            perms = line.split()[1]
-            if perms[1] == "w" and perms[3] == "s":
-                return f"a writable shared mapping: {line.strip()}"
-    if _others():
-        return f"other processes in the sandbox: {_others()}"
+def _mount_flags(target: str) -> int:
+    """The per-mount flags of ``target`` (a bind remount in a less privileged namespace must keep them)."""
     with open("/proc/self/mountinfo") as mounts:
-        for line in mounts:
-            fields = line.split()
-            target, options = fields[4], fields[5].split(",")
-            device = target.startswith("/dev/") and os.path.exists(target) and stat.S_ISCHR(os.stat(target).st_mode)
-            if "rw" in options and target not in RW_MOUNTS and not device:
-                return f"a writable mount that is not cleaned between builds: {target}"
-    if platform.machine() not in _DENIED_SYSCALLS:
-        return f"no seccomp syscall table for {platform.machine()}"
-    return ""
+        options = next(line.split()[5] for line in mounts if line.split()[4] == target).split(",")
+    return sum(_MS.get(option, 0) for option in options if option != "rw")
 
 
-def _seccomp_works(seccomp: bytes) -> bool:
-    """Whether a fork that installs ``seccomp`` gets EPERM from ``shmget``."""
-    pid = os.fork()
-    if pid == 0:
-        ok = False
-        try:
-            _install_seccomp(seccomp)
-            libc = ctypes.CDLL(None, use_errno=True)
-            ok = libc.shmget(0, 4096, 0o1600) == -1 and ctypes.get_errno() == 1
-        finally:
-            os._exit(0 if ok else 1)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+def _enter_namespaces() -> None:
+    """Namespaces of the build's own (user, mount, pid, IPC, network, UTS), mapped to our uid and gid."""
+    uid, gid = os.getuid(), os.getgid()
+    _check(_libc().unshare(sum(_CLONE_NEW.values())), "unshare")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
 
 
-def _restore_dev(state: dict[str, tuple[int, str]]) -> None:
-    """Remove what a build added to ``/dev``; raise if it changed an entry that was there (``state``)."""
-    for name in set(os.listdir("/dev")) - set(state):
-        path = os.path.join("/dev", name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            _empty(path, 0o700)
-            os.rmdir(path)
+def _private_view(job: str, disk: int) -> None:
+    """The build's mounts: its job folder as /work, fresh tmpfs on /tmp and /dev/shm, /dev read-only,
+    a /proc of its own pid namespace. Everything else is the server's read-only view."""
+    dev = _mount_flags("/dev")
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    _mount(f"/work/{job}", "/work", None, _MS_BIND | _MS_REC)
+    for target in ("/tmp", "/dev/shm"):
+        _mount("tmpfs", target, "tmpfs", _MS["nosuid"] | _MS["nodev"], f"size={disk},mode=1777")
+    _mount(None, "/dev", None, _MS_REMOUNT | _MS_BIND | _MS["ro"] | dev)
+    _mount("proc", "/proc", "proc", _MS["nosuid"] | _MS["nodev"] | _MS["noexec"])
+
+
+def _close_fds() -> None:
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.closerange(3, 1 << 30)  # every inherited fd (the server's pipes to the host), whatever RLIMIT_NOFILE says
+
+
+def _build_child(cq, request: dict, seccomp: bytes) -> None:
+    """The forked build, in two processes: this one enters new namespaces and waits; its child, pid 1
+    of the new pid namespace (so every process it starts dies with it), makes its private view, limits
+    itself, drops its capabilities, installs the seccomp filter and closes every inherited fd, then
+    runs /work/part.py and writes what ``build`` prints to /work/summary.json. Exits ``SETUP_FAILED``
+    if anything before the model's code fails; otherwise with the build's exit status."""
+    code = SETUP_FAILED
+    try:
+        # Writing its own uid_map needs a dumpable process. No build can name this one: the last
+        # build's processes are gone, and this build's live in a pid namespace below it.
+        _prctl(_PR_SET_DUMPABLE, 1)
+        _enter_namespaces()
+        pid = os.fork()
+        if pid:
+            status = os.waitpid(pid, 0)[1]
+            code = os.waitstatus_to_exitcode(status)
+            code = code if code >= 0 else 128 - code
         else:
-            os.unlink(path)
-    if _dev_state() != state:
-        raise RuntimeError("a build changed an entry of /dev")
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # the server kills the waiting process on a timeout
+            os.setsid()  # a process group of its own: kill(0) would reach the server's, across namespaces
+            _private_view(request["job"], int(request["disk"]))
+            nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+            limit = int(request["nproc"]) if nproc == resource.RLIM_INFINITY else min(int(request["nproc"]), nproc)
+            resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+            _drop_capabilities()
+            _install_seccomp(seccomp)
+            _close_fds()
+            os.chdir("/work")
+            code = 70
+            with open("part.py", encoding="utf-8") as f:
+                source = f.read()
+            with _Captured() as out:
+                result = evaluate(cq, source, stl="part.stl")
+            with open("/work/summary.json", "w", encoding="utf-8") as f:  # absolute: the code may have moved
+                f.write(json.dumps({**result, "output": out.text}))
+            code = 0
+    finally:
+        os._exit(code)
 
 
-def _dev_state() -> dict[str, tuple[int, str]]:
-    """``/dev``'s entries (bwrap's nodes, symlinks and dirs): mode and symlink target of each."""
-    state = {}
-    for entry in os.scandir("/dev"):
-        st = entry.stat(follow_symlinks=False)
-        state[entry.name] = (st.st_mode, os.readlink(entry.path) if entry.is_symlink() else "")
-    return state
+def _others() -> list[int]:
+    """Processes of the server's pid namespace but its init (bwrap's, pid 1) and the server."""
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
 
 
 def _sweep() -> None:
@@ -309,55 +355,14 @@ def _sweep() -> None:
     raise RuntimeError(f"the build's processes did not end: {_others()}")
 
 
-def _empty(root: str, mode: int) -> None:
-    """Delete everything under ``root`` whatever modes a build left; ``root`` stays, with ``mode``."""
-    def fail(e: OSError) -> None:
-        raise e
-
-    os.chmod(root, mode)
-    for top, dirs, _ in os.walk(root, onerror=fail):
-        for d in dirs:
-            if not os.path.islink(os.path.join(top, d)):
-                os.chmod(os.path.join(top, d), 0o700)
-    for top, dirs, files in os.walk(root, topdown=False, onerror=fail):
-        for name in files:
-            os.unlink(os.path.join(top, name))
-        for name in dirs:
-            path = os.path.join(top, name)
-            os.unlink(path) if os.path.islink(path) else os.rmdir(path)
-    if os.listdir(root):
-        raise RuntimeError(f"{root} could not be emptied")
-
-
-SETUP_FAILED = 71  # a build's exit code when it could not be set up (the host then builds one-shot)
-SUMMARY = "/work/summary.json"
-
-
-def _build_child(cq, seccomp: bytes) -> None:
-    """The forked build: drop every inherited fd, install the seccomp filter, run /work/part.py,
-    write what ``build`` prints. Exits ``SETUP_FAILED`` if anything before the model's code fails."""
-    code = SETUP_FAILED
-    try:
-        null = os.open("/dev/null", os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the host's pipes: the reply fd and stdin
-        _install_seccomp(seccomp)
-        os.chdir("/work")
-        code = 70
-        with open("part.py", encoding="utf-8") as f:
-            source = f.read()
-        with _Captured() as out:
-            result = evaluate(cq, source, stl="part.stl")
-        with open(SUMMARY, "w", encoding="utf-8") as f:  # absolute: the code may have changed dir
-            f.write(json.dumps({**result, "output": out.text}))
-        code = 0
-    finally:
-        os._exit(code)
-
-
-def _wait(pid: int, timeout: float) -> tuple[int, bool]:
-    """(exit code, timed out): the build ``pid`` waited for at most ``timeout`` s, then SIGKILLed."""
+def _forked(fn, timeout: float) -> tuple[int, bool]:
+    """(exit code, timed out) of ``fn()`` run in a fork, SIGKILLed at ``timeout`` s; then the sweep."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fn()
+        finally:
+            os._exit(SETUP_FAILED)
     pidfd = os.pidfd_open(pid)
     try:
         timed_out = not select.select([pidfd], [], [], timeout)[0]
@@ -365,7 +370,55 @@ def _wait(pid: int, timeout: float) -> tuple[int, bool]:
         os.close(pidfd)
     if timed_out:
         os.kill(pid, signal.SIGKILL)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), timed_out
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    _sweep()
+    return code, timed_out
+
+
+def _remove_jobs(keep: str) -> None:
+    """Delete every job folder in /work but ``keep``, whatever modes a build left (run in a fork: the
+    names a build chose inside its folder must not pass through the server's memory)."""
+    def fail(e: OSError) -> None:
+        raise e
+
+    for job in os.listdir("/work"):
+        if job == keep:
+            continue
+        root = os.path.join("/work", job)
+        os.chmod(root, 0o700)
+        for top, dirs, _ in os.walk(root, onerror=fail):
+            for d in dirs:
+                if not os.path.islink(os.path.join(top, d)):
+                    os.chmod(os.path.join(top, d), 0o700)
+        shutil.rmtree(root)
+    os._exit(0 if os.listdir("/work") == [keep] else 1)
+
+
+def _fork_hazard() -> str:
+    """Why a fork of this process could not be isolated as ``_build_child`` says ("" when it can)."""
+    if len(os.listdir("/proc/self/task")) != 1:
+        return "more than one thread after importing CadQuery"
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            perms = line.split()[1]
+            if perms[1] == "w" and perms[3] == "s":
+                return f"a writable shared mapping: {line.strip()}"
+    if platform.machine() not in _SYSCALLS:
+        return f"no seccomp syscall table for {platform.machine()}"
+    return ""
+
+
+def _isolation_works(seccomp: bytes) -> str:
+    """"" when a fork can enter namespaces of its own and its seccomp filter refuses another one."""
+    def probe() -> None:
+        _enter_namespaces()
+        _drop_capabilities()
+        _install_seccomp(seccomp)
+        refused = _libc().unshare(_CLONE_NEW["USER"]) == -1 and ctypes.get_errno() == 1
+        os._exit(0 if refused and _libc().shmget(0, 4096, 0o1600) == -1 else 2)
+
+    code, _ = _forked(probe, 30.0)
+    return "" if code == 0 else f"a build cannot be given namespaces of its own here (probe exit {code})"
 
 
 def forkserve(reply_fd: int) -> None:
@@ -376,44 +429,32 @@ def forkserve(reply_fd: int) -> None:
     except BaseException as e:  # noqa: BLE001  (reported to the host, which falls back to one-shot builds)
         reply.write(json.dumps(_error("cannot import cadquery", e)) + "\n")
         return
-    hazard = _fork_hazard()
+    seccomp = _seccomp_filter() if platform.machine() in _SYSCALLS else b""
+    hazard = _fork_hazard() or _isolation_works(seccomp)
     if hazard:
         reply.write(json.dumps({"ok": False, "error": f"cannot fork builds safely: {hazard}"}) + "\n")
         return
-    modes = {root: os.stat(root).st_mode & 0o7777 for root in SCRATCH}
-    dev, seccomp = _dev_state(), _seccomp_filter()
-    if not _seccomp_works(seccomp):
-        reply.write(json.dumps({"ok": False, "error": "cannot fork builds safely: the seccomp filter does not hold"}) + "\n")
-        return
     _prctl(_PR_SET_DUMPABLE, 0)
-    _prctl(_PR_SET_CHILD_SUBREAPER, 1)  # a build's orphans come back here to be reaped
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)  # a build's orphans come back here, to the sweep
     reply.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin.buffer:
         request = json.loads(line)
         try:
-            answer = _serve_one(cq, request, modes, dev, seccomp)
+            answer = _serve_one(cq, request, seccomp)
         except Exception as e:  # noqa: BLE001  (the host restarts the sandbox and builds one-shot)
             reply.write(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}", "nonce": request.get("nonce")}) + "\n")
             return
         reply.write(json.dumps({**answer, "nonce": request["nonce"]}) + "\n")
 
 
-def _serve_one(cq, request: dict, modes: dict[str, int], dev: dict[str, tuple[int, str]], seccomp: bytes) -> dict:
-    if request["op"] == "reset":
-        _sweep()
-        for root, mode in modes.items():
-            _empty(root, mode)
-        _restore_dev(dev)
-        return {"ok": True}
-    if request["op"] == "build":
-        pid = os.fork()
-        if pid == 0:
-            _build_child(cq, seccomp)
-        exit_code, timed_out = _wait(pid, float(request["timeout"]))
-        _sweep()
-        size = os.lstat(SUMMARY).st_size if os.path.lexists(SUMMARY) else 0  # its size only: never its content
-        return {"ok": True, "exit": exit_code, "timed_out": timed_out, "summary_bytes": size}
-    return {"ok": False, "error": f"unknown op {request['op']!r}"}
+def _serve_one(cq, request: dict, seccomp: bytes) -> dict:
+    if request["op"] != "build":
+        return {"ok": False, "error": f"unknown op {request['op']!r}"}
+    code, _ = _forked(lambda: _remove_jobs(request["job"]), 60.0)
+    if code != 0:
+        return {"ok": False, "error": f"removing earlier job folders failed (exit {code})"}
+    code, timed_out = _forked(lambda: _build_child(cq, request, seccomp), float(request["timeout"]))
+    return {"ok": True, "exit": code, "timed_out": timed_out}
 
 
 if __name__ == "__main__":

@@ -58,6 +58,9 @@ class SandboxConfig:
     tool_mounts: dict[str, str] = field(default_factory=dict)  # host path -> sandbox path, read-only bind
     mode: str = "auto"  # bwrap: root (a leased host uid per episode) | rootless (user namespaces) | auto
     rootfs: str | None = None  # bwrap: the sandbox's /usr, /etc (and /bin, /lib*) from this dir; None: the host's
+    # bwrap: allow nested user namespaces (no --disable-userns). Only for a sandbox whose own trusted
+    # process puts untrusted code in namespaces of its own and forbids it new ones (envs/cad/builder.py).
+    nested_userns: bool = False
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:

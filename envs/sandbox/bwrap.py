@@ -12,7 +12,8 @@ a fresh bwrap + ``bash -c`` per command (the verifier's way). What it protects a
 - **Other episodes**: each live sandbox runs under its own unprivileged *host* uid leased from
   ``config.uid_range`` (``uids.py``), and its host directory is mode 0700 owned by that uid,
   so even a process that escaped its mount namespace cannot read another episode's files.
-  No capabilities (``--cap-drop ALL``), no nested user namespaces (``--disable-userns``).
+  No capabilities (``--cap-drop ALL``), no nested user namespaces (``--disable-userns``; the one
+  exception is ``SandboxConfig.nested_userns``, the CAD reward builder's server: ``envs/cad/builder.py``).
   The host-side file tools (``read_file`` / ``write_file``) never follow a symlink out of
   ``/work`` (``files.py``).
 - **Memory and process bombs**: where the host lets us (``cgroups.py``; v1 here), every

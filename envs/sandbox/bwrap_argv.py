@@ -41,6 +41,8 @@ def bwrap_argv(config: SandboxConfig, workdir: Path, mounts: Iterable[tuple[str,
     # --unshare-all only *tries* a user namespace; we require one (--disable-userns needs it).
     argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
             "--new-session", "--cap-drop", "ALL"]  # fmt: skip
+    if config.nested_userns:
+        argv.remove("--disable-userns")
     if ids is not None:
         argv += ["--uid", str(ids[0]), "--gid", str(ids[1])]
     argv += system_binds(config.rootfs)
