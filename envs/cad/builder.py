@@ -7,26 +7,31 @@ has imported it, in a bwrap sandbox of its own that no policy gets a command in
 
 Reward integrity (docs/architecture.md) -- what a fork of a warm process may and may not carry:
 
-- **Each build gets namespaces of its own** (user, mount, pid, IPC, network, UTS), entered by the
-  fork before any model code runs: its own job folder as ``/work`` (the host writes ``part.py``
-  there and reads ``part.stl`` and ``summary.json`` back), fresh tmpfs on ``/tmp`` and ``/dev/shm``,
-  ``/dev`` read-only, a ``/proc`` showing only its own processes (it is pid 1 of its pid namespace:
-  everything it starts dies with it), no capabilities, no new namespaces and no keyring or IPC
-  objects (seccomp), no inherited fd. It cannot name, signal, ptrace or ``prlimit`` the server or
-  another build, nor see another build's files, sockets or kernel objects.
-- **The server carries nothing from one build to the next.** It never reads a submission, its
-  output, its mesh or a file name a build chose (a short-lived fork removes earlier job folders),
-  so every build is forked from the memory the import left; it is not dumpable; one build at a
-  time (a lock), and after each it SIGKILLs every process left in its sandbox.
-- **What is still shared**, and why it does not matter for a score: the read-only view and the
-  sandbox's memory and pids cgroups (a build that exhausts them fails, as it would one-shot), the
-  inode counter of the tmpfs holding the job folders (a few bits of timing-like information, no
-  content), and CPU time.
-- **Any failure falls back to the one-shot path**: a build that kills the server or cannot be set
-  up, a server that dies, times out or answers out of turn raises ``EnvError``, and
-  ``rewards.cad_geometry`` rebuilds that submission in its fresh verification sandbox, so the outcome
-  is the one-shot outcome; the builder starts afresh on its next build. A self-written STL is an
-  answer like any other (the one-shot ``build`` allows the same): the host compares it with the target.
+- **Each build gets namespaces of its own** (user, mount, pid, IPC, network, UTS), entered before
+  any model code runs: a fresh tmpfs as ``/work`` holding a copy of ``part.py``, fresh tmpfs on
+  ``/tmp`` and ``/dev/shm``, a devpts instance of its own, ``/dev`` read-only, a ``/proc`` showing
+  only its own processes (it is pid 1 of its pid namespace: everything it starts dies with it),
+  its own session, no capabilities, no new namespaces and no keyring or IPC objects (seccomp), no
+  inherited fd. It cannot name, signal, ptrace or ``prlimit`` the server or another build, nor see
+  another build's files, sockets or kernel objects.
+- **Nothing a build chose reaches the server or the next build.** A trusted process between the
+  two copies ``part.stl`` and ``summary.json`` out of the build's ``/work`` (regular files, capped)
+  into the job folder on the server's ``/work``, where the host reads them and then deletes the
+  folder; that folder only ever holds those files and ``part.py``. Each request is handled in a
+  fork of the server (it removes earlier job folders, times the build, replies), so the server --
+  what every build is forked from -- never holds a submission, an outcome, a mesh or a file name;
+  it is not dumpable, serves one build at a time (a lock) and SIGKILLs whatever is left after each.
+- **What is still shared**: the read-only view; the sandbox's memory and pids cgroups (a build that
+  exhausts them fails, as it would one-shot); counters a build can advance but no later build can
+  read directly (the server sandbox's pid numbers; earlier ones may sit in the server's heap); CPU
+  time. ``tests/envs/cad/test_builder.py`` checks the channels two reviews found (bwrap's pid 1,
+  ``prlimit`` on the server, file names and outcomes in the server's memory, loopback TCP state,
+  xattrs, the tmpfs inode counter, a full ``/work``).
+- **Any failure falls back to the one-shot path**: a build whose setup fails, a server that dies,
+  times out or answers out of turn raises ``EnvError``, and ``rewards.cad_geometry`` rebuilds that
+  submission in its fresh verification sandbox, so the outcome is the one-shot outcome; the builder
+  starts afresh on its next build. A self-written STL is an answer like any other (the one-shot
+  ``build`` allows the same): the host compares it with the target.
 - **One difference from one-shot builds**: ``build_timeout_s`` bounds the build alone, where a
   one-shot build spends 2-13 s of it importing CadQuery.
 - **Bounded lifetime**: the sandbox is replaced after ``max_builds`` builds, any failure, and ``close``.
@@ -45,7 +50,6 @@ import json
 import os
 import secrets
 import shutil
-import subprocess
 import threading
 import time
 from typing import Any
@@ -53,10 +57,9 @@ from typing import Any
 from jointrl.envs.base import EnvError
 from jointrl.envs.cad.interpreter import RUNNER_MOUNT, CadConfig, built_part, timed_out_summary
 from jointrl.envs.cad.sandbox_runner import SETUP_FAILED
-from jointrl.envs.sandbox.bwrap import BwrapSandbox
-from jointrl.envs.sandbox.bwrap_proc import read_json_line
+from jointrl.envs.sandbox.server import SandboxServer
 
-_GRACE_S = 90.0  # past a build's own timeout (removing earlier job folders first), before the server counts as stuck
+_GRACE_S = 30.0  # past a build's own timeout, before the server counts as stuck
 
 
 class CadBuilder:
@@ -68,103 +71,62 @@ class CadBuilder:
         self.cad = cad or CadConfig()
         self.max_builds = max_builds
         self._lock = threading.Lock()
-        self._sandbox: BwrapSandbox | None = None
-        self._proc: subprocess.Popen | None = None
-        self._fds: tuple[int, ...] = ()
-        self._buffer = b""
+        self._server = SandboxServer("the warm CAD builder", 1 << 16)
         self.builds = 0  # by the current sandbox
-        self.starts = 0  # sandboxes (CadQuery imports) so far
+
+    @property
+    def starts(self) -> int:
+        """Sandboxes (CadQuery imports) so far."""
+        return self._server.starts
 
     def build(self, code: str) -> tuple[bytes | None, dict[str, Any]]:
         """What ``interpreter.build_stl`` returns for ``code``: ``(binary STL or None, summary)``.
         Raises ``EnvError`` when the server fails (then the caller builds one-shot)."""
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None or self.builds >= self.max_builds:
-                self._restart()
-            sandbox = self._sandbox
+            server = self._server
+            if not server.alive or self.builds >= self.max_builds:
+                config = dataclasses.replace(self.cad.sandbox_config(), nested_userns=True)
+                server.start(config, self.cad.env, [self.cad.python, "-I", RUNNER_MOUNT, "forkserve"],
+                             self.cad.start_timeout_s)
+                self.builds = 0
+            sandbox = server.sandbox
             assert sandbox is not None
             job = f"job-{secrets.token_hex(8)}"
-            sandbox.write_file(f"{job}/part.py", code)
+            limits, nonce = sandbox.config, secrets.token_hex(8)
+            try:
+                sandbox.write_file(f"{job}/part.py", code)
+            except OSError as e:  # its /work full or broken: a fresh sandbox next time
+                server.stop()
+                raise EnvError(f"the warm CAD builder cannot take a build: {e}") from e
             self.builds += 1
-            limits = sandbox.config
-            done = self._request({"op": "build", "job": job, "timeout": self.cad.build_timeout_s,
-                                  "nproc": limits.max_processes, "disk": limits.max_disk_bytes or 1 << 30},
-                                 self.cad.build_timeout_s + _GRACE_S)
+            server.send({"op": "build", "job": job, "timeout": self.cad.build_timeout_s, "nonce": nonce,
+                         "nproc": limits.max_processes, "disk": limits.max_disk_bytes or 1 << 30,
+                         "summary_limit": limits.max_output_bytes})
+            done = server.read(time.monotonic() + self.cad.build_timeout_s + _GRACE_S)
+            if not isinstance(done, dict) or done.get("nonce") != nonce or not done.get("ok"):
+                server.stop()
+                why = "timed out" if done is False else f"failed ({done!r:.200})"
+                raise EnvError(f"the warm CAD builder {why}")
             if done.get("timed_out"):
                 return None, timed_out_summary(self.cad)
             if done.get("exit") == SETUP_FAILED:
-                self._stop()
+                server.stop()
                 raise EnvError("the warm CAD builder could not set up a build")
             try:
-                try:  # past the one-shot path's stdout cap it has no summary either
-                    text = sandbox.read_file(f"{job}/summary.json")
-                    summary = json.loads(text) if len(text) <= limits.max_output_bytes else None
+                try:  # the server copied it only under the one-shot path's stdout cap: past it, no summary
+                    summary = json.loads(sandbox.read_file(f"{job}/summary.json"))
                 except (FileNotFoundError, ValueError, RecursionError):
                     summary = None
                 return built_part(sandbox, summary, f"the build died (exit {done.get('exit')})", f"{job}/part.stl")
-            except OSError as e:  # e.g. a file the build made unreadable: let the one-shot path judge it
-                self._stop()
+            except OSError as e:
+                server.stop()
                 raise EnvError(f"the warm CAD builder's output is unreadable: {e}") from e
-
-    def _request(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
-        assert self._proc is not None and self._proc.stdin is not None
-        nonce = secrets.token_hex(8)
-        try:
-            self._proc.stdin.write(json.dumps({**request, "nonce": nonce}).encode() + b"\n")
-            self._proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # it died: the read below sees the end of its pipe
-        reply = self._read(time.monotonic() + timeout)
-        if not isinstance(reply, dict) or reply.get("nonce") != nonce or not reply.get("ok"):
-            self._stop()
-            why = "timed out" if reply is False else f"failed ({reply!r:.200})"
-            raise EnvError(f"the warm CAD builder {why} on {request['op']!r}")
-        return reply
-
-    def _restart(self) -> None:
-        self._stop()
-        config = dataclasses.replace(self.cad.sandbox_config(), nested_userns=True)
-        self._sandbox = BwrapSandbox(config, env=self.cad.env, shell=False)
-        reply_r, reply_w = os.pipe()
-        try:
-            self._proc, status_r = self._sandbox.start_process(
-                [self.cad.python, "-I", RUNNER_MOUNT, "forkserve", str(reply_w)], fds=(reply_w,))
-        except BaseException:
-            os.close(reply_r)
-            self._stop()
-            raise
-        finally:
-            os.close(reply_w)
-        self._fds, self._buffer, self.builds = (reply_r, status_r), b"", 0
-        self.starts += 1
-        ready = self._read(time.monotonic() + self.cad.start_timeout_s)
-        if not isinstance(ready, dict) or not ready.get("ready"):
-            self._stop()
-            why = ready.get("error") if isinstance(ready, dict) else "timed out" if ready is False else "died"
-            raise EnvError(f"the warm CAD builder did not start: {why}")
-
-    def _read(self, deadline: float) -> dict | bool | None:
-        """The server's next JSON line; False at the deadline; None at the pipe's end or garbage."""
-        reply, self._buffer = read_json_line(self._fds[0], self._buffer, deadline, 1 << 16, 1 << 16)
-        return reply
-
-    def _stop(self) -> None:
-        """Close the sandbox (every process in it) and our pipe ends. Idempotent."""
-        sandbox, proc, fds = self._sandbox, self._proc, self._fds
-        self._sandbox, self._proc, self._fds, self._buffer = None, None, (), b""
-        if sandbox is not None:
-            sandbox.close()
-        if proc is not None:
-            proc.wait()
-            for f in (proc.stdin, proc.stdout, proc.stderr):
-                if f is not None:
-                    f.close()
-        for fd in fds:
-            os.close(fd)
+            finally:
+                shutil.rmtree(sandbox.workdir / job, ignore_errors=True)  # three files of the server's, no more
 
     def close(self) -> None:
         with self._lock:
-            self._stop()
+            self._server.stop()
 
 
 _SHARED: CadBuilder | None = None

@@ -10,19 +10,18 @@ imports nothing of jointrl: the tool venv has only CadQuery. Two modes:
 - ``build CODE_FILE STL_FILE``: one-shot, for the reward: run the code in a fresh process,
   export the result as binary STL, print the JSON summary on stdout.
 - ``forkserve FD``: the reward's warm builder (``envs/cad/builder.py``). CadQuery is imported once
-  and no model code ever runs in this process; each build (``{"op": "build", "job": NAME, ...}`` on
-  stdin) is a ``fork`` of it that enters namespaces of its own -- user, mount, pid, IPC, network,
-  UTS -- sees the job folder ``/work/NAME`` (``part.py``, written by the host) as its ``/work``,
-  fresh tmpfs on ``/tmp`` and ``/dev/shm``, ``/dev`` read-only and a ``/proc`` of its own pid
-  namespace (it is pid 1 there: its processes die with it), drops its capabilities, refuses new
-  namespaces and kernel keyrings / IPC objects by seccomp, closes every inherited fd, then writes
-  ``part.stl`` and ``summary.json`` (what ``build`` writes) into its folder. So a build cannot name
-  the server or any process of another build, and shares with the next one only the read-only
-  view and the server's memory as it was after the import: the server reads no model code, output,
-  mesh or file name (a short-lived fork removes earlier job folders), and it is not dumpable. The
-  reply (one JSON line on fd ``FD``) echoes the request's ``nonce``. The server refuses to start (an
-  ``error`` reply) where that cannot hold: a second thread or a writable shared mapping after the
-  import, no nested user namespaces, or an architecture without a syscall table below.
+  and no model code ever runs in this process. Each request (``{"op": "build", "job": NAME, ...}``
+  on stdin, from the host) is handled by a fork of it, the *worker*, which replies on fd ``FD``
+  (echoing the request's ``nonce``); the server itself never holds an outcome. The worker forks a
+  process that enters namespaces of its own -- user, mount, pid, IPC, network, UTS -- mounts fresh
+  tmpfs on ``/work``, ``/tmp`` and ``/dev/shm`` and a devpts of its own, makes ``/dev`` read-only,
+  copies ``part.py`` in from the job folder ``/work/NAME`` and forks the build: pid 1 of the new pid
+  namespace, with its own ``/proc`` and session, no capabilities, a seccomp filter refusing new
+  namespaces, keyrings and IPC objects, and no inherited fd. Then ``part.stl`` and ``summary.json``
+  (what ``build`` writes) are copied back into the job folder, regular files only, capped. The
+  server refuses to start (an ``error`` reply) where this cannot hold: a second thread or a writable
+  shared mapping after the import, no nested user namespaces, or an architecture without a syscall
+  table below.
 
 The code's result is the variable ``result`` (a ``cq.Workplane``, ``cq.Shape`` or
 ``cq.Assembly``), else the last object passed to ``show_object``. Its printed output (Python
@@ -40,6 +39,7 @@ import resource
 import select
 import shutil
 import signal
+import stat
 import struct
 import sys
 import tempfile
@@ -273,16 +273,36 @@ def _enter_namespaces() -> None:
             f.write(text)
 
 
-def _private_view(job: str, disk: int) -> None:
-    """The build's mounts: its job folder as /work, fresh tmpfs on /tmp and /dev/shm, /dev read-only,
-    a /proc of its own pid namespace. Everything else is the server's read-only view."""
+def _private_view(disk: int) -> None:
+    """The build's mounts (in the mount namespace the waiting process and the build share): fresh tmpfs
+    on /work, /tmp and /dev/shm, a devpts instance of its own, /dev read-only. Everything else is the
+    server's read-only view. The build adds a /proc of its pid namespace (``_build``)."""
     dev = _mount_flags("/dev")
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-    _mount(f"/work/{job}", "/work", None, _MS_BIND | _MS_REC)
-    for target in ("/tmp", "/dev/shm"):
+    for target in ("/work", "/tmp", "/dev/shm"):
         _mount("tmpfs", target, "tmpfs", _MS["nosuid"] | _MS["nodev"], f"size={disk},mode=1777")
+    _mount("devpts", "/dev/pts", "devpts", _MS["nosuid"] | _MS["noexec"], "newinstance,ptmxmode=0666,mode=0620")
     _mount(None, "/dev", None, _MS_REMOUNT | _MS_BIND | _MS["ro"] | dev)
-    _mount("proc", "/proc", "proc", _MS["nosuid"] | _MS["nodev"] | _MS["noexec"])
+
+
+def _read_inside(name: str, limit: int) -> bytes | None:
+    """``/work/<name>`` of the build's view as the host's ``read_file`` would read it there (a symlink
+    followed only inside /work, a regular file only), or None; None past ``limit`` bytes too."""
+    path = os.path.realpath(os.path.join("/work", name))
+    if os.path.commonpath([path, "/work"]) != "/work":
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or size > limit:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit + 1)[:limit]
+    finally:
+        os.close(fd)
 
 
 def _close_fds() -> None:
@@ -292,44 +312,107 @@ def _close_fds() -> None:
     os.closerange(3, 1 << 30)  # every inherited fd (the server's pipes to the host), whatever RLIMIT_NOFILE says
 
 
-def _build_child(cq, request: dict, seccomp: bytes) -> None:
-    """The forked build, in two processes: this one enters new namespaces and waits; its child, pid 1
-    of the new pid namespace (so every process it starts dies with it), makes its private view, limits
-    itself, drops its capabilities, installs the seccomp filter and closes every inherited fd, then
-    runs /work/part.py and writes what ``build`` prints to /work/summary.json. Exits ``SETUP_FAILED``
-    if anything before the model's code fails; otherwise with the build's exit status."""
+def _build(cq, seccomp: bytes, nproc: int) -> None:
+    """The build process, pid 1 of its own pid namespace (every process it starts dies with it): a
+    /proc of that namespace, its own session, RLIMIT_NPROC, no capabilities, the seccomp filter, no
+    inherited fd; then it runs /work/part.py and writes what ``build`` prints to /work/summary.json."""
     code = SETUP_FAILED
     try:
-        # Writing its own uid_map needs a dumpable process. No build can name this one: the last
-        # build's processes are gone, and this build's live in a pid namespace below it.
-        _prctl(_PR_SET_DUMPABLE, 1)
-        _enter_namespaces()
-        pid = os.fork()
-        if pid:
-            status = os.waitpid(pid, 0)[1]
-            code = os.waitstatus_to_exitcode(status)
-            code = code if code >= 0 else 128 - code
-        else:
-            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # the server kills the waiting process on a timeout
-            os.setsid()  # a process group of its own: kill(0) would reach the server's, across namespaces
-            _private_view(request["job"], int(request["disk"]))
-            nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-            limit = int(request["nproc"]) if nproc == resource.RLIM_INFINITY else min(int(request["nproc"]), nproc)
-            resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
-            _drop_capabilities()
-            _install_seccomp(seccomp)
-            _close_fds()
-            os.chdir("/work")
-            code = 70
-            with open("part.py", encoding="utf-8") as f:
-                source = f.read()
-            with _Captured() as out:
-                result = evaluate(cq, source, stl="part.stl")
-            with open("/work/summary.json", "w", encoding="utf-8") as f:  # absolute: the code may have moved
-                f.write(json.dumps({**result, "output": out.text}))
-            code = 0
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # the worker kills the waiting process on a timeout
+        os.setsid()  # a process group of its own: kill(0) would reach the server's, across namespaces
+        _mount("proc", "/proc", "proc", _MS["nosuid"] | _MS["nodev"] | _MS["noexec"])
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        limit = nproc if hard == resource.RLIM_INFINITY else min(nproc, hard)
+        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+        _drop_capabilities()
+        _install_seccomp(seccomp)
+        _close_fds()
+        os.chdir("/work")
+        code = 70
+        with open("part.py", encoding="utf-8") as f:
+            source = f.read()
+        with _Captured() as out:
+            result = evaluate(cq, source, stl="part.stl")
+        with open("/work/summary.json", "w", encoding="utf-8") as f:  # absolute: the code may have moved
+            f.write(json.dumps({**result, "output": out.text}))
+        code = 0
     finally:
         os._exit(code)
+
+
+def _wait_exit(pid: int) -> int:
+    """Exit code of child ``pid`` (128 + N when killed by signal N); a child that stops instead (it
+    made us its tracer) is killed."""
+    while True:
+        _, status = os.waitpid(pid, 0)
+        if os.WIFSTOPPED(status):
+            os.kill(pid, signal.SIGKILL)
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        return code if code >= 0 else 128 - code
+
+
+def _isolated_build(cq, request: dict, seccomp: bytes) -> None:
+    """The process between the worker and the build, in the build's new namespaces (it runs no model
+    code): copies the host's ``part.py`` from the job folder into the build's fresh /work, starts the
+    build, waits for it, copies ``part.stl`` and ``summary.json`` back (regular files, capped) and
+    exits with the build's exit code -- ``SETUP_FAILED`` if anything of its own fails. The job folder
+    on the server's /work only ever holds those three files: nothing a build chose reaches it."""
+    code = SETUP_FAILED
+    try:
+        # Writing its own uid_map needs a dumpable process; no build can name this one (it is outside
+        # the build's pid namespace, and earlier builds are gone).
+        _prctl(_PR_SET_DUMPABLE, 1)
+        _enter_namespaces()
+        job = os.open(f"/work/{request['job']}", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        with open(os.open("part.py", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=job), "rb") as f:
+            source = f.read()
+        _private_view(int(request["disk"]))
+        with open("/work/part.py", "wb") as f:
+            f.write(source)
+        pid = os.fork()
+        if pid == 0:
+            _build(cq, seccomp, int(request["nproc"]))
+        status = _wait_exit(pid)
+        for name, limit in (("summary.json", int(request["summary_limit"])), ("part.stl", int(request["disk"]))):
+            data = _read_inside(name, limit)
+            if data is not None:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=job)
+                with open(fd, "wb") as f:
+                    f.write(data)
+        code = status
+    finally:
+        os._exit(code)
+
+
+def _worker(cq, request: dict, seccomp: bytes, reply_fd: int) -> None:
+    """One request, in a fork of the server, which thus never holds a build's outcome: removes earlier
+    job folders (they hold only the three files above), runs the build with its timeout, replies."""
+    answer: dict = {"ok": False, "error": "the worker failed"}
+    try:
+        if request.get("op") != "build":
+            raise ValueError(f"unknown op {request.get('op')!r}")
+        for name in os.listdir("/work"):
+            if name != request["job"]:
+                shutil.rmtree(os.path.join("/work", name))
+        pid = os.fork()
+        if pid == 0:
+            _isolated_build(cq, request, seccomp)
+        pidfd = os.pidfd_open(pid)
+        try:
+            timed_out = not select.select([pidfd], [], [], float(request["timeout"]))[0]
+        finally:
+            os.close(pidfd)
+        if timed_out:
+            os.kill(pid, signal.SIGKILL)  # and the build with it (PDEATHSIG; the server's sweep after us)
+        answer = {"ok": True, "exit": _wait_exit(pid), "timed_out": timed_out}
+    except Exception as e:  # noqa: BLE001  (the host restarts the sandbox and builds one-shot)
+        answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    finally:
+        try:
+            os.write(reply_fd, (json.dumps({**answer, "nonce": request.get("nonce")}) + "\n").encode())
+        finally:
+            os._exit(0)
 
 
 def _others() -> list[int]:
@@ -355,47 +438,8 @@ def _sweep() -> None:
     raise RuntimeError(f"the build's processes did not end: {_others()}")
 
 
-def _forked(fn, timeout: float) -> tuple[int, bool]:
-    """(exit code, timed out) of ``fn()`` run in a fork, SIGKILLed at ``timeout`` s; then the sweep."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            fn()
-        finally:
-            os._exit(SETUP_FAILED)
-    pidfd = os.pidfd_open(pid)
-    try:
-        timed_out = not select.select([pidfd], [], [], timeout)[0]
-    finally:
-        os.close(pidfd)
-    if timed_out:
-        os.kill(pid, signal.SIGKILL)
-    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    _sweep()
-    return code, timed_out
-
-
-def _remove_jobs(keep: str) -> None:
-    """Delete every job folder in /work but ``keep``, whatever modes a build left (run in a fork: the
-    names a build chose inside its folder must not pass through the server's memory)."""
-    def fail(e: OSError) -> None:
-        raise e
-
-    for job in os.listdir("/work"):
-        if job == keep:
-            continue
-        root = os.path.join("/work", job)
-        os.chmod(root, 0o700)
-        for top, dirs, _ in os.walk(root, onerror=fail):
-            for d in dirs:
-                if not os.path.islink(os.path.join(top, d)):
-                    os.chmod(os.path.join(top, d), 0o700)
-        shutil.rmtree(root)
-    os._exit(0 if os.listdir("/work") == [keep] else 1)
-
-
 def _fork_hazard() -> str:
-    """Why a fork of this process could not be isolated as ``_build_child`` says ("" when it can)."""
+    """Why a fork of this process could not be isolated as ``_isolated_build`` says ("" when it can)."""
     if len(os.listdir("/proc/self/task")) != 1:
         return "more than one thread after importing CadQuery"
     with open("/proc/self/maps") as maps:
@@ -410,14 +454,18 @@ def _fork_hazard() -> str:
 
 def _isolation_works(seccomp: bytes) -> str:
     """"" when a fork can enter namespaces of its own and its seccomp filter refuses another one."""
-    def probe() -> None:
-        _enter_namespaces()
-        _drop_capabilities()
-        _install_seccomp(seccomp)
-        refused = _libc().unshare(_CLONE_NEW["USER"]) == -1 and ctypes.get_errno() == 1
-        os._exit(0 if refused and _libc().shmget(0, 4096, 0o1600) == -1 else 2)
-
-    code, _ = _forked(probe, 30.0)
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        try:
+            _enter_namespaces()
+            _drop_capabilities()
+            _install_seccomp(seccomp)
+            refused = _libc().unshare(_CLONE_NEW["USER"]) == -1 and ctypes.get_errno() == 1
+            ok = refused and _libc().shmget(0, 4096, 0o1600) == -1
+        finally:
+            os._exit(0 if ok else 2)
+    code = _wait_exit(pid)
     return "" if code == 0 else f"a build cannot be given namespaces of its own here (probe exit {code})"
 
 
@@ -437,24 +485,14 @@ def forkserve(reply_fd: int) -> None:
     _prctl(_PR_SET_DUMPABLE, 0)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)  # a build's orphans come back here, to the sweep
     reply.write(json.dumps({"ready": True}) + "\n")
-    for line in sys.stdin.buffer:
+    for line in sys.stdin.buffer:  # host-written requests: a job name (random), limits, a nonce
         request = json.loads(line)
-        try:
-            answer = _serve_one(cq, request, seccomp)
-        except Exception as e:  # noqa: BLE001  (the host restarts the sandbox and builds one-shot)
-            reply.write(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}", "nonce": request.get("nonce")}) + "\n")
-            return
-        reply.write(json.dumps({**answer, "nonce": request["nonce"]}) + "\n")
-
-
-def _serve_one(cq, request: dict, seccomp: bytes) -> dict:
-    if request["op"] != "build":
-        return {"ok": False, "error": f"unknown op {request['op']!r}"}
-    code, _ = _forked(lambda: _remove_jobs(request["job"]), 60.0)
-    if code != 0:
-        return {"ok": False, "error": f"removing earlier job folders failed (exit {code})"}
-    code, timed_out = _forked(lambda: _build_child(cq, request, seccomp), float(request["timeout"]))
-    return {"ok": True, "exit": code, "timed_out": timed_out}
+        pid = os.fork()
+        if pid == 0:
+            _worker(cq, request, seccomp, reply_fd)
+        if _wait_exit(pid) != 0:  # it died before replying: say so (and nothing else about the build)
+            reply.write(json.dumps({"ok": False, "error": "the worker died", "nonce": request.get("nonce")}) + "\n")
+        _sweep()
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import functools
-import json
 import os
 import secrets
 import shutil
@@ -47,8 +46,7 @@ from pathlib import Path
 
 from jointrl.envs.base import EnvError
 from jointrl.envs.sandbox.base import SandboxConfig
-from jointrl.envs.sandbox.bwrap import BwrapSandbox
-from jointrl.envs.sandbox.bwrap_proc import read_json_line
+from jointrl.envs.sandbox.server import SandboxServer
 
 SERVER = Path(__file__).parent / "tool" / "recalc_server.py"
 SERVER_MOUNT = "/opt/jointrl-office-recalc/recalc_server.py"
@@ -89,82 +87,43 @@ class RecalcServer:
     def __init__(self, config: RecalcConfig | None = None) -> None:
         self.config = config or RecalcConfig()
         self._lock = threading.Lock()
-        self._sandbox: BwrapSandbox | None = None
-        self._proc: subprocess.Popen | None = None
-        self._fds: tuple[int, ...] = ()
-        self._buffer = b""
+        self._server = SandboxServer("the warm LibreOffice", _MAX_REPLY_BYTES, 1 << 20)
         self.jobs = 0  # recalculations by the current sandbox
-        self.starts = 0  # sandboxes (LibreOffice starts) so far
+
+    @property
+    def starts(self) -> int:
+        """Sandboxes (LibreOffice starts) so far."""
+        return self._server.starts
 
     def recalc(self, data: bytes) -> bytes:
         """``data`` (an .xlsx) with every formula recalculated by LibreOffice. ``ValueError`` when
         LibreOffice cannot open it (the document's fault); ``EnvError`` when the server fails."""
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None or self.jobs >= self.config.max_jobs:
-                self._restart()
-            assert self._sandbox is not None and self._proc is not None and self._proc.stdin is not None
+            server = self._server
+            if not server.alive or self.jobs >= self.config.max_jobs:
+                server.start(self.config.sandbox_config(), {"HOME": "/tmp"}, [PYTHON, "-I", SERVER_MOUNT, "serve"],
+                             self.config.start_timeout_s)
+                self.jobs = 0
+            assert server.sandbox is not None
             job = f"job-{secrets.token_hex(8)}"
-            self._sandbox.write_file(f"{job}/in.xlsx", data)
+            server.sandbox.write_file(f"{job}/in.xlsx", data)
             self.jobs += 1
-            try:
-                self._proc.stdin.write(json.dumps({"job": job}).encode() + b"\n")
-                self._proc.stdin.flush()
-            except BrokenPipeError:
-                pass  # it died: the read below sees the end of its pipe
-            reply = self._read(time.monotonic() + self.config.call_timeout_s)
+            server.send({"job": job})
+            reply = server.read(time.monotonic() + self.config.call_timeout_s)
             if not isinstance(reply, dict) or "ok" not in reply:
-                self._stop()
+                server.stop()
                 why = "timed out" if reply is False else "died"
                 raise EnvError(f"the warm LibreOffice {why} recalculating a workbook")
             if not reply["ok"]:
                 if "soffice exited" in reply["error"]:
-                    self._stop()
+                    server.stop()
                     raise EnvError(f"the warm LibreOffice failed: {reply['error']}")
                 raise ValueError(f"LibreOffice cannot recalculate the workbook: {reply['error']}")
             return base64.b64decode(reply["data"])
 
-    def _restart(self) -> None:
-        self._stop()
-        self._sandbox = BwrapSandbox(self.config.sandbox_config(), env={"HOME": "/tmp"}, shell=False)
-        reply_r, reply_w = os.pipe()
-        try:
-            self._proc, status_r = self._sandbox.start_process([PYTHON, "-I", SERVER_MOUNT, "serve", str(reply_w)],
-                                                               fds=(reply_w,))
-        except BaseException:
-            os.close(reply_r)
-            self._stop()
-            raise
-        finally:
-            os.close(reply_w)
-        self._fds, self._buffer, self.jobs = (reply_r, status_r), b"", 0
-        self.starts += 1
-        ready = self._read(time.monotonic() + self.config.start_timeout_s)
-        if not isinstance(ready, dict) or not ready.get("ready"):
-            self._stop()
-            raise EnvError(f"the warm LibreOffice did not start: {ready.get('error') if isinstance(ready, dict) else ready}")
-
-    def _read(self, deadline: float) -> dict | bool | None:
-        """The next JSON line from the server; False at the deadline; None at the pipe's end or garbage."""
-        reply, self._buffer = read_json_line(self._fds[0], self._buffer, deadline, _MAX_REPLY_BYTES, 1 << 20)
-        return reply
-
-    def _stop(self) -> None:
-        """Close the sandbox (every process in it) and our pipe ends. Idempotent."""
-        sandbox, proc, fds = self._sandbox, self._proc, self._fds
-        self._sandbox, self._proc, self._fds, self._buffer = None, None, (), b""
-        if sandbox is not None:
-            sandbox.close()
-        if proc is not None:
-            proc.wait()
-            for f in (proc.stdin, proc.stdout, proc.stderr):
-                if f is not None:
-                    f.close()
-        for fd in fds:
-            os.close(fd)
-
     def close(self) -> None:
         with self._lock:
-            self._stop()
+            self._server.stop()
 
 
 _SHARED: RecalcServer | None = None

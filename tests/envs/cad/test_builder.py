@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import time
 
 import pytest
 
@@ -48,7 +49,8 @@ def reported(builder, code: str):
 def test_a_warm_build_is_the_one_shot_build(builder):
     flange = load_tasks()[2].metadata["reference"]  # holes on a bolt circle, a hub, a bore
     moved = "import os\nos.chdir('/tmp')\n" + BOX  # the STL lands outside /work: no mesh, both ways
-    for code in (BOX, flange, "a = cq.Workplane().box(1, 1, 1)\nresult = a.nosuch()", moved):
+    linked = "import os\nos.symlink('m.stl', 'part.stl')\n" + BOX  # written through a link inside /work
+    for code in (BOX, flange, "a = cq.Workplane().box(1, 1, 1)\nresult = a.nosuch()", linked, moved):
         warm, cold = builder.build(code), one_shot(code)
         assert warm == cold, code  # the same STL bytes and the same summary
     assert warm[1]["error"] == "the build wrote no mesh" and builder.build(flange)[0][:5] != b"solid"  # binary STL
@@ -151,6 +153,38 @@ def test_a_build_cannot_reach_the_server(builder):
     assert reported(builder, REACH) == [1, 0, [1], "0000000000000000", 3, 3, 3, []]
 
 
+COUNT = r"""
+import os, sys
+for i in range(%d):
+    open(f'/work/f{i}', 'w').close()
+    os.unlink(f'/work/f{i}')
+inode = os.stat('/work/part.py').st_ino
+frame, held = sys._getframe(), []
+while frame is not None:  # an earlier build's outcome anywhere in the frames this one was forked from
+    held += [k for k, v in frame.f_locals.items() if isinstance(v, dict) and v.get('exit') == 42]
+    frame = frame.f_back
+raise RuntimeError(repr((inode, held)))
+"""
+
+
+def test_no_counter_or_outcome_carries_over(builder):
+    # A build's files never reach the server's /work (its own is a fresh tmpfs): the next build's
+    # part.py gets the same inode number whether the one before made a thousand files or none, and
+    # the earlier build's exit code is in no frame it was forked from.
+    assert builder.build("import os\nos._exit(42)")[1]["error"] == "the build died (exit 42)"
+    after_none = reported(builder, COUNT % 0)
+    reported(builder, COUNT % 1000)
+    assert reported(builder, COUNT % 0) == after_none and after_none[1] == []
+    assert os.listdir(builder._server.sandbox.workdir) == []  # each job folder removed after its read
+
+
+def test_a_build_that_stops_itself_is_killed_not_waited_for(builder):
+    starts = builder.starts
+    stop = "import ctypes, os, signal\nctypes.CDLL(None).ptrace(0, 0, 0, 0)\nos.kill(os.getpid(), signal.SIGSTOP)\n"
+    assert builder.build(stop + BOX) == (None, {"ok": False, "error": "the build died (exit 137)"})
+    assert builder.build(BOX)[0] is not None and builder.starts == starts
+
+
 def test_timeouts_signals_and_a_dead_server():
     b = CadBuilder(CadConfig(build_timeout_s=3.0, max_memory_bytes=1 << 30))
     try:
@@ -160,8 +194,10 @@ def test_timeouts_signals_and_a_dead_server():
         assert b.build("import os, signal\nos.kill(0, signal.SIGKILL)\n" + BOX)[0] is not None
         assert "No such process" in b.build("import os, signal\nos.kill(-1, signal.SIGKILL)\n" + BOX)[1]["error"]
         assert b.build(BOX)[0] is not None and b.starts == 1  # the server lived through all of it
-        b._sandbox.kill_processes()  # the server dies (a crash, the memory cgroup's OOM kill)
-        b._proc.wait(timeout=30)
+        b._server.sandbox.kill_processes()  # the server dies (a crash, the memory cgroup's OOM kill)
+        deadline = time.monotonic() + 30
+        while b._server.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert b.build(BOX)[0] is not None and b.starts == 2  # a fresh server
     finally:
         b.close()

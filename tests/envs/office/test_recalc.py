@@ -57,7 +57,7 @@ def test_one_start_for_many_workbooks_and_no_document_left_behind(server):
     for i in range(5):
         assert values(server.recalc(workbook([[i, "=A1*10"]])), ["B1"]) == [10 * i]
     assert server.starts == max(starts, 1)
-    assert server._sandbox is not None and list(server._sandbox.workdir.iterdir()) == []  # each job's folder deleted
+    assert server._server.sandbox is not None and list(server._server.sandbox.workdir.iterdir()) == []  # each job's folder deleted
 
 
 def test_a_workbook_leaves_nothing_for_the_next(server):
@@ -81,7 +81,7 @@ def test_restarts_after_max_jobs_and_after_a_crash():
         for i in range(3):
             assert values(s.recalc(workbook([[i, "=A1+1"]])), ["B1"]) == [i + 1]
         assert s.starts == 2
-        s._sandbox.kill_processes()  # soffice and the server die between two requests
+        s._server.sandbox.kill_processes()  # soffice and the server die between two requests
         assert values(s.recalc(workbook([[5, "=A1+1"]])), ["B1"]) == [6]
         assert s.starts == 3
     finally:
