@@ -22,9 +22,10 @@ Reward integrity (docs/architecture.md) -- what a fork of a warm process may and
   what every build is forked from -- never holds a submission, an outcome, a mesh or a file name;
   it is not dumpable, serves one build at a time (a lock) and SIGKILLs whatever is left after each.
 - **What is still shared**: the read-only view; the sandbox's memory and pids cgroups (a build that
-  exhausts them fails, as it would one-shot); counters a build can advance but no later build can
-  read directly (the server sandbox's pid numbers; earlier ones may sit in the server's heap); CPU
-  time. ``tests/envs/cad/test_builder.py`` checks the channels two reviews found (bwrap's pid 1,
+  exhausts them fails, as it would one-shot); CPU time; and one counter, accepted: a build's processes
+  use up pid numbers of the server's sandbox too, and the server's heap keeps freed numbers of earlier
+  workers, so a later build scanning its own memory could recover up to ~22 bits that an earlier
+  build chose -- nothing about any target, which no build ever sees. ``tests/envs/cad/test_builder.py`` checks the channels two reviews found (bwrap's pid 1,
   ``prlimit`` on the server, file names and outcomes in the server's memory, loopback TCP state,
   xattrs, the tmpfs inode counter, a full ``/work``).
 - **Any failure falls back to the one-shot path**: a build whose setup fails, a server that dies,
@@ -32,8 +33,9 @@ Reward integrity (docs/architecture.md) -- what a fork of a warm process may and
   submission in its fresh verification sandbox, so the outcome is the one-shot outcome; the builder
   starts afresh on its next build. A self-written STL is an answer like any other (the one-shot
   ``build`` allows the same): the host compares it with the target.
-- **One difference from one-shot builds**: ``build_timeout_s`` bounds the build alone, where a
-  one-shot build spends 2-13 s of it importing CadQuery.
+- **Time limits as one-shot**: a one-shot build spends ``build_timeout_s`` on the import and the
+  build, so a warm build gets ``build_timeout_s`` less the server's own import time (measured at its
+  start). CPU time (RLIMIT_CPU, an hour) starts from zero in both.
 - **Bounded lifetime**: the sandbox is replaced after ``max_builds`` builds, any failure, and ``close``.
 
 The server's sandbox allows nested user namespaces (``SandboxConfig.nested_userns``; every other
@@ -73,6 +75,7 @@ class CadBuilder:
         self._lock = threading.Lock()
         self._server = SandboxServer("the warm CAD builder", 1 << 16)
         self.builds = 0  # by the current sandbox
+        self._timeout = self.cad.build_timeout_s  # the build's share of it: minus the server's import
 
     @property
     def starts(self) -> int:
@@ -86,8 +89,10 @@ class CadBuilder:
             server = self._server
             if not server.alive or self.builds >= self.max_builds:
                 config = dataclasses.replace(self.cad.sandbox_config(), nested_userns=True)
-                server.start(config, self.cad.env, [self.cad.python, "-I", RUNNER_MOUNT, "forkserve"],
-                             self.cad.start_timeout_s)
+                ready = server.start(config, self.cad.env, [self.cad.python, "-I", RUNNER_MOUNT, "forkserve"],
+                                     self.cad.start_timeout_s)
+                # A one-shot build spends its import inside build_timeout_s: so does a warm one.
+                self._timeout = max(0.1, self.cad.build_timeout_s - float(ready.get("import_s", 0.0)))
                 self.builds = 0
             sandbox = server.sandbox
             assert sandbox is not None
@@ -99,7 +104,7 @@ class CadBuilder:
                 server.stop()
                 raise EnvError(f"the warm CAD builder cannot take a build: {e}") from e
             self.builds += 1
-            server.send({"op": "build", "job": job, "timeout": self.cad.build_timeout_s, "nonce": nonce,
+            server.send({"op": "build", "job": job, "timeout": self._timeout, "nonce": nonce,
                          "nproc": limits.max_processes, "disk": limits.max_disk_bytes or 1 << 30,
                          "summary_limit": limits.max_output_bytes})
             done = server.read(time.monotonic() + self.cad.build_timeout_s + _GRACE_S)
@@ -107,12 +112,12 @@ class CadBuilder:
                 server.stop()
                 why = "timed out" if done is False else f"failed ({done!r:.200})"
                 raise EnvError(f"the warm CAD builder {why}")
-            if done.get("timed_out"):
-                return None, timed_out_summary(self.cad)
-            if done.get("exit") == SETUP_FAILED:
-                server.stop()
-                raise EnvError("the warm CAD builder could not set up a build")
             try:
+                if done.get("timed_out"):
+                    return None, timed_out_summary(self.cad)
+                if done.get("exit") == SETUP_FAILED:
+                    server.stop()
+                    raise EnvError("the warm CAD builder could not set up a build")
                 try:  # the server copied it only under the one-shot path's stdout cap: past it, no summary
                     summary = json.loads(sandbox.read_file(f"{job}/summary.json"))
                 except (FileNotFoundError, ValueError, RecursionError):

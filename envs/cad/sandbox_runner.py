@@ -285,24 +285,21 @@ def _private_view(disk: int) -> None:
     _mount(None, "/dev", None, _MS_REMOUNT | _MS_BIND | _MS["ro"] | dev)
 
 
-def _read_inside(name: str, limit: int) -> bytes | None:
-    """``/work/<name>`` of the build's view as the host's ``read_file`` would read it there (a symlink
-    followed only inside /work, a regular file only), or None; None past ``limit`` bytes too."""
-    path = os.path.realpath(os.path.join("/work", name))
-    if os.path.commonpath([path, "/work"]) != "/work":
-        return None
+def _open_inside(name: str, limit: int) -> int | None:
+    """An fd of ``/work/<name>`` of the build's view as the host's ``read_file`` would take it there
+    (symlinks resolved, all of them, only inside /work; a regular file of at most ``limit`` bytes), or None."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        size = os.fstat(fd).st_size
-        if not stat.S_ISREG(os.fstat(fd).st_mode) or size > limit:
+        path = os.path.realpath(os.path.join("/work", name), strict=True)  # strict: a loop raises, never half-resolves
+        if os.path.commonpath([path, "/work"]) != "/work":
             return None
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(limit + 1)[:limit]
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return None
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode) and st.st_size <= limit:
+        return fd
+    os.close(fd)
+    return None
 
 
 def _close_fds() -> None:
@@ -375,11 +372,11 @@ def _isolated_build(cq, request: dict, seccomp: bytes) -> None:
             _build(cq, seccomp, int(request["nproc"]))
         status = _wait_exit(pid)
         for name, limit in (("summary.json", int(request["summary_limit"])), ("part.stl", int(request["disk"]))):
-            data = _read_inside(name, limit)
-            if data is not None:
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=job)
-                with open(fd, "wb") as f:
-                    f.write(data)
+            src = _open_inside(name, limit)
+            if src is not None:
+                dst = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=job)
+                with open(src, "rb") as f, open(dst, "wb") as g:
+                    shutil.copyfileobj(f, g, 1 << 20)  # in chunks: a large mesh is not held in memory
         code = status
     finally:
         os._exit(code)
@@ -471,9 +468,11 @@ def _isolation_works(seccomp: bytes) -> str:
 
 def forkserve(reply_fd: int) -> None:
     reply = os.fdopen(reply_fd, "w", buffering=1)
+    started = time.monotonic()
     try:
         with _Captured():
             import cadquery as cq
+        imported = time.monotonic()
     except BaseException as e:  # noqa: BLE001  (reported to the host, which falls back to one-shot builds)
         reply.write(json.dumps(_error("cannot import cadquery", e)) + "\n")
         return
@@ -484,7 +483,7 @@ def forkserve(reply_fd: int) -> None:
         return
     _prctl(_PR_SET_DUMPABLE, 0)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)  # a build's orphans come back here, to the sweep
-    reply.write(json.dumps({"ready": True}) + "\n")
+    reply.write(json.dumps({"ready": True, "import_s": imported - started}) + "\n")
     for line in sys.stdin.buffer:  # host-written requests: a job name (random), limits, a nonce
         request = json.loads(line)
         pid = os.fork()

@@ -41,8 +41,8 @@ class SandboxServer:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self, config: SandboxConfig, env: dict[str, str], argv: list[str], timeout_s: float) -> None:
-        """Stop any running one, start afresh and wait for ``ready``. Raises ``EnvError``."""
+    def start(self, config: SandboxConfig, env: dict[str, str], argv: list[str], timeout_s: float) -> dict:
+        """Stop any running one, start afresh and wait for ``ready``; returns that line. Raises ``EnvError``."""
         self.stop()
         self.sandbox = BwrapSandbox(config, env=env, shell=False)
         reply_r, reply_w = os.pipe()
@@ -61,6 +61,7 @@ class SandboxServer:
             self.stop()
             why = ready.get("error") if isinstance(ready, dict) else "timed out" if ready is False else "died"
             raise EnvError(f"{self.name} did not start: {why}")
+        return ready
 
     def send(self, request: dict[str, Any]) -> None:
         """Write one request line (a dead process shows as the end of its pipe on the next ``read``)."""

@@ -185,10 +185,19 @@ def test_a_build_that_stops_itself_is_killed_not_waited_for(builder):
     assert builder.build(BOX)[0] is not None and builder.starts == starts
 
 
+def test_outputs_are_taken_only_from_inside_the_builds_work(builder):
+    # A link loop makes a lax realpath stop half-way and a textual '..' step back into /work: the copy
+    # back resolves strictly, so part.stl through /work/d -> /etc is no mesh, not /etc/hostname.
+    code = ("import os\nos.symlink('L', '/work/L')\nos.symlink('/etc', '/work/d')\n"
+            "os.symlink('L/../d/hostname', '/work/part.stl')\n"
+            "open('/work/summary.json', 'w').write('{\"ok\": true}')\nos._exit(0)")
+    assert builder.build(code) == (None, {"ok": False, "error": "the build wrote no mesh"})
+
+
 def test_timeouts_signals_and_a_dead_server():
-    b = CadBuilder(CadConfig(build_timeout_s=3.0, max_memory_bytes=1 << 30))
+    b = CadBuilder(CadConfig(build_timeout_s=6.0, max_memory_bytes=1 << 30))
     try:
-        assert b.build("while True: pass") == (None, {"ok": False, "error": "building the part timed out after 3 s"})
+        assert b.build("while True: pass") == (None, {"ok": False, "error": "building the part timed out after 6 s"})
         # Its own session and pid namespace (as their init): kill(0) and kill(-1) reach neither the
         # server nor bwrap's init; no EnvError, and the build goes on.
         assert b.build("import os, signal\nos.kill(0, signal.SIGKILL)\n" + BOX)[0] is not None
