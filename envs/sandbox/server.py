@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -42,7 +43,11 @@ class SandboxServer:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self, config: SandboxConfig, env: dict[str, str], argv: list[str], timeout_s: float) -> dict:
-        """Stop any running one, start afresh and wait for ``ready``; returns that line. Raises ``EnvError``."""
+        """Stop any running one, start afresh and wait for ``ready``; returns that line. Raises ``EnvError``.
+        A process found dead is reported on stderr (its exit code and the end of what it wrote there)."""
+        if self._proc is not None and self._proc.poll() is not None:
+            print(f"{self.name}: the server had exited ({self._death_note()}); starting a new one",
+                  file=sys.stderr, flush=True)
         self.stop()
         self.sandbox = BwrapSandbox(config, env=env, shell=False)
         reply_r, reply_w = os.pipe()
@@ -62,6 +67,12 @@ class SandboxServer:
             why = ready.get("error") if isinstance(ready, dict) else "timed out" if ready is False else "died"
             raise EnvError(f"{self.name} did not start: {why}")
         return ready
+
+    def _death_note(self) -> str:
+        assert self._proc is not None and self._proc.stderr is not None
+        os.set_blocking(self._proc.stderr.fileno(), False)
+        tail = (self._proc.stderr.read() or b"")[-1500:].decode(errors="replace").strip()
+        return f"exit {self._proc.returncode}" + (f": {tail}" if tail else "")
 
     def send(self, request: dict[str, Any]) -> None:
         """Write one request line (a dead process shows as the end of its pipe on the next ``read``)."""
