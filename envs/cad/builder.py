@@ -25,9 +25,11 @@ Reward integrity (docs/architecture.md) -- what a fork of a warm process may and
   exhausts them fails, as it would one-shot); CPU time; and one counter, accepted: a build's processes
   use up pid numbers of the server's sandbox too, and the server's heap keeps freed numbers of earlier
   workers, so a later build scanning its own memory could recover up to ~22 bits that an earlier
-  build chose -- nothing about any target, which no build ever sees. ``tests/envs/cad/test_builder.py`` checks the channels two reviews found (bwrap's pid 1,
-  ``prlimit`` on the server, file names and outcomes in the server's memory, loopback TCP state,
-  xattrs, the tmpfs inode counter, a full ``/work``).
+  build chose -- nothing about any target, which no build ever sees. ``tests/envs/cad/test_builder.py``
+  checks the channels three reviews found in earlier versions (bwrap's pid 1, ``prlimit`` on the
+  server, file names and outcomes in the server's memory, loopback TCP state, xattrs, the tmpfs inode
+  counter, a self-stopping build, a link loop in the outputs); a build filling ``/work`` fills only
+  its own tmpfs.
 - **Any failure falls back to the one-shot path**: a build whose setup fails, a server that dies,
   times out or answers out of turn raises ``EnvError``, and ``rewards.cad_geometry`` rebuilds that
   submission in its fresh verification sandbox, so the outcome is the one-shot outcome; the builder
