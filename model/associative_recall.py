@@ -25,15 +25,13 @@ model and the evaluation (context 8 x top-k, sparse vs dense) are unchanged by i
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from jointrl.model.config import MoEConfig
 from jointrl.model.moe_transformer import MoETransformer
+from jointrl.model.pretrain import target_accuracy, train_curriculum
 
 KEYS = range(65, 97)     # 32 key ids ('A'..'`')
 VALUES = range(97, 129)  # 32 value ids ('a'..)
@@ -76,18 +74,8 @@ class RecallResult:
     cpu_seconds: float = 0.0  # this process's CPU time (all threads)
 
 
-def set_sparse(model: MoETransformer, sparse: bool) -> None:
-    """Switch every gated_dsa layer between its indexer's top-k (True) and all keys (False)."""
-    for layer in model.model.layers:
-        if hasattr(layer.self_attn, "sparse"):
-            layer.self_attn.sparse = sparse
-
-
 def accuracy(model: MoETransformer, ids: torch.Tensor, target: torch.Tensor, sparse: bool) -> float:
-    set_sparse(model, sparse)
-    with torch.no_grad():
-        pred = model(ids[:, :-1]).logits.argmax(-1)
-    return (pred == ids[:, 1:])[target[:, 1:]].float().mean().item()
+    return target_accuracy(model, ids, target, sparse)
 
 
 def run(config: MoEConfig | None = None, phases: tuple[tuple[int, int], ...] = ((1000, 16), (700, 64), (300, 256)),
@@ -111,41 +99,23 @@ def run(config: MoEConfig | None = None, phases: tuple[tuple[int, int], ...] = (
     steps = sum(n for n, _ in phases)
     torch.manual_seed(seed)
     model = MoETransformer.from_config(dataclasses.replace(config, dsa_mode="dense"), seed=seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    def lr_factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     gen = torch.Generator().manual_seed(seed)
     eval_ids, eval_target = make_batch(eval_batch, context_len, num_pairs, torch.Generator().manual_seed(seed + 1))
-    contexts = [ctx for n, ctx in phases for _ in range(n)]
     result = RecallResult([], [], [], [], 0.0)
-    start, cpu_start = time.monotonic(), time.process_time()
-    for step, ctx in enumerate(contexts, start=1):
-        ids, target = make_batch(batch, ctx, num_pairs, gen)
-        model.train()
-        set_sparse(model, False)
-        out = model(ids[:, :-1], return_indexer_loss=True)
-        lm = F.cross_entropy(out.logits[target[:, 1:]], ids[:, 1:][target[:, 1:]])
-        loss = lm + config.router_aux_loss_coef * out.aux_loss + out.indexer_loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % eval_every == 0 or step == steps:
-            model.eval()
-            result.steps.append(step)
-            result.dense_acc.append(accuracy(model, eval_ids, eval_target, sparse=False))
-            result.sparse_acc.append(accuracy(model, eval_ids, eval_target, sparse=True))
-            result.indexer_kl.append(out.indexer_loss.item())
-            if log:
-                print(f"step {step:5d} (context {ctx}) | lm {lm.item():.3f} | indexer KL {out.indexer_loss.item():.3f} | "
-                      f"acc@{context_len} dense {result.dense_acc[-1]:.3f} sparse {result.sparse_acc[-1]:.3f} | "
-                      f"{time.monotonic() - start:.0f}s", flush=True)
-    result.seconds = time.monotonic() - start
-    result.cpu_seconds = time.process_time() - cpu_start
+
+    def evaluate(step: int, ctx: int, losses: dict[str, float]) -> dict[str, float]:
+        dense = accuracy(model, eval_ids, eval_target, sparse=False)
+        sparse = accuracy(model, eval_ids, eval_target, sparse=True)
+        result.steps.append(step)
+        result.dense_acc.append(dense)
+        result.sparse_acc.append(sparse)
+        result.indexer_kl.append(losses["indexer_kl"])
+        return {"lm": losses["lm"], "indexer KL": losses["indexer_kl"], f"acc@{context_len} dense": dense,
+                f"acc@{context_len} sparse": sparse}
+
+    run_ = train_curriculum(model, lambda ctx: make_batch(batch, ctx, num_pairs, gen), phases, lr=lr, warmup=warmup,
+                            eval_every=eval_every, evaluate=evaluate, log=log)
+    result.seconds, result.cpu_seconds = run_.seconds, run_.cpu_seconds
     return result
 
 
