@@ -125,6 +125,21 @@ def prune(directory: str | os.PathLike, keep: int) -> list[Path]:
     return [p for p in doomed if p.name != latest]
 
 
+def write_weights(model: torch.nn.Module, directory: str | os.PathLike, step: int = 0) -> Path:
+    """A weights-only checkpoint of ``model`` as ``directory/step_{step}`` (one part, no Adam moments:
+    a run that starts from it with ``checkpoint=`` begins a fresh optimizer), committed as every
+    checkpoint is (``topology.json``, then ``latest``). → the ``step_N`` directory."""
+    path = Path(directory) / f"step_{step}"
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    state = {name: t.detach().to(HOST) for name, t in model.state_dict().items()}
+    params = {name: {"fp32": state[name].float().clone(), "exp_avg": None, "exp_avg_sq": None, "row_offset": None}
+              for name in trainable}
+    frozen = {name: t.clone() for name, t in state.items() if name not in trainable}
+    write_part({"params": params, "frozen": frozen, "adam_step": 0.0, "step": step}, path, 0)
+    commit(directory, step, {"num_ranks": 1, "ep_size": 1, "zero_stage": 0, "step": step}, keep=0)
+    return path
+
+
 def read_part(path: str | os.PathLike, rank: int) -> dict:
     """Rank ``rank``'s part of the checkpoint at ``path``, memory-mapped (tensors are read as used)."""
     return torch.load(_root(Path(path)) / part_name(rank), map_location="cpu", mmap=True, weights_only=True)

@@ -561,6 +561,12 @@ class RecipeConfig:
     """``jointrl recipe`` (rl/recipe.py): SFT warm start -> held-out eval -> GRPO -> held-out evals.
     The GRPO stage runs ``algo`` / ``learner``; the SFT stage overrides only what is named here."""
 
+    # a first stage before SFT (model/pretrain.copy_warmup): the untrained model learns to copy spans of
+    # random printable bytes through a length curriculum, [[steps, context], ...] in order ([]: none);
+    # the SFT starts from its weights. No task data: a stand-in for the pretraining a from-scratch model lacks
+    copy_warmup: list[list[int]] = field(default_factory=list)
+    copy_warmup_lr: float = 1e-3
+    copy_warmup_batch: int = 32  # rows per step
     sft_steps: int = 20
     sft_prompts_per_step: int = 8  # oracle transcripts per SFT step
     sft_lr: float = 3e-3
@@ -615,8 +621,13 @@ class RecipeConfig:
 
     def __post_init__(self) -> None:
         _coerce_choices(self, "recipe")
-        for k in ("sft_steps", "sft_prompts_per_step", "sft_lr", "eval_k"):
+        for k in ("sft_steps", "sft_prompts_per_step", "sft_lr", "eval_k", "copy_warmup_lr", "copy_warmup_batch"):
             _check_positive(f"recipe.{k}", getattr(self, k))
+        for phase in self.copy_warmup:
+            if len(phase) != 2 or min(phase) < 1:
+                raise ValueError(f"recipe.copy_warmup must be [[steps, context], ...] of positive ints, got {list(self.copy_warmup)}")
+            if phase[1] < 26:  # a 12-byte span twice, with a gap
+                raise ValueError(f"recipe.copy_warmup: context {phase[1]} is too short to hold a copied span twice (>= 26)")
         for k in ("eval_limit", "eval_every", "sft_heldout_every", "sft_heldout_limit", "checkpoint_every"):
             _check_positive(f"recipe.{k}", getattr(self, k), allow_zero=True)
         if not self.sft_demos or "oracle" not in self.sft_demos:

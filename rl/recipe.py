@@ -1,5 +1,7 @@
 """``jointrl recipe +experiment=cpu_joint [overrides]``: the CPU learning recipe, end to end.
 
+    warm-up        with recipe.copy_warmup: the untrained model on the synthetic copy
+                   task (model/pretrain.copy_warmup); the SFT starts from it        -> <out>/warmup
     jointrl sft    recipe.sft_steps steps on the train split's oracle transcripts  -> <out>/sft
     jointrl eval   the SFT checkpoint on the held-out split (GRPO step 0)           -> <out>/eval/step_0
     jointrl train  checkpoint=<out>/sft/checkpoints: algo.total_steps GRPO steps    -> <out>/grpo
@@ -48,10 +50,13 @@ from pathlib import Path
 
 import hydra
 import ray
+import torch
 from omegaconf import DictConfig, OmegaConf
 
+from jointrl.model.pretrain import copy_warmup
 from jointrl.rewards.base import succeeded
-from jointrl.rl.checkpoint_format import write_atomic
+from jointrl.rl.build import build_model
+from jointrl.rl.checkpoint_format import write_atomic, write_weights
 from jointrl.rl.config import Config, register_schemas, to_config
 from jointrl.rl.cpu_clock import CpuClock
 from jointrl.rl.eval import EvalSpec, evaluate, row_name
@@ -274,6 +279,24 @@ def grpo_rollout(cfg: Config):
     return cfg.rollout if t is None else dataclasses.replace(cfg.rollout, temperature=t)
 
 
+def warm_up(cfg: Config, directory: Path) -> dict:
+    """The copy warm-up (``recipe.copy_warmup``'s phases) of the model ``cfg`` initialises, in this
+    process on its device (``rl/device.rank_device``; on the host one torch thread, so that a seed's
+    weights are the same on every run), saved as a weights-only checkpoint in ``directory``; → the
+    last evaluation's copy accuracies (``model/pretrain.copy_warmup``)."""
+    rc, model = cfg.recipe, build_model(cfg)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = copy_warmup(model, rc.copy_warmup, lr=rc.copy_warmup_lr, batch=rc.copy_warmup_batch, seed=cfg.seed,
+                             eval_every=max(1, sum(n for n, _ in rc.copy_warmup) // 10), log=True)
+    finally:
+        torch.set_num_threads(threads)
+    write_weights(model, directory)
+    (directory.parent / "warmup.json").write_text(json.dumps({"steps": result.steps, "evals": result.evals}, indent=1))
+    return result.evals[-1]
+
+
 def _eval(cfg: Config, spec: EvalSpec, checkpoint: str | None, out: Path, label: str) -> dict:
     if (out / "eval.json").is_file():
         return json.loads((out / "eval.json").read_text())
@@ -301,8 +324,11 @@ def recipe(cfg: Config) -> dict:
     init = stage("eval_init", _eval, cfg, spec, None, out / "eval" / "init", "eval-init") if rc.eval_init else None
     sft_steps = matched_sft_steps(cfg)
     sft_dir = Path(rc.sft_from).resolve() / "sft" if rc.sft_from else out / "sft"
+    warm = out / "warmup" / "checkpoints" if rc.copy_warmup and not rc.sft_from else None
+    if warm is not None and not (warm / "latest").is_file() and not (sft_dir / "checkpoints" / "latest").is_file():
+        stage("warmup", warm_up, cfg, warm)
     sft_cfg = dataclasses.replace(
-        cfg, output_dir=str(sft_dir), run_name=f"{cfg.run_name}-sft", checkpoint=None,
+        cfg, output_dir=str(sft_dir), run_name=f"{cfg.run_name}-sft", checkpoint=None if warm is None else str(warm),
         checkpoint_every=rc.checkpoint_every, resume=(sft_dir / "checkpoints" / "latest").is_file(),
         algo=dataclasses.replace(cfg.algo, total_steps=sft_steps, prompts_per_step=rc.sft_prompts_per_step),
         learner=dataclasses.replace(cfg.learner, lr=rc.sft_lr, lr_schedule=rc.sft_lr_schedule))

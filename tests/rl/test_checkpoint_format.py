@@ -61,3 +61,24 @@ def test_readers_name_what_they_cannot_read(tmp_path):
     (tmp_path / "latest").write_text("step_1")
     with pytest.raises(ValueError, match="only DeepSpeed's own files"):
         resolve(tmp_path)
+
+
+def test_a_weights_only_checkpoint_reads_back_as_the_same_policy(tmp_path):
+    from jointrl.rl.build import build_model
+    from jointrl.rl.checkpoint_format import read_policy, write_weights
+    from jointrl.rl.config import load_config
+
+    cfg = load_config(["model=tiny_hybrid", "seed=3"])
+    model = build_model(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)  # not the seed's initialisation
+    step_dir = write_weights(model, tmp_path / "checkpoints")
+    assert step_dir == tmp_path / "checkpoints" / "step_0" and topology(step_dir)["step"] == 0
+    assert resolve(tmp_path / "checkpoints") == step_dir
+    saved = read_parts(step_dir)
+    assert all(e["exp_avg"] is None and e["exp_avg_sq"] is None for e in saved["params"].values())
+    policy, step = read_policy(cfg, tmp_path / "checkpoints")
+    assert step == 0
+    got, want = policy.state_dict(), model.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)

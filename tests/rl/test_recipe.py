@@ -172,6 +172,7 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
                        "envs.num_workers=1", "algo.total_steps=1", "algo.prompts_per_step=2", "algo.group_size=2",
                        "algo.max_refill_attempts=0", "rollout.max_tokens_per_turn=256", "rollout.max_context=4096",
                        "recipe.sft_steps=2", "recipe.sft_prompts_per_step=2", "recipe.eval_k=2", "recipe.eval_every=1",
+                       "recipe.copy_warmup=[[2,32],[1,64]]",
                        f"+recipe.grpo_task_dirs={{terminal: {fresh_dir}}}", "+recipe.grpo_temperature=0.7",
                        "logger.wandb_mode=offline",
                        "logger.table_rows=0"])
@@ -207,7 +208,11 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
     gap = {temp: (logprobs_from_logits(logits, torch.tensor([t["token_ids"]]), temp)[0, 1:][mask] - engine_lp).abs().mean()
            for temp in (0.7, 1.0)}
     assert gap[0.7] < 0.02 and gap[1.0] > 10 * gap[0.7], gap  # 0.001 (MXFP4 experts) vs 0.08 measured
-    assert set(result["stages"]) == {"sft", "eval_sft", "grpo", "eval_step_1"}
+    assert set(result["stages"]) == {"warmup", "sft", "eval_sft", "grpo", "eval_step_1"}
+    # the copy warm-up's weights are where the SFT started (its config's checkpoint), 3 steps of copying
+    warm = out / "warmup" / "checkpoints"
+    assert OmegaConf.load(out / "sft" / "config.yaml").checkpoint == str(warm)
+    assert read_policy(cfg, warm)[1] == 0 and json.loads((out / "warmup" / "warmup.json").read_text())["steps"][-1] == 3
     assert all(s["cpu_s"] > 0 for s in result["stages"].values())
     (row,) = result["summary"]
     assert row["sft"] == result["heldout"]["terminal"]["pass@1"][0] and row["episodes"] == 2
@@ -220,7 +225,8 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
         ray.shutdown()
         wandb.teardown()
     assert again["heldout"] == result["heldout"]
-    assert {k: v["runs"] for k, v in again["stages"].items()} == {"sft": 1, "eval_sft": 2, "grpo": 1, "eval_step_1": 2}
+    assert {k: v["runs"] for k, v in again["stages"].items()} == {"warmup": 1, "sft": 1, "eval_sft": 2, "grpo": 1,
+                                                                   "eval_step_1": 2}
     assert again["stages"]["sft"] == result["stages"]["sft"] and again["stages"]["grpo"] == result["stages"]["grpo"]
     # a run on this one's SFT (recipe.sft_from) without GRPO: nothing trained, its step-0 eval reused
     other = tmp_path / "mini_oracle_s0"
@@ -252,3 +258,12 @@ def test_recipe_in_miniature_end_to_end(tmp_path):
                   f"- / {train['episodes'][0]}, - / - | incomplete |")
     assert f"| joint | 0 | {out} | 2 | 1 |" in text and f"| single terminal | 1 | {tmp_path / 'mini_single_terminal_s1'} | missing" in text
     assert (tmp_path / "report" / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_copy_warmup_phases_are_checked_before_anything_runs():
+    assert load_config([]).recipe.copy_warmup == []
+    assert load_config(["recipe.copy_warmup=[[1500,32],[600,128]]"]).recipe.copy_warmup == [[1500, 32], [600, 128]]
+    for bad, why in (("[[10]]", r"\[\[steps, context\], ...\]"), ("[[10,0]]", r"\[\[steps, context\], ...\]"),
+                     ("[[10,16]]", "too short")):
+        with pytest.raises(ValueError, match=why):
+            load_config([f"recipe.copy_warmup={bad}"])
