@@ -63,8 +63,9 @@ def test_the_warmup_is_deterministic_for_a_seed_and_moves_the_weights():
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_the_recipe_model_learns_to_copy_in_the_short_phase():
-    """cpu_joint5's model (tiny_hybrid at hidden 128): 1,000 steps at context 32 (~4 CPU min on one
-    thread) take its copy accuracy on 64-byte rows from chance (1/95) to well above it."""
+    """cpu_joint5's model (tiny_hybrid at hidden 128): 1,000 steps at context 32 take its copy accuracy
+    on 64-byte rows from chance (1/95) to well above it (measured 2026-12-06: 0.018, 0.059, 0.345,
+    0.477 at steps 250-1,000, sparse equal to dense; 317 CPU-s on one thread)."""
     from jointrl.rl.build import build_model
     from jointrl.rl.config import load_config
 
