@@ -74,10 +74,6 @@ class RecallResult:
     cpu_seconds: float = 0.0  # this process's CPU time (all threads)
 
 
-def accuracy(model: MoETransformer, ids: torch.Tensor, target: torch.Tensor, sparse: bool) -> float:
-    return target_accuracy(model, ids, target, sparse)
-
-
 def run(config: MoEConfig | None = None, phases: tuple[tuple[int, int], ...] = ((1000, 16), (700, 64), (300, 256)),
         batch: int = 32, num_pairs: int = 8, lr: float = 3e-3, warmup: int = 50, eval_every: int = 100,
         eval_batch: int = 64, seed: int = 0, log: bool = False) -> RecallResult:
@@ -104,8 +100,8 @@ def run(config: MoEConfig | None = None, phases: tuple[tuple[int, int], ...] = (
     result = RecallResult([], [], [], [], 0.0)
 
     def evaluate(step: int, ctx: int, losses: dict[str, float]) -> dict[str, float]:
-        dense = accuracy(model, eval_ids, eval_target, sparse=False)
-        sparse = accuracy(model, eval_ids, eval_target, sparse=True)
+        dense = target_accuracy(model, eval_ids, eval_target, sparse=False)
+        sparse = target_accuracy(model, eval_ids, eval_target, sparse=True)
         result.steps.append(step)
         result.dense_acc.append(dense)
         result.sparse_acc.append(sparse)

@@ -142,13 +142,13 @@ def copy_warmup(model: MoETransformer, phases: list[tuple[int, int]] | list[list
     on one thread. Leaves the model's gated_dsa layers sparse again where its config says so."""
     phases = [(int(n), int(t)) for n, t in phases]
     gen = torch.Generator().manual_seed(seed)
-    held = {t: copy_batch(32, t, torch.Generator().manual_seed(seed + 1)) for t in sorted({64, phases[-1][1]})}
+    device = next(model.parameters()).device
+    held = {t: tuple(x.to(device) for x in copy_batch(32, t, torch.Generator().manual_seed(seed + 1)))
+            for t in sorted({64, phases[-1][1]})}
 
     def evaluate(step: int, ctx: int, losses: dict[str, float]) -> dict[str, float]:
         metrics = {"lm": losses["lm"]}
-        device = next(model.parameters()).device
         for t, (ids, target) in held.items():
-            ids, target = ids.to(device), target.to(device)
             metrics[f"acc@{t}"] = target_accuracy(model, ids, target, sparse=False)
             metrics[f"acc@{t}_sparse"] = target_accuracy(model, ids, target, sparse=True)
         return metrics

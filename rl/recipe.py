@@ -327,6 +327,8 @@ def recipe(cfg: Config) -> dict:
     warm = out / "warmup" / "checkpoints" if rc.copy_warmup and not rc.sft_from else None
     if warm is not None and not (warm / "latest").is_file() and not (sft_dir / "checkpoints" / "latest").is_file():
         stage("warmup", warm_up, cfg, warm)
+    if warm is not None and not (warm / "latest").is_file():
+        warm = None  # an SFT begun before the warm-up was asked for resumes from its own checkpoint
     sft_cfg = dataclasses.replace(
         cfg, output_dir=str(sft_dir), run_name=f"{cfg.run_name}-sft", checkpoint=None if warm is None else str(warm),
         checkpoint_every=rc.checkpoint_every, resume=(sft_dir / "checkpoints" / "latest").is_file(),
